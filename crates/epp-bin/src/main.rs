@@ -1,0 +1,2 @@
+//! epp-bin
+fn main() {}

@@ -1,0 +1,2 @@
+//! epp-sim
+fn main() {}
