@@ -1,1 +1,83 @@
-//! epp-core
+//! Domain types, plugin traits and the scheduler of the epp-rs endpoint picker.
+//!
+//! The crate has no I/O and no async runtime: it is the vocabulary every other
+//! epp crate speaks. A gateway asks, per inference request, which model-server
+//! endpoint should serve it; the [`Scheduler`] answers by running scheduling
+//! profiles (filters → weighted scorers → picker) over a consistent
+//! [`EndpointSnapshot`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use epp_core::{
+//!     Candidate, CycleContext, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest,
+//!     Picker, Plugin, PluginRef, Scheduler, SchedulingProfile, Scorer, SingleProfileHandler,
+//! };
+//!
+//! // A scorer preferring the shortest waiting queue, and a picker taking the best total.
+//! #[derive(Debug)]
+//! struct ShortQueue;
+//! impl Plugin for ShortQueue {
+//!     fn type_name(&self) -> &str { "short-queue" }
+//!     fn name(&self) -> &str { "short-queue" }
+//!     fn as_scorer(&self) -> Option<&dyn Scorer> { Some(self) }
+//! }
+//! impl Scorer for ShortQueue {
+//!     fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
+//!         for (c, s) in candidates.iter().zip(out.iter_mut()) {
+//!             *s = 1.0 / (1.0 + f64::from(c.metrics.waiting));
+//!         }
+//!     }
+//! }
+//! #[derive(Debug)]
+//! struct Best;
+//! impl Plugin for Best {
+//!     fn type_name(&self) -> &str { "best" }
+//!     fn name(&self) -> &str { "best" }
+//!     fn as_picker(&self) -> Option<&dyn Picker> { Some(self) }
+//! }
+//! impl Picker for Best {
+//!     fn pick(&self, _cx: &mut CycleContext<'_>, _c: &[Candidate], scores: &[f64], out: &mut Vec<usize>) {
+//!         let best = (0..scores.len()).max_by(|&a, &b| scores[a].total_cmp(&scores[b]));
+//!         out.extend(best);
+//!     }
+//! }
+//!
+//! let busy = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+//! busy.set_metrics(EndpointMetrics { waiting: 9, ..EndpointMetrics::fresh() });
+//! let idle = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+//! idle.set_metrics(EndpointMetrics { waiting: 0, ..EndpointMetrics::fresh() });
+//! let snapshot = EndpointSnapshot::new(vec![busy, idle]);
+//!
+//! let profile = SchedulingProfile::new("default")
+//!     .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
+//!     .with_picker(PluginRef::new(Arc::new(Best)));
+//! let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap();
+//!
+//! let request = InferenceRequest::builder("llama").prompt("Hello").build();
+//! let result = scheduler.schedule(&request, &snapshot).unwrap();
+//! assert_eq!(result.primary().unwrap().addr().to_string(), "10.0.0.2:8000");
+//! ```
+#![warn(missing_docs)]
+
+mod cycle;
+mod endpoint;
+mod error;
+mod plugin;
+mod request;
+mod scheduler;
+
+pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch};
+pub use endpoint::{
+    CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, Extensions,
+    InflightCounters, LoraInfo,
+};
+pub use error::{Result, SchedulingError};
+pub use plugin::{
+    DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest, ProfileHandler, RequestOutcome,
+    ResponseHooks, SaturationDetector, Scorer,
+};
+pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};
+pub use scheduler::{
+    ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,
+    WeightedScorer,
+};

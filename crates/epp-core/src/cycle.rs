@@ -1,0 +1,123 @@
+//! What one scheduling cycle sees: the request, the candidates, and scratch
+//! state that data producers fill for filters and scorers.
+
+use std::{sync::Arc, time::Instant};
+
+use rand::rngs::SmallRng;
+
+use crate::{Endpoint, EndpointId, EndpointMetrics, InferenceRequest};
+
+/// An endpoint considered in a scheduling cycle, with the metrics loaded once
+/// for the whole cycle so every plugin sees the same values.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The endpoint.
+    pub endpoint: Arc<Endpoint>,
+    /// Its metrics as of the start of the cycle.
+    pub metrics: Arc<EndpointMetrics>,
+}
+
+impl Candidate {
+    /// Loads an endpoint's current metrics into a candidate.
+    #[must_use]
+    pub fn new(endpoint: &Arc<Endpoint>) -> Self {
+        Self {
+            metrics: endpoint.metrics(),
+            endpoint: Arc::clone(endpoint),
+        }
+    }
+
+    /// The endpoint's id.
+    #[must_use]
+    pub fn id(&self) -> EndpointId {
+        self.endpoint.id()
+    }
+}
+
+/// Result of matching a request's prefix blocks against an index, per endpoint.
+///
+/// Indexed by [`EndpointId`] so it survives filtering; reused across cycles.
+#[derive(Debug, Clone, Default)]
+pub struct PrefixMatch {
+    /// Block hashes of the request's prompt, in order (chained: each depends on
+    /// all before it). Computed once per request, shared between matching and
+    /// recording the pick.
+    pub hashes: Vec<u64>,
+    /// Contiguous matched blocks from the start, per endpoint id.
+    matched: Vec<u32>,
+    /// Whether a prefix producer ran in this cycle.
+    pub computed: bool,
+}
+
+impl PrefixMatch {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn reset(&mut self) {
+        self.hashes.clear();
+        self.matched.clear();
+        self.computed = false;
+    }
+
+    /// Number of blocks in the request.
+    #[must_use]
+    pub fn total_blocks(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Records the contiguous matched blocks for `id`.
+    pub fn set_matched(&mut self, id: EndpointId, blocks: u32) {
+        let i = id.index();
+        if self.matched.len() <= i {
+            self.matched.resize(i + 1, 0);
+        }
+        self.matched[i] = blocks;
+    }
+
+    /// Contiguous matched blocks for `id` (0 if unknown).
+    #[must_use]
+    pub fn matched(&self, id: EndpointId) -> u32 {
+        self.matched.get(id.index()).copied().unwrap_or(0)
+    }
+
+    /// Matched fraction of the request's blocks for `id`, in `[0, 1]`.
+    #[must_use]
+    pub fn ratio(&self, id: EndpointId) -> f64 {
+        if self.hashes.is_empty() {
+            return 0.0;
+        }
+        f64::from(self.matched(id)) / self.hashes.len() as f64
+    }
+
+    /// Whether any endpoint matched at least one block.
+    #[must_use]
+    pub fn any_hit(&self) -> bool {
+        self.matched.iter().any(|&m| m > 0)
+    }
+}
+
+/// Per-request scratch state, reused across cycles so the hot path does not
+/// allocate. Data producers write here; filters and scorers read.
+#[derive(Debug, Default)]
+pub struct CycleState {
+    /// Prefix-cache match results.
+    pub prefix: PrefixMatch,
+}
+
+impl CycleState {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn reset(&mut self) {
+        self.prefix.reset();
+    }
+}
+
+/// Everything a plugin may look at during one scheduling cycle.
+#[derive(Debug)]
+pub struct CycleContext<'a> {
+    /// The request being scheduled.
+    pub request: &'a InferenceRequest,
+    /// The cycle's notion of "now" (one clock read per cycle).
+    pub now: Instant,
+    /// Seedable randomness for tie-breaking and exploration.
+    pub rng: &'a mut SmallRng,
+    /// Per-request state filled by data producers.
+    pub state: &'a mut CycleState,
+}

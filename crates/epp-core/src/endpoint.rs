@@ -1,0 +1,367 @@
+//! Endpoints (model-server replicas), what the picker knows about them, and the
+//! immutable snapshot the scheduler reads.
+
+use std::{
+    any::{Any, TypeId},
+    collections::{BTreeMap, HashMap},
+    fmt,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use arc_swap::ArcSwap;
+
+/// Dense identifier given to an endpoint when it is discovered.
+///
+/// Ids are small integers so per-endpoint tables (prefix index, in-flight
+/// counters) can be plain vectors indexed by id. An id is never reused for a
+/// different address while the process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId(pub u32);
+
+impl EndpointId {
+    /// The id as a vector index.
+    #[must_use]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for EndpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// LoRA adapter state reported by a model server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraInfo {
+    /// Adapters loaded and serving requests.
+    pub active: Vec<String>,
+    /// Adapters requested but waiting to be loaded.
+    pub waiting: Vec<String>,
+    /// Maximum adapters the server holds at once (0 = unknown).
+    pub max_loras: u32,
+}
+
+impl LoraInfo {
+    /// Whether `adapter` is loaded.
+    #[must_use]
+    pub fn is_active(&self, adapter: &str) -> bool {
+        self.active.iter().any(|a| a == adapter)
+    }
+
+    /// Whether `adapter` is waiting to be loaded.
+    #[must_use]
+    pub fn is_waiting(&self, adapter: &str) -> bool {
+        self.waiting.iter().any(|a| a == adapter)
+    }
+}
+
+/// KV-cache geometry reported by a model server, used to tune the prefix index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    /// Tokens per KV block.
+    pub block_size_tokens: u32,
+    /// Number of KV blocks the server holds.
+    pub num_blocks: u64,
+}
+
+/// What was last scraped from one endpoint.
+///
+/// Values are replaced as a whole (one [`Arc`] swap per scrape), so a reader
+/// always sees one scrape's numbers together.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointMetrics {
+    /// Requests waiting in the server's queue.
+    pub waiting: u32,
+    /// Requests being processed.
+    pub running: u32,
+    /// KV-cache utilisation in `[0, 1]`.
+    pub kv_usage: f64,
+    /// LoRA adapters.
+    pub lora: LoraInfo,
+    /// KV-cache geometry, when the server reports it.
+    pub cache: Option<CacheGeometry>,
+    /// User-named metrics (see the `prometheus-metric` extractor), keyed by the
+    /// extractor's metric key.
+    pub custom: HashMap<String, f64>,
+    /// When these values were successfully scraped; `None` before the first scrape.
+    pub updated_at: Option<Instant>,
+    /// Rare, user-defined typed attributes (see [`Self::extension`]).
+    pub extensions: Extensions,
+}
+
+impl EndpointMetrics {
+    /// Empty metrics stamped as refreshed now (useful in tests and examples).
+    #[must_use]
+    pub fn fresh() -> Self {
+        Self {
+            updated_at: Some(Instant::now()),
+            ..Self::default()
+        }
+    }
+
+    /// Age of the values at `now`; `None` if never scraped.
+    #[must_use]
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        self.updated_at.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// Whether the values are missing or older than `threshold` at `now`.
+    #[must_use]
+    pub fn is_stale(&self, now: Instant, threshold: Duration) -> bool {
+        self.age(now).is_none_or(|age| age > threshold)
+    }
+
+    /// A user-defined typed attribute, written by a custom extractor.
+    #[must_use]
+    pub fn extension<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.extensions.get::<T>()
+    }
+
+    /// Stores a user-defined typed attribute, replacing any of the same type.
+    pub fn insert_extension<T: Any + Send + Sync>(&mut self, value: T) {
+        self.extensions.insert(value);
+    }
+}
+
+/// A small type map for rare, user-defined attributes. Values are shared, so
+/// cloning [`EndpointMetrics`] stays cheap.
+#[derive(Clone, Default)]
+pub struct Extensions(Vec<(TypeId, Arc<dyn Any + Send + Sync>)>);
+
+impl Extensions {
+    fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.0
+            .iter()
+            .find(|(id, _)| *id == TypeId::of::<T>())
+            .and_then(|(_, v)| v.downcast_ref::<T>())
+    }
+
+    fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        let id = TypeId::of::<T>();
+        self.0.retain(|(k, _)| *k != id);
+        self.0.push((id, Arc::new(value)));
+    }
+}
+
+impl fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Extensions({} entries)", self.0.len())
+    }
+}
+
+/// Counters the picker itself keeps for an endpoint (requests it routed there
+/// that have not completed yet).
+#[derive(Debug, Default)]
+pub struct InflightCounters {
+    requests: AtomicU32,
+    tokens: AtomicU64,
+}
+
+impl InflightCounters {
+    /// Requests routed to the endpoint and not yet completed.
+    #[must_use]
+    pub fn requests(&self) -> u32 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Estimated tokens of those requests.
+    #[must_use]
+    pub fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+
+    /// Records a request routed to the endpoint.
+    pub fn start(&self, tokens: u64) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Records the completion of a request started with `tokens`.
+    pub fn finish(&self, tokens: u64) {
+        // Saturating: a finish without a start must not wrap around.
+        let _ = self
+            .requests
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(tokens))
+            });
+    }
+}
+
+/// One model-server replica.
+#[derive(Debug)]
+pub struct Endpoint {
+    id: EndpointId,
+    addr: SocketAddr,
+    addr_text: String,
+    labels: BTreeMap<String, String>,
+    metrics: ArcSwap<EndpointMetrics>,
+    inflight: InflightCounters,
+}
+
+impl Endpoint {
+    /// A new endpoint with no labels and no metrics yet.
+    #[must_use]
+    pub fn new(id: u32, addr: SocketAddr) -> Self {
+        Self::with_labels(EndpointId(id), addr, BTreeMap::new())
+    }
+
+    /// A new endpoint with labels.
+    #[must_use]
+    pub fn with_labels(id: EndpointId, addr: SocketAddr, labels: BTreeMap<String, String>) -> Self {
+        Self {
+            id,
+            addr,
+            addr_text: addr.to_string(),
+            labels,
+            metrics: ArcSwap::from_pointee(EndpointMetrics::default()),
+            inflight: InflightCounters::default(),
+        }
+    }
+
+    /// The endpoint's dense id.
+    #[must_use]
+    pub fn id(&self) -> EndpointId {
+        self.id
+    }
+
+    /// Address requests are sent to.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address as `ip:port` text (what the gateway receives).
+    #[must_use]
+    pub fn addr_str(&self) -> &str {
+        &self.addr_text
+    }
+
+    /// Labels (e.g. `llm-d.ai/role`, engine type).
+    #[must_use]
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// One label's value.
+    #[must_use]
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+
+    /// The latest metrics, shared (no copy).
+    #[must_use]
+    pub fn metrics(&self) -> Arc<EndpointMetrics> {
+        self.metrics.load_full()
+    }
+
+    /// Replaces the metrics (called by the data layer after each scrape).
+    pub fn set_metrics(&self, metrics: EndpointMetrics) {
+        self.metrics.store(Arc::new(metrics));
+    }
+
+    /// Replaces the metrics with a function of the current ones.
+    pub fn update_metrics(&self, mut f: impl FnMut(&EndpointMetrics) -> EndpointMetrics) {
+        self.metrics.rcu(|old| Arc::new(f(old)));
+    }
+
+    /// Requests this picker routed here that are still in flight.
+    #[must_use]
+    pub fn inflight(&self) -> &InflightCounters {
+        &self.inflight
+    }
+}
+
+/// An immutable set of endpoints, swapped as a whole when discovery changes it.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointSnapshot {
+    endpoints: Vec<Arc<Endpoint>>,
+}
+
+impl EndpointSnapshot {
+    /// A snapshot of `endpoints`.
+    #[must_use]
+    pub fn new(endpoints: Vec<Arc<Endpoint>>) -> Self {
+        Self { endpoints }
+    }
+
+    /// All endpoints.
+    #[must_use]
+    pub fn endpoints(&self) -> &[Arc<Endpoint>] {
+        &self.endpoints
+    }
+
+    /// Number of endpoints.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// The endpoint with `id`, if present.
+    #[must_use]
+    pub fn get(&self, id: EndpointId) -> Option<&Arc<Endpoint>> {
+        self.endpoints.iter().find(|e| e.id() == id)
+    }
+
+    /// The endpoint at `addr`, if present.
+    #[must_use]
+    pub fn by_addr(&self, addr: SocketAddr) -> Option<&Arc<Endpoint>> {
+        self.endpoints.iter().find(|e| e.addr() == addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staleness_needs_a_scrape() {
+        let now = Instant::now();
+        let never = EndpointMetrics::default();
+        assert!(never.is_stale(now, Duration::from_secs(3600)));
+        let fresh = EndpointMetrics {
+            updated_at: Some(now),
+            ..EndpointMetrics::default()
+        };
+        assert!(!fresh.is_stale(now + Duration::from_millis(100), Duration::from_secs(1)));
+        assert!(fresh.is_stale(now + Duration::from_secs(2), Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn inflight_never_wraps() {
+        let c = InflightCounters::default();
+        c.finish(10);
+        assert_eq!(c.requests(), 0);
+        c.start(100);
+        c.start(50);
+        assert_eq!((c.requests(), c.tokens()), (2, 150));
+    }
+
+    #[test]
+    fn extensions_are_typed() {
+        #[derive(Debug, PartialEq)]
+        struct GpuTemp(f64);
+        let mut m = EndpointMetrics::default();
+        assert!(m.extension::<GpuTemp>().is_none());
+        m.insert_extension(GpuTemp(71.0));
+        m.insert_extension(GpuTemp(72.0));
+        assert_eq!(m.extension::<GpuTemp>(), Some(&GpuTemp(72.0)));
+    }
+}

@@ -1,0 +1,179 @@
+//! Plugin traits. All are object-safe; a plugin object implements [`Plugin`]
+//! and exposes the roles it plays through the `as_*` accessors (never by
+//! downcasting).
+//!
+//! Contract shared by every role: implementations are `Send + Sync`, must not
+//! block or perform I/O (async work belongs to the data layer), must not panic,
+//! and must not allocate per candidate on the hot path.
+
+use std::{fmt::Debug, sync::Arc};
+
+use crate::{
+    Candidate, CycleContext, Endpoint, InferenceRequest, SchedulingResult, Usage,
+    scheduler::{ProfilePicks, SchedulingProfile},
+};
+
+/// Base trait of every plugin.
+pub trait Plugin: Send + Sync + Debug {
+    /// The YAML `type:` the plugin was built from (e.g. `queue-scorer`).
+    fn type_name(&self) -> &str;
+    /// The instance name (defaults to the type name in configs).
+    fn name(&self) -> &str;
+
+    /// This plugin as a filter.
+    fn as_filter(&self) -> Option<&dyn Filter> {
+        None
+    }
+    /// This plugin as a scorer.
+    fn as_scorer(&self) -> Option<&dyn Scorer> {
+        None
+    }
+    /// This plugin as a picker.
+    fn as_picker(&self) -> Option<&dyn Picker> {
+        None
+    }
+    /// This plugin as a profile handler.
+    fn as_profile_handler(&self) -> Option<&dyn ProfileHandler> {
+        None
+    }
+    /// This plugin as a per-cycle data producer.
+    fn as_data_producer(&self) -> Option<&dyn DataProducer> {
+        None
+    }
+    /// This plugin as a pre-request hook (runs after a decision, before forwarding).
+    fn as_pre_request(&self) -> Option<&dyn PreRequest> {
+        None
+    }
+    /// This plugin as response / completion hooks.
+    fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        None
+    }
+    /// This plugin as a saturation detector.
+    fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
+        None
+    }
+}
+
+/// A shared, type-erased plugin.
+#[derive(Debug, Clone)]
+pub struct PluginRef(pub Arc<dyn Plugin>);
+
+impl PluginRef {
+    /// Wraps a plugin.
+    #[must_use]
+    pub fn new(plugin: Arc<dyn Plugin>) -> Self {
+        Self(plugin)
+    }
+
+    /// The plugin.
+    #[must_use]
+    pub fn plugin(&self) -> &dyn Plugin {
+        &*self.0
+    }
+}
+
+/// Removes candidates that must not serve the request.
+pub trait Filter: Plugin {
+    /// Shrinks `candidates` in place (e.g. with `retain`). Leaving it empty
+    /// means no endpoint can serve the request under this profile.
+    fn filter(&self, cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>);
+}
+
+/// Rates candidates.
+pub trait Scorer: Plugin {
+    /// Writes a score in `[0, 1]` for each candidate into `out` (same length
+    /// as `candidates`, pre-filled with 0). The profile applies weights and
+    /// clamps; scorers never see weights.
+    fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]);
+}
+
+/// Chooses endpoints from scored candidates.
+pub trait Picker: Plugin {
+    /// Appends indices into `candidates` to `out` (empty on entry) in
+    /// preference order: the first is the target, the rest are fallbacks.
+    /// Indices must be distinct. `scores[i]` is the weighted total of
+    /// candidate `i`.
+    fn pick(
+        &self,
+        cx: &mut CycleContext<'_>,
+        candidates: &[Candidate],
+        scores: &[f64],
+        out: &mut Vec<usize>,
+    );
+}
+
+/// Fills per-cycle state ([`crate::CycleState`]) before filters and scorers run,
+/// e.g. prefix-cache matches.
+pub trait DataProducer: Plugin {
+    /// Computes state for the request over all candidates.
+    fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]);
+}
+
+/// Decides which profiles run and how their results combine.
+pub trait ProfileHandler: Plugin {
+    /// The next profile (index into `profiles`) to run given the runs so far,
+    /// or `None` when done. Called repeatedly.
+    fn next_profile(
+        &self,
+        cx: &CycleContext<'_>,
+        profiles: &[SchedulingProfile],
+        runs: &[ProfilePicks],
+    ) -> Option<usize>;
+
+    /// Which run holds the primary target (index into `runs`), or `None` if
+    /// the request cannot be served.
+    fn primary(&self, runs: &[ProfilePicks]) -> Option<usize>;
+}
+
+/// Runs once a decision is made, before the request is forwarded (e.g. record
+/// the prompt's prefix blocks for the chosen endpoint, count in-flight load).
+pub trait PreRequest: Plugin {
+    /// Observes the decision.
+    fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult);
+}
+
+/// What happened to a request at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestOutcome {
+    /// The model server answered (any status).
+    Completed {
+        /// HTTP status from the model server.
+        status: u16,
+    },
+    /// The stream ended before a response (client gone, gateway reset).
+    Aborted,
+}
+
+/// Hooks on the response path, for plugins that learn from responses.
+pub trait ResponseHooks: Plugin {
+    /// Response headers arrived from `endpoint`.
+    fn response_headers(
+        &self,
+        _request: &InferenceRequest,
+        _endpoint: &Endpoint,
+        _status: u16,
+        _headers: &[(String, String)],
+    ) {
+    }
+    /// Token usage was read from the response body.
+    fn response_usage(&self, _request: &InferenceRequest, _endpoint: &Endpoint, _usage: &Usage) {}
+    /// The request finished.
+    fn request_completed(
+        &self,
+        _request: &InferenceRequest,
+        _endpoint: &Endpoint,
+        _outcome: RequestOutcome,
+    ) {
+    }
+}
+
+/// Judges whether the pool is saturated (used to shed sheddable requests and
+/// as a filter).
+pub trait SaturationDetector: Plugin {
+    /// Pool saturation: `>= 1.0` means saturated.
+    fn saturation(&self, cx: &CycleContext<'_>, endpoints: &[Candidate]) -> f64;
+
+    /// Whether one endpoint has room for more work.
+    fn has_capacity(&self, cx: &CycleContext<'_>, endpoint: &Candidate) -> bool;
+}

@@ -1,0 +1,565 @@
+//! The scheduler: runs scheduling profiles over a snapshot of endpoints.
+
+use std::{
+    cell::RefCell,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use rand::{SeedableRng, rngs::SmallRng};
+
+use crate::{
+    Candidate, CycleContext, CycleState, Endpoint, EndpointSnapshot, InferenceRequest, Plugin,
+    PluginRef, ProfileHandler, Result, SchedulingError,
+};
+
+/// A scorer and its weight in a profile.
+#[derive(Debug, Clone)]
+pub struct WeightedScorer {
+    /// The scorer plugin.
+    pub plugin: PluginRef,
+    /// Its weight (default 1).
+    pub weight: f64,
+}
+
+/// A named pipeline: filters in order, weighted scorers, one picker.
+#[derive(Debug, Clone)]
+pub struct SchedulingProfile {
+    name: String,
+    filters: Vec<PluginRef>,
+    scorers: Vec<WeightedScorer>,
+    picker: Option<PluginRef>,
+}
+
+impl SchedulingProfile {
+    /// An empty profile.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            filters: Vec::new(),
+            scorers: Vec::new(),
+            picker: None,
+        }
+    }
+
+    /// Appends a filter (the plugin must implement [`crate::Filter`]).
+    #[must_use]
+    pub fn with_filter(mut self, plugin: PluginRef) -> Self {
+        self.filters.push(plugin);
+        self
+    }
+
+    /// Appends a scorer (the plugin must implement [`crate::Scorer`]).
+    #[must_use]
+    pub fn with_scorer(mut self, plugin: PluginRef, weight: f64) -> Self {
+        self.scorers.push(WeightedScorer { plugin, weight });
+        self
+    }
+
+    /// Sets the picker (the plugin must implement [`crate::Picker`]).
+    #[must_use]
+    pub fn with_picker(mut self, plugin: PluginRef) -> Self {
+        self.picker = Some(plugin);
+        self
+    }
+
+    /// The profile's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Filters in order.
+    #[must_use]
+    pub fn filters(&self) -> &[PluginRef] {
+        &self.filters
+    }
+
+    /// Weighted scorers.
+    #[must_use]
+    pub fn scorers(&self) -> &[WeightedScorer] {
+        &self.scorers
+    }
+
+    /// The picker.
+    #[must_use]
+    pub fn picker(&self) -> Option<&PluginRef> {
+        self.picker.as_ref()
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |role: &str, p: &PluginRef| {
+            SchedulingError::Invalid(format!(
+                "profile {:?}: plugin {:?} ({}) is not a {role}",
+                self.name,
+                p.plugin().name(),
+                p.plugin().type_name()
+            ))
+        };
+        for f in &self.filters {
+            f.plugin().as_filter().ok_or_else(|| bad("filter", f))?;
+        }
+        for s in &self.scorers {
+            s.plugin
+                .plugin()
+                .as_scorer()
+                .ok_or_else(|| bad("scorer", &s.plugin))?;
+            if !s.weight.is_finite() || s.weight < 0.0 {
+                return Err(SchedulingError::Invalid(format!(
+                    "profile {:?}: scorer {:?} has weight {}, expected a finite number >= 0",
+                    self.name,
+                    s.plugin.plugin().name(),
+                    s.weight
+                )));
+            }
+        }
+        let picker = self.picker.as_ref().ok_or_else(|| {
+            SchedulingError::Invalid(format!("profile {:?} has no picker", self.name))
+        })?;
+        picker
+            .plugin()
+            .as_picker()
+            .ok_or_else(|| bad("picker", picker))?;
+        Ok(())
+    }
+}
+
+/// What one profile run chose.
+#[derive(Debug, Clone, Default)]
+pub struct ProfilePicks {
+    /// Index of the profile in the scheduler.
+    pub profile: usize,
+    /// Chosen endpoints, target first then fallbacks; empty if the profile's
+    /// filters removed every candidate.
+    pub targets: Vec<Arc<Endpoint>>,
+    /// Weighted total score of each target (same order).
+    pub scores: Vec<f64>,
+}
+
+/// The outcome of scheduling one request.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulingResult {
+    /// Each profile run, in the order they ran.
+    pub runs: Vec<ProfilePicks>,
+    /// Index into `runs` of the run holding the primary target.
+    pub primary: usize,
+}
+
+impl SchedulingResult {
+    /// The primary target endpoint.
+    #[must_use]
+    pub fn primary(&self) -> Option<&Arc<Endpoint>> {
+        self.runs.get(self.primary)?.targets.first()
+    }
+
+    /// The primary run (target and fallbacks in preference order).
+    #[must_use]
+    pub fn primary_run(&self) -> Option<&ProfilePicks> {
+        self.runs.get(self.primary)
+    }
+
+    fn clear(&mut self) {
+        // Keep the inner vectors' capacity for the next cycle.
+        for run in &mut self.runs {
+            run.targets.clear();
+            run.scores.clear();
+        }
+        self.primary = 0;
+    }
+}
+
+/// Reusable buffers for scheduling cycles. One per thread is enough; the
+/// scheduler keeps one per thread itself unless the caller passes its own
+/// (e.g. a seeded one in tests).
+#[derive(Debug)]
+pub struct Scratch {
+    rng: SmallRng,
+    state: CycleState,
+    base: Vec<Candidate>,
+    candidates: Vec<Candidate>,
+    totals: Vec<f64>,
+    partial: Vec<f64>,
+    picks: Vec<usize>,
+    used_runs: usize,
+}
+
+impl Scratch {
+    /// Buffers with randomness seeded from the OS.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_rng(SmallRng::from_os_rng())
+    }
+
+    /// Buffers with deterministic randomness.
+    #[must_use]
+    pub fn seeded(seed: u64) -> Self {
+        Self::with_rng(SmallRng::seed_from_u64(seed))
+    }
+
+    fn with_rng(rng: SmallRng) -> Self {
+        Self {
+            rng,
+            state: CycleState::default(),
+            base: Vec::new(),
+            candidates: Vec::new(),
+            totals: Vec::new(),
+            partial: Vec::new(),
+            picks: Vec::new(),
+            used_runs: 0,
+        }
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
+}
+
+/// Runs profiles over endpoints. Cheap to share (`Arc<Scheduler>`); all
+/// methods take `&self`.
+#[derive(Debug)]
+pub struct Scheduler {
+    profiles: Vec<SchedulingProfile>,
+    handler: Arc<dyn Plugin>,
+    producers: Vec<PluginRef>,
+    pre_request: Vec<PluginRef>,
+    saturation: Option<PluginRef>,
+    staleness: Option<Duration>,
+}
+
+impl Scheduler {
+    /// A scheduler for `profiles`, combined by `handler` (which must implement
+    /// [`ProfileHandler`]).
+    ///
+    /// # Errors
+    /// When a profile lacks a picker, a plugin is used in a role it does not
+    /// implement, or the handler is not a profile handler.
+    pub fn new(profiles: Vec<SchedulingProfile>, handler: Arc<dyn Plugin>) -> Result<Self> {
+        if profiles.is_empty() {
+            return Err(SchedulingError::Invalid("no scheduling profile".into()));
+        }
+        for p in &profiles {
+            p.check()?;
+        }
+        if handler.as_profile_handler().is_none() {
+            return Err(SchedulingError::Invalid(format!(
+                "plugin {:?} ({}) is not a profile handler",
+                handler.name(),
+                handler.type_name()
+            )));
+        }
+        Ok(Self {
+            profiles,
+            handler,
+            producers: Vec::new(),
+            pre_request: Vec::new(),
+            saturation: None,
+            staleness: None,
+        })
+    }
+
+    /// Adds plugins whose hooks run around each cycle: data producers run
+    /// before the profiles, pre-request hooks after a decision. A plugin that
+    /// plays neither role is ignored.
+    #[must_use]
+    pub fn with_hooks(mut self, plugins: impl IntoIterator<Item = PluginRef>) -> Self {
+        for p in plugins {
+            if p.plugin().as_data_producer().is_some() {
+                self.producers.push(p.clone());
+            }
+            if p.plugin().as_pre_request().is_some() {
+                self.pre_request.push(p);
+            }
+        }
+        self
+    }
+
+    /// Sets the saturation detector: sheddable requests are refused with
+    /// [`SchedulingError::Saturated`] while it reports saturation.
+    ///
+    /// # Errors
+    /// When the plugin is not a saturation detector.
+    pub fn with_saturation_detector(mut self, plugin: PluginRef) -> Result<Self> {
+        if plugin.plugin().as_saturation_detector().is_none() {
+            return Err(SchedulingError::Invalid(format!(
+                "plugin {:?} is not a saturation detector",
+                plugin.plugin().name()
+            )));
+        }
+        self.saturation = Some(plugin);
+        Ok(self)
+    }
+
+    /// Endpoints whose metrics are older than `threshold` (or never scraped)
+    /// are dropped from the candidates whenever a fresher endpoint exists.
+    #[must_use]
+    pub fn with_staleness_threshold(mut self, threshold: Duration) -> Self {
+        self.staleness = Some(threshold);
+        self
+    }
+
+    /// The profiles.
+    #[must_use]
+    pub fn profiles(&self) -> &[SchedulingProfile] {
+        &self.profiles
+    }
+
+    /// Schedules `request` over `snapshot`, using this thread's buffers.
+    ///
+    /// # Errors
+    /// See [`SchedulingError`].
+    pub fn schedule(
+        &self,
+        request: &InferenceRequest,
+        snapshot: &EndpointSnapshot,
+    ) -> Result<SchedulingResult> {
+        let mut result = SchedulingResult::default();
+        let borrowed = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => {
+                Some(self.schedule_into(request, snapshot, &mut scratch, &mut result))
+            }
+            Err(_) => None,
+        });
+        match borrowed {
+            Some(r) => r.map(|()| result),
+            // Re-entered from a plugin: use fresh buffers rather than fail.
+            None => self
+                .schedule_into(request, snapshot, &mut Scratch::new(), &mut result)
+                .map(|()| result),
+        }
+    }
+
+    /// Schedules `request` with caller-owned buffers, writing into `result`
+    /// (whose vectors are reused). In steady state this does not allocate
+    /// unless a plugin does.
+    ///
+    /// # Errors
+    /// See [`SchedulingError`].
+    pub fn schedule_into(
+        &self,
+        request: &InferenceRequest,
+        snapshot: &EndpointSnapshot,
+        scratch: &mut Scratch,
+        result: &mut SchedulingResult,
+    ) -> Result<()> {
+        result.clear();
+        scratch.used_runs = 0;
+        scratch.state.reset();
+        let now = Instant::now();
+
+        let Scratch {
+            rng,
+            state,
+            base,
+            candidates,
+            totals,
+            partial,
+            picks,
+            used_runs,
+        } = scratch;
+
+        base.clear();
+        if snapshot.is_empty() {
+            return Err(SchedulingError::NoEndpoints);
+        }
+        match &request.subset {
+            Some(subset) => base.extend(
+                snapshot
+                    .endpoints()
+                    .iter()
+                    .filter(|e| subset.contains(&e.addr()))
+                    .map(Candidate::new),
+            ),
+            None => base.extend(snapshot.endpoints().iter().map(Candidate::new)),
+        }
+        if base.is_empty() {
+            return Err(SchedulingError::EmptySubset);
+        }
+        if let Some(threshold) = self.staleness
+            && base.iter().any(|c| !c.metrics.is_stale(now, threshold))
+        {
+            base.retain(|c| !c.metrics.is_stale(now, threshold));
+        }
+
+        let mut cx = CycleContext {
+            request,
+            now,
+            rng,
+            state,
+        };
+
+        if request.is_sheddable()
+            && let Some(det) = &self.saturation
+            && let Some(det) = det.plugin().as_saturation_detector()
+            && det.saturation(&cx, base) >= 1.0
+        {
+            return Err(SchedulingError::Saturated);
+        }
+
+        for p in &self.producers {
+            if let Some(producer) = p.plugin().as_data_producer() {
+                producer.produce(&mut cx, base);
+            }
+        }
+
+        let Some(handler) = self.handler.as_profile_handler() else {
+            return Err(SchedulingError::Invalid("profile handler missing".into()));
+        };
+        let mut last_empty = None;
+        while let Some(pi) = handler.next_profile(&cx, &self.profiles, &result.runs[..*used_runs]) {
+            let Some(profile) = self.profiles.get(pi) else {
+                break;
+            };
+            if *used_runs == result.runs.len() {
+                result.runs.push(ProfilePicks::default());
+            }
+            let run = &mut result.runs[*used_runs];
+            *used_runs += 1;
+            run.profile = pi;
+            run_profile(profile, &mut cx, base, candidates, totals, partial, picks);
+            for &i in picks.iter() {
+                run.targets.push(Arc::clone(&candidates[i].endpoint));
+                run.scores.push(totals[i]);
+            }
+            if run.targets.is_empty() {
+                last_empty = Some(pi);
+            }
+            if *used_runs > self.profiles.len() * 2 {
+                // A handler that never says "done" must not loop forever.
+                break;
+            }
+        }
+        result.runs.truncate(*used_runs);
+
+        match handler.primary(&result.runs) {
+            Some(p) if result.runs.get(p).is_some_and(|r| !r.targets.is_empty()) => {
+                result.primary = p;
+            }
+            _ => {
+                let profile = last_empty
+                    .and_then(|i| self.profiles.get(i))
+                    .map_or_else(String::new, |p| p.name().to_owned());
+                return Err(SchedulingError::AllFiltered { profile });
+            }
+        }
+
+        for p in &self.pre_request {
+            if let Some(hook) = p.plugin().as_pre_request() {
+                hook.pre_request(&cx, result);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One profile: filters → weighted, clamped scores → picker. Leaves the chosen
+/// indices in `picks` (distinct, in preference order) over `candidates`.
+fn run_profile(
+    profile: &SchedulingProfile,
+    cx: &mut CycleContext<'_>,
+    base: &[Candidate],
+    candidates: &mut Vec<Candidate>,
+    totals: &mut Vec<f64>,
+    partial: &mut Vec<f64>,
+    picks: &mut Vec<usize>,
+) {
+    candidates.clear();
+    candidates.extend_from_slice(base);
+    picks.clear();
+    for f in &profile.filters {
+        if let Some(filter) = f.plugin().as_filter() {
+            filter.filter(cx, candidates);
+        }
+        if candidates.is_empty() {
+            return;
+        }
+    }
+    let n = candidates.len();
+    totals.clear();
+    totals.resize(n, 0.0);
+    for ws in &profile.scorers {
+        let Some(scorer) = ws.plugin.plugin().as_scorer() else {
+            continue;
+        };
+        partial.clear();
+        partial.resize(n, 0.0);
+        scorer.score(cx, candidates, partial);
+        for (t, s) in totals.iter_mut().zip(partial.iter()) {
+            // NaN (a scorer bug) counts as the worst score, not as poison.
+            let s = if s.is_nan() { 0.0 } else { s.clamp(0.0, 1.0) };
+            *t += ws.weight * s;
+        }
+    }
+    if let Some(picker) = profile.picker.as_ref().and_then(|p| p.plugin().as_picker()) {
+        picker.pick(cx, candidates, totals, picks);
+    }
+    // Enforce the picker contract: in range and distinct, first wins.
+    let mut w = 0;
+    for r in 0..picks.len() {
+        let i = picks[r];
+        if i < n && !picks[..w].contains(&i) {
+            picks[w] = i;
+            w += 1;
+        }
+    }
+    picks.truncate(w);
+}
+
+/// Runs the one profile there is; its result is the primary.
+#[derive(Debug, Clone)]
+pub struct SingleProfileHandler {
+    name: String,
+}
+
+impl SingleProfileHandler {
+    /// The YAML type name.
+    pub const TYPE: &'static str = "single-profile-handler";
+
+    /// A handler with instance name `name`.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+impl Default for SingleProfileHandler {
+    fn default() -> Self {
+        Self::new(Self::TYPE)
+    }
+}
+
+impl Plugin for SingleProfileHandler {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_profile_handler(&self) -> Option<&dyn ProfileHandler> {
+        Some(self)
+    }
+}
+
+impl ProfileHandler for SingleProfileHandler {
+    fn next_profile(
+        &self,
+        _cx: &CycleContext<'_>,
+        profiles: &[SchedulingProfile],
+        runs: &[ProfilePicks],
+    ) -> Option<usize> {
+        (runs.is_empty() && !profiles.is_empty()).then_some(0)
+    }
+
+    fn primary(&self, runs: &[ProfilePicks]) -> Option<usize> {
+        (!runs.is_empty()).then_some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,236 @@
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use super::*;
+use crate::{EndpointMetrics, Filter, Picker, SaturationDetector, Scorer};
+
+/// Scores each candidate with a fixed value by endpoint id (NaN allowed).
+#[derive(Debug)]
+struct Fixed(Vec<f64>);
+impl Plugin for Fixed {
+    fn type_name(&self) -> &str {
+        "fixed"
+    }
+    fn name(&self) -> &str {
+        "fixed"
+    }
+    fn as_scorer(&self) -> Option<&dyn Scorer> {
+        Some(self)
+    }
+}
+impl Scorer for Fixed {
+    fn score(&self, _: &CycleContext<'_>, c: &[Candidate], out: &mut [f64]) {
+        for (c, s) in c.iter().zip(out) {
+            *s = self.0[c.id().index()];
+        }
+    }
+}
+
+/// Picks every candidate in descending total, with a duplicate and an
+/// out-of-range index thrown in to test contract enforcement.
+#[derive(Debug)]
+struct AllDesc;
+impl Plugin for AllDesc {
+    fn type_name(&self) -> &str {
+        "all"
+    }
+    fn name(&self) -> &str {
+        "all"
+    }
+    fn as_picker(&self) -> Option<&dyn Picker> {
+        Some(self)
+    }
+}
+impl Picker for AllDesc {
+    fn pick(&self, _: &mut CycleContext<'_>, c: &[Candidate], s: &[f64], out: &mut Vec<usize>) {
+        out.extend(0..c.len());
+        out.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
+        out.push(out[0]);
+        out.push(999);
+    }
+}
+
+#[derive(Debug)]
+struct DropAll;
+impl Plugin for DropAll {
+    fn type_name(&self) -> &str {
+        "drop-all"
+    }
+    fn name(&self) -> &str {
+        "drop-all"
+    }
+    fn as_filter(&self) -> Option<&dyn Filter> {
+        Some(self)
+    }
+}
+impl Filter for DropAll {
+    fn filter(&self, _: &mut CycleContext<'_>, c: &mut Vec<Candidate>) {
+        c.clear();
+    }
+}
+
+#[derive(Debug)]
+struct AlwaysSaturated;
+impl Plugin for AlwaysSaturated {
+    fn type_name(&self) -> &str {
+        "sat"
+    }
+    fn name(&self) -> &str {
+        "sat"
+    }
+    fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
+        Some(self)
+    }
+}
+impl SaturationDetector for AlwaysSaturated {
+    fn saturation(&self, _: &CycleContext<'_>, _: &[Candidate]) -> f64 {
+        1.0
+    }
+    fn has_capacity(&self, _: &CycleContext<'_>, _: &Candidate) -> bool {
+        false
+    }
+}
+
+fn snapshot(n: u32) -> EndpointSnapshot {
+    EndpointSnapshot::new(
+        (0..n)
+            .map(|i| {
+                let addr: SocketAddr = format!("10.0.0.1:{}", 8000 + i).parse().unwrap();
+                let e = Arc::new(Endpoint::new(i, addr));
+                e.set_metrics(EndpointMetrics::fresh());
+                e
+            })
+            .collect(),
+    )
+}
+
+fn scheduler(scores: Vec<f64>) -> Scheduler {
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(PluginRef::new(Arc::new(Fixed(scores))), 2.0)
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap()
+}
+
+fn ids(r: &SchedulingResult) -> Vec<u32> {
+    r.primary_run()
+        .unwrap()
+        .targets
+        .iter()
+        .map(|e| e.id().0)
+        .collect()
+}
+
+#[test]
+fn scores_are_clamped_weighted_and_nan_is_worst() {
+    let s = scheduler(vec![0.5, f64::NAN, 7.0, -3.0]);
+    let r = s
+        .schedule(&InferenceRequest::builder("m").build(), &snapshot(4))
+        .unwrap();
+    // 7.0 clamps to 1.0 (total 2.0), 0.5 → 1.0; NaN and -3 → 0, stable order.
+    assert_eq!(ids(&r), vec![2, 0, 1, 3]);
+    assert_eq!(r.primary_run().unwrap().scores, vec![2.0, 1.0, 0.0, 0.0]);
+}
+
+#[test]
+fn picker_output_is_made_distinct_and_in_range() {
+    let s = scheduler(vec![0.1, 0.2]);
+    let r = s
+        .schedule(&InferenceRequest::builder("m").build(), &snapshot(2))
+        .unwrap();
+    assert_eq!(ids(&r), vec![1, 0]);
+}
+
+#[test]
+fn subset_matches_ip_and_port() {
+    let s = scheduler(vec![0.9, 0.1, 0.5]);
+    // Same IP as endpoint 0 but a port no endpoint has: must not match endpoint 0.
+    let req = InferenceRequest::builder("m")
+        .subset(vec![
+            "10.0.0.1:8001".parse().unwrap(),
+            "10.0.0.1:9999".parse().unwrap(),
+        ])
+        .build();
+    let r = s.schedule(&req, &snapshot(3)).unwrap();
+    assert_eq!(ids(&r), vec![1]);
+
+    let req = InferenceRequest::builder("m").subset(vec![]).build();
+    assert_eq!(
+        s.schedule(&req, &snapshot(3)).unwrap_err(),
+        SchedulingError::EmptySubset
+    );
+}
+
+#[test]
+fn empty_pool_and_all_filtered_are_errors() {
+    let s = scheduler(vec![]);
+    let req = InferenceRequest::builder("m").build();
+    assert_eq!(
+        s.schedule(&req, &EndpointSnapshot::default()).unwrap_err(),
+        SchedulingError::NoEndpoints
+    );
+    let profile = SchedulingProfile::new("strict")
+        .with_filter(PluginRef::new(Arc::new(DropAll)))
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    let s = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap();
+    assert_eq!(
+        s.schedule(&req, &snapshot(2)).unwrap_err(),
+        SchedulingError::AllFiltered {
+            profile: "strict".into()
+        }
+    );
+}
+
+#[test]
+fn stale_endpoints_are_dropped_only_when_fresh_ones_exist() {
+    let snap = snapshot(3);
+    snap.endpoints()[0].set_metrics(EndpointMetrics::default()); // never scraped
+    let s = scheduler(vec![1.0, 0.5, 0.1]).with_staleness_threshold(Duration::from_secs(2));
+    let req = InferenceRequest::builder("m").build();
+    assert_eq!(ids(&s.schedule(&req, &snap).unwrap()), vec![1, 2]);
+
+    for e in snap.endpoints() {
+        e.set_metrics(EndpointMetrics::default());
+    }
+    // All stale: still route rather than refuse everything.
+    assert_eq!(ids(&s.schedule(&req, &snap).unwrap()), vec![0, 1, 2]);
+}
+
+#[test]
+fn sheddable_requests_are_refused_when_saturated() {
+    let s = scheduler(vec![1.0])
+        .with_saturation_detector(PluginRef::new(Arc::new(AlwaysSaturated)))
+        .unwrap();
+    let snap = snapshot(1);
+    let shed = InferenceRequest::builder("m").priority(-1).build();
+    assert_eq!(
+        s.schedule(&shed, &snap).unwrap_err(),
+        SchedulingError::Saturated
+    );
+    let critical = InferenceRequest::builder("m").priority(0).build();
+    assert!(s.schedule(&critical, &snap).is_ok());
+}
+
+#[test]
+fn wrong_roles_are_rejected_at_build() {
+    let profile = SchedulingProfile::new("p")
+        .with_scorer(PluginRef::new(Arc::new(AllDesc)), 1.0)
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    let err = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap_err();
+    assert!(err.to_string().contains("is not a scorer"), "{err}");
+    let no_picker = SchedulingProfile::new("p");
+    assert!(Scheduler::new(vec![no_picker], Arc::new(SingleProfileHandler::default())).is_err());
+}
+
+#[test]
+fn seeded_scratch_reuses_result_buffers() {
+    let s = scheduler(vec![0.3, 0.6]);
+    let snap = snapshot(2);
+    let req = InferenceRequest::builder("m").build();
+    let mut scratch = Scratch::seeded(7);
+    let mut result = SchedulingResult::default();
+    for _ in 0..3 {
+        s.schedule_into(&req, &snap, &mut scratch, &mut result)
+            .unwrap();
+        assert_eq!(result.runs.len(), 1);
+        assert_eq!(ids(&result), vec![1, 0]);
+    }
+}
