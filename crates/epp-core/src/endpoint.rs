@@ -327,6 +327,20 @@ impl EndpointSnapshot {
     }
 }
 
+/// Where the current endpoint set comes from (the data layer's store, a
+/// Kubernetes watcher, a test fixture). Reading must be cheap and lock-free:
+/// it happens once per request.
+pub trait EndpointSource: Send + Sync + fmt::Debug {
+    /// The current set.
+    fn snapshot(&self) -> Arc<EndpointSnapshot>;
+}
+
+impl EndpointSource for ArcSwap<EndpointSnapshot> {
+    fn snapshot(&self) -> Arc<EndpointSnapshot> {
+        self.load_full()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,19 +63,21 @@ mod cycle;
 mod endpoint;
 mod error;
 mod plugin;
+mod registry;
 mod request;
 mod scheduler;
 
 pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch};
 pub use endpoint::{
-    CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, Extensions,
-    InflightCounters, LoraInfo,
+    CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
+    Extensions, InflightCounters, LoraInfo,
 };
 pub use error::{Result, SchedulingError};
 pub use plugin::{
     DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest, ProfileHandler, RequestOutcome,
     ResponseHooks, SaturationDetector, Scorer,
 };
+pub use registry::{BuildError, Factory, PluginSpec, Registry};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

@@ -229,6 +229,7 @@ pub struct Scheduler {
     handler: Arc<dyn Plugin>,
     producers: Vec<PluginRef>,
     pre_request: Vec<PluginRef>,
+    response: Vec<PluginRef>,
     saturation: Option<PluginRef>,
     staleness: Option<Duration>,
 }
@@ -259,14 +260,16 @@ impl Scheduler {
             handler,
             producers: Vec::new(),
             pre_request: Vec::new(),
+            response: Vec::new(),
             saturation: None,
             staleness: None,
         })
     }
 
     /// Adds plugins whose hooks run around each cycle: data producers run
-    /// before the profiles, pre-request hooks after a decision. A plugin that
-    /// plays neither role is ignored.
+    /// before the profiles, pre-request hooks after a decision, response hooks
+    /// when the edge reports the response (see [`Self::response_hooks`]). A
+    /// plugin that plays none of these roles is ignored.
     #[must_use]
     pub fn with_hooks(mut self, plugins: impl IntoIterator<Item = PluginRef>) -> Self {
         for p in plugins {
@@ -274,7 +277,10 @@ impl Scheduler {
                 self.producers.push(p.clone());
             }
             if p.plugin().as_pre_request().is_some() {
-                self.pre_request.push(p);
+                self.pre_request.push(p.clone());
+            }
+            if p.plugin().as_response_hooks().is_some() {
+                self.response.push(p);
             }
         }
         self
@@ -302,6 +308,13 @@ impl Scheduler {
     pub fn with_staleness_threshold(mut self, threshold: Duration) -> Self {
         self.staleness = Some(threshold);
         self
+    }
+
+    /// Plugins with response hooks, for the edge to call as responses arrive.
+    pub fn response_hooks(&self) -> impl Iterator<Item = &dyn crate::ResponseHooks> {
+        self.response
+            .iter()
+            .filter_map(|p| p.plugin().as_response_hooks())
     }
 
     /// The profiles.
