@@ -1,1 +1,73 @@
-//! epp-extproc
+//! The Envoy external-processing (`ext_proc`) service of the epp-rs endpoint
+//! picker.
+//!
+//! Envoy opens one bidirectional gRPC stream per HTTP request. The service
+//! reads the request headers and body (BUFFERED or FULL_DUPLEX_STREAMED),
+//! parses the body without re-serialising it, asks the [`epp_core::Scheduler`]
+//! for an endpoint, and answers with the `x-gateway-destination-endpoint`
+//! header plus `envoy.lb` dynamic metadata (primary first, then fallbacks).
+//! On the way back it reads the status and token usage (plain JSON or SSE),
+//! feeds the scheduler's response hooks, keeps the endpoints' in-flight
+//! counters, and writes the client-facing model name back when the model was
+//! rewritten. Refusals are `ImmediateResponse`s with a JSON error body
+//! (400, 413, 429, 503).
+//!
+//! ```
+//! use epp_core::ApiKind;
+//! use epp_extproc::{parse_body, splice_model};
+//!
+//! let body = br#"{"model":"llama","messages":[{"role":"user","content":"Hi"}],"n":12345678901234567890}"#;
+//! let parsed = parse_body(ApiKind::ChatCompletions, body).unwrap();
+//! assert_eq!(parsed.model, "llama");
+//! assert_eq!(parsed.prompt, "user:\nHi\n");
+//! // A model rewrite splices only the model value; every other byte stays.
+//! let rewritten = splice_model(body, &parsed.model_span, "llama-lora");
+//! assert_eq!(
+//!     std::str::from_utf8(&rewritten).unwrap(),
+//!     r#"{"model":"llama-lora","messages":[{"role":"user","content":"Hi"}],"n":12345678901234567890}"#
+//! );
+//! ```
+//!
+//! Serving it (the binary adds TLS, health and shutdown):
+//!
+//! ```no_run
+//! # async fn serve(scheduler: std::sync::Arc<epp_core::Scheduler>,
+//! #                endpoints: std::sync::Arc<dyn epp_core::EndpointSource>) {
+//! let service = epp_extproc::ExtProcService::new(scheduler, endpoints, Default::default());
+//! let mut registry = prometheus_client::registry::Registry::default();
+//! service.register_metrics(&mut registry);
+//! tonic::transport::Server::builder()
+//!     .add_service(service.clone().into_server())
+//!     .serve("127.0.0.1:9002".parse().unwrap())
+//!     .await
+//!     .unwrap();
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod exchange;
+mod metrics;
+mod options;
+mod parse;
+mod prompt;
+mod proto;
+mod restore;
+mod service;
+mod usage;
+
+pub use error::{ExtProcError, Result};
+pub use exchange::{
+    CONTROL_HEADERS, DESTINATION_HEADER, DESTINATION_NAMESPACE, FAIRNESS_HEADER,
+    MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
+};
+pub use options::{BodyMode, ExtProcOptions, ModelRewrite};
+pub use parse::{ParsedBody, parse_body, rewrite_model_field, splice_model};
+pub use restore::ModelRestorer;
+pub use service::{ExtProcService, ProcessStream};
+pub use usage::UsageReader;
+
+/// The generated Envoy types this crate speaks (re-exported for tests and
+/// load generators).
+pub use envoy_types::pb;

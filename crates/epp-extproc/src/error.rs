@@ -1,0 +1,98 @@
+//! Why a request is answered by the picker itself instead of being forwarded.
+
+use epp_core::SchedulingError;
+
+/// A request the picker refuses, with the HTTP status the client receives.
+///
+/// Every variant becomes an Envoy `ImmediateResponse` whose body is an
+/// OpenAI-style JSON error (`{"error":{"message","type","code"}}`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExtProcError {
+    /// The body is not a JSON object, or a field has the wrong type (400).
+    #[error("invalid request body: {0}")]
+    BadBody(String),
+    /// The body has no `model` (400).
+    #[error("model not found in request body")]
+    MissingModel,
+    /// The body is larger than the configured limit (413).
+    #[error("request body of at least {size} bytes exceeds the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// Bytes received so far.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The scheduler could not place the request (503 or 429).
+    #[error(transparent)]
+    Scheduling(#[from] SchedulingError),
+}
+
+impl ExtProcError {
+    /// The HTTP status the client receives.
+    #[must_use]
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::BadBody(_) | Self::MissingModel => 400,
+            Self::BodyTooLarge { .. } => 413,
+            Self::Scheduling(SchedulingError::Saturated) => 429,
+            Self::Scheduling(SchedulingError::Invalid(_)) => 500,
+            Self::Scheduling(_) => 503,
+        }
+    }
+
+    /// The error code used in metrics (`error_code` label) and in the JSON
+    /// body's `type` (the reference's names).
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self.http_status() {
+            400 | 413 => "BadRequest",
+            429 => "ResourceExhausted",
+            503 => "ServiceUnavailable",
+            _ => "Internal",
+        }
+    }
+
+    /// The JSON body a client reads.
+    #[must_use]
+    pub fn json_body(&self) -> Vec<u8> {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.code(),
+                "code": self.http_status(),
+            }
+        });
+        body.to_string().into_bytes()
+    }
+}
+
+/// Result with [`ExtProcError`].
+pub type Result<T, E = ExtProcError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_the_reference() {
+        assert_eq!(ExtProcError::MissingModel.http_status(), 400);
+        assert_eq!(
+            ExtProcError::BodyTooLarge { size: 2, limit: 1 }.http_status(),
+            413
+        );
+        assert_eq!(
+            ExtProcError::from(SchedulingError::Saturated).http_status(),
+            429
+        );
+        assert_eq!(
+            ExtProcError::from(SchedulingError::EmptySubset).http_status(),
+            503
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&ExtProcError::MissingModel.json_body()).unwrap();
+        assert_eq!(body["error"]["message"], "model not found in request body");
+        assert_eq!(body["error"]["code"], 400);
+        assert_eq!(body["error"]["type"], "BadRequest");
+    }
+}

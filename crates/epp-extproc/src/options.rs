@@ -1,0 +1,83 @@
+//! Settings of the ext_proc service.
+
+use std::{collections::HashMap, fmt, sync::Arc};
+
+/// How Envoy sends a body (`ProcessingMode.BodySendMode`). Envoy announces the
+/// modes in the first message of each stream (`protocol_config`); the
+/// assumed modes in [`ExtProcOptions`] apply only to gateways that do not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BodyMode {
+    /// The body is not sent.
+    None,
+    /// Sent in chunks, each answered (the destination cannot be set from the
+    /// body in this mode; not recommended for the request path).
+    Streamed,
+    /// Sent as one message after the headers are answered.
+    Buffered,
+    /// Like [`Self::Buffered`], up to a size.
+    BufferedPartial,
+    /// Sent in chunks without waiting; the picker answers the headers after
+    /// the whole body, then streams the body back.
+    #[default]
+    FullDuplexStreamed,
+}
+
+impl BodyMode {
+    /// From the protobuf enum value; unknown values are treated as full duplex.
+    #[must_use]
+    pub fn from_proto(value: i32) -> Self {
+        match value {
+            0 => Self::None,
+            1 => Self::Streamed,
+            2 => Self::Buffered,
+            3 => Self::BufferedPartial,
+            _ => Self::FullDuplexStreamed,
+        }
+    }
+}
+
+/// Chooses the model a request is routed for, e.g. weighted rewrite rules
+/// from the config. The `x-gateway-model-name-rewrite` header, when present,
+/// takes precedence over any rule.
+pub trait ModelRewrite: Send + Sync + fmt::Debug {
+    /// The target model for a request asking for `model`, or `None` to keep it.
+    fn rewrite(&self, model: &str, headers: &[(String, String)]) -> Option<String>;
+}
+
+/// Settings of [`crate::ExtProcService`]. Build with struct-update syntax:
+/// `ExtProcOptions { max_body_bytes: 1 << 20, ..ExtProcOptions::default() }`.
+#[derive(Clone, Debug)]
+pub struct ExtProcOptions {
+    /// Largest request body accepted; a larger one gets 413. `0` = no limit.
+    pub max_body_bytes: usize,
+    /// Objective name (`x-gateway-inference-objective`) → priority. Unknown or
+    /// absent objectives get priority 0; negative priorities are sheddable.
+    pub objectives: HashMap<String, i32>,
+    /// Largest body chunk sent back in FULL_DUPLEX_STREAMED mode (Envoy's
+    /// reference limit is 62,000 bytes).
+    pub stream_chunk_bytes: usize,
+    /// Request body mode assumed when Envoy does not announce it.
+    pub assumed_request_body_mode: BodyMode,
+    /// Response body mode assumed when Envoy does not announce it.
+    pub assumed_response_body_mode: BodyMode,
+    /// Most bytes of a response held to read usage or rewrite the model (a
+    /// plain JSON body, or one SSE line); beyond it they pass unexamined.
+    pub max_response_buffer_bytes: usize,
+    /// Rewrite rules applied when no rewrite header is present.
+    pub model_rewrite: Option<Arc<dyn ModelRewrite>>,
+}
+
+impl Default for ExtProcOptions {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 << 20,
+            objectives: HashMap::new(),
+            stream_chunk_bytes: 62_000,
+            assumed_request_body_mode: BodyMode::FullDuplexStreamed,
+            assumed_response_body_mode: BodyMode::FullDuplexStreamed,
+            max_response_buffer_bytes: 4 << 20,
+            model_rewrite: None,
+        }
+    }
+}

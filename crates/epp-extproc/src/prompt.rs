@@ -1,0 +1,374 @@
+//! The text the prefix index hashes, per API kind.
+//!
+//! The definition is documented in `docs/api-parsing.md`; in short, every API
+//! is flattened into a chat-like transcript so that a conversation that grows
+//! by appending turns produces a text that grows by appending, and so that
+//! equivalent spellings (string content vs. text parts, key order inside
+//! tools) produce the same text.
+
+use epp_core::{ApiKind, CHARS_PER_TOKEN};
+use serde_json::{Value, value::RawValue};
+
+use crate::parse::PromptFields;
+
+/// Renders the prompt text of a request.
+pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
+    let mut out = String::new();
+    match api {
+        ApiKind::Completions => {
+            if let Some(v) = value(f.prompt) {
+                prompt_like(&v, &mut out);
+            }
+        }
+        ApiKind::Embeddings => {
+            if let Some(v) = value(f.input) {
+                prompt_like(&v, &mut out);
+            }
+        }
+        ApiKind::ChatCompletions => {
+            tools(f.tools, &mut out);
+            if let Some(Value::Array(msgs)) = value(f.messages) {
+                for m in &msgs {
+                    message(m, &mut out);
+                }
+            }
+        }
+        ApiKind::Responses => {
+            tools(f.tools, &mut out);
+            if let Some(v) = value(f.instructions) {
+                turn("system", &v, &mut out);
+            }
+            match value(f.input) {
+                Some(Value::Array(items)) => items.iter().for_each(|i| item(i, &mut out)),
+                Some(v @ Value::String(_)) => turn("user", &v, &mut out),
+                Some(other) => canonical_line(&other, &mut out),
+                None => {}
+            }
+        }
+        ApiKind::Conversations => {
+            if let Some(Value::Array(items)) = value(f.items) {
+                items.iter().for_each(|i| item(i, &mut out));
+            }
+        }
+        ApiKind::Messages => {
+            tools(f.tools, &mut out);
+            if let Some(v) = value(f.system) {
+                turn("system", &v, &mut out);
+            }
+            if let Some(Value::Array(msgs)) = value(f.messages) {
+                for m in &msgs {
+                    message(m, &mut out);
+                }
+            }
+        }
+        // A kind added to epp-core later: hash whatever prompt-like field exists.
+        _ => {
+            if let Some(v) = value(f.prompt.or(f.input)) {
+                prompt_like(&v, &mut out);
+            }
+        }
+    }
+    out
+}
+
+fn value(raw: Option<&RawValue>) -> Option<Value> {
+    raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+        .filter(|v| !v.is_null())
+}
+
+/// `prompt` / `input` of completions and embeddings: a string, strings, token
+/// ids, or lists of token ids. Several prompts are joined with `\n`.
+fn prompt_like(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => out.push_str(s),
+        Value::Array(items) if items.iter().all(Value::is_number) => tokens(items, out),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push('\n');
+                }
+                match item {
+                    Value::String(s) => out.push_str(s),
+                    Value::Array(ids) => tokens(ids, out),
+                    other => canonical(other, out),
+                }
+            }
+        }
+        other => canonical(other, out),
+    }
+}
+
+/// Token ids, each as exactly [`CHARS_PER_TOKEN`] characters, so one hashed
+/// block of `N × 4` characters is exactly `N` tokens.
+fn tokens(ids: &[Value], out: &mut String) {
+    const DIGITS: &[u8; 64] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+/";
+    for id in ids {
+        let n = id.as_u64().unwrap_or(0);
+        for k in (0..CHARS_PER_TOKEN).rev() {
+            let digit = (n >> (6 * k)) & 63;
+            out.push(char::from(DIGITS[digit as usize]));
+        }
+    }
+}
+
+/// `tools` first (they precede the conversation in chat templates), as
+/// canonical JSON.
+fn tools(raw: Option<&RawValue>, out: &mut String) {
+    if let Some(v) = value(raw) {
+        out.push_str("tools:\n");
+        canonical_line(&v, out);
+    }
+}
+
+/// One chat / Anthropic message: `role:\n<content>\n`, then tool calls.
+fn message(m: &Value, out: &mut String) {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+    match m.get("content") {
+        Some(content) => turn(role, content, out),
+        None => {
+            out.push_str(role);
+            out.push_str(":\n");
+        }
+    }
+    if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+        canonical_line(calls, out);
+    }
+}
+
+/// A Responses / Conversations item: a message when it has a role, otherwise
+/// (function calls, outputs, reasoning) its canonical JSON.
+fn item(i: &Value, out: &mut String) {
+    if i.get("role").is_some() {
+        message(i, out);
+    } else {
+        canonical_line(i, out);
+    }
+}
+
+fn turn(role: &str, content: &Value, out: &mut String) {
+    out.push_str(role);
+    out.push_str(":\n");
+    content_text(content, out);
+    out.push('\n');
+}
+
+/// Message content: a string, or parts whose texts are joined with `\n`
+/// (as chat templates do), media as `<kind:reference>` markers.
+fn content_text(content: &Value, out: &mut String) {
+    match content {
+        Value::String(s) => out.push_str(s),
+        Value::Array(parts) => {
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push('\n');
+                }
+                part_text(part, out);
+            }
+        }
+        Value::Null => {}
+        other => canonical(other, out),
+    }
+}
+
+fn part_text(part: &Value, out: &mut String) {
+    let Some(obj) = part.as_object() else {
+        if let Some(s) = part.as_str() {
+            out.push_str(s);
+        } else {
+            canonical(part, out);
+        }
+        return;
+    };
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("text");
+    let text_of = |key: &str| obj.get(key).and_then(Value::as_str);
+    match kind {
+        "text" | "input_text" | "output_text" if text_of("text").is_some() => {
+            out.push_str(text_of("text").unwrap_or_default());
+        }
+        "refusal" if text_of("refusal").is_some() => {
+            out.push_str(text_of("refusal").unwrap_or_default());
+        }
+        "image_url" | "input_image" | "video_url" | "input_audio" | "image" | "document"
+        | "audio_url" | "input_file" => {
+            out.push('<');
+            out.push_str(kind);
+            out.push(':');
+            // The reference inside: a URL string, `{url}`, `{data}`, or a source object.
+            let reference = obj
+                .get(kind)
+                .or_else(|| obj.get("image_url"))
+                .or_else(|| obj.get("source"))
+                .or_else(|| obj.get("file_id"));
+            match reference {
+                Some(Value::String(s)) => out.push_str(s),
+                Some(Value::Object(o)) if o.get("url").is_some_and(Value::is_string) => {
+                    out.push_str(o.get("url").and_then(Value::as_str).unwrap_or_default());
+                }
+                Some(other) => canonical(other, out),
+                None => canonical(part, out),
+            }
+            out.push('>');
+        }
+        "tool_result" => match obj.get("content") {
+            Some(c) => content_text(c, out),
+            None => canonical(part, out),
+        },
+        _ => canonical(part, out),
+    }
+}
+
+fn canonical_line(v: &Value, out: &mut String) {
+    canonical(v, out);
+    out.push('\n');
+}
+
+/// JSON with object keys sorted and no insignificant whitespace, so that key
+/// order and formatting do not change the hashed text.
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_unstable();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(val) = map.get(k) {
+                    canonical(val, out);
+                }
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::parse::parse_body;
+
+    use super::*;
+
+    fn prompt(api: ApiKind, body: &str) -> String {
+        parse_body(api, body.as_bytes()).unwrap().prompt
+    }
+
+    #[test]
+    fn completions_prompt_forms() {
+        let c = ApiKind::Completions;
+        assert_eq!(prompt(c, r#"{"model":"m","prompt":"abc"}"#), "abc");
+        assert_eq!(prompt(c, r#"{"model":"m","prompt":["abc"]}"#), "abc");
+        assert_eq!(prompt(c, r#"{"model":"m","prompt":["a","b"]}"#), "a\nb");
+        assert_eq!(prompt(c, r#"{"model":"m","prompt":[1,64]}"#), "00010010");
+        assert_eq!(
+            prompt(c, r#"{"model":"m","prompt":[[1],[2]]}"#),
+            "0001\n0002"
+        );
+        assert_eq!(prompt(c, r#"{"model":"m"}"#), "");
+        let r = parse_body(c, br#"{"model":"m","prompt":[5,6,7]}"#).unwrap();
+        assert_eq!(r.prompt.len(), 3 * CHARS_PER_TOKEN);
+    }
+
+    #[test]
+    fn chat_string_and_parts_are_equivalent() {
+        let chat = ApiKind::ChatCompletions;
+        let a = prompt(
+            chat,
+            r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi\nthere"}]}"#,
+        );
+        let b = prompt(
+            chat,
+            r#"{"messages":[{"content":"be brief","role":"system"},{"role":"user","content":[{"type":"text","text":"hi"},{"text":"there","type":"text"}]}],"model":"m"}"#,
+        );
+        assert_eq!(a, b);
+        assert_eq!(a, "system:\nbe brief\nuser:\nhi\nthere\n");
+    }
+
+    #[test]
+    fn growing_conversation_extends_the_prompt() {
+        let chat = ApiKind::ChatCompletions;
+        let one = prompt(
+            chat,
+            r#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"user","content":"q1"}]}"#,
+        );
+        let two = prompt(
+            chat,
+            r#"{"model":"m","tools":[{"function":{"parameters":{},"name":"f"},"type":"function"}],"messages":[{"role":"user","content":"q1"},{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}"#,
+        );
+        assert!(two.starts_with(&one), "{one:?} / {two:?}");
+        assert!(one.starts_with("tools:\n[{\"function\""));
+    }
+
+    #[test]
+    fn media_parts_are_markers() {
+        let p = prompt(
+            ApiKind::ChatCompletions,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png"}},{"type":"text","text":"what?"}]}]}"#,
+        );
+        assert_eq!(p, "user:\n<image_url:http://x/a.png>\nwhat?\n");
+    }
+
+    #[test]
+    fn responses_conversations_embeddings_messages() {
+        let r = prompt(
+            ApiKind::Responses,
+            r#"{"model":"m","instructions":"sys","input":"hello"}"#,
+        );
+        assert_eq!(r, "system:\nsys\nuser:\nhello\n");
+        let r2 = prompt(
+            ApiKind::Responses,
+            r#"{"model":"m","instructions":"sys","input":[{"role":"user","content":[{"type":"input_text","text":"hello"}]}]}"#,
+        );
+        assert_eq!(r, r2);
+        let conv = prompt(
+            ApiKind::Conversations,
+            r#"{"model":"m","items":[{"type":"message","role":"user","content":"hello"}]}"#,
+        );
+        assert_eq!(conv, "user:\nhello\n");
+        let emb = prompt(ApiKind::Embeddings, r#"{"model":"m","input":["x","y"]}"#);
+        assert_eq!(emb, "x\ny");
+        let anth = prompt(
+            ApiKind::Messages,
+            r#"{"model":"m","system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"hello"}]}"#,
+        );
+        let chat = prompt(
+            ApiKind::ChatCompletions,
+            r#"{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"}]}"#,
+        );
+        assert_eq!(anth, chat);
+    }
+
+    #[test]
+    fn odd_shapes_never_fail() {
+        for body in [
+            r#"{"model":"m","messages":"x"}"#,
+            r#"{"model":"m","messages":[1,null,{"content":{"a":1}}]}"#,
+            r#"{"model":"m","prompt":{"a":[1,2]}}"#,
+            r#"{"model":"m","input":[{"type":"function_call","name":"f"}]}"#,
+        ] {
+            for api in [
+                ApiKind::Completions,
+                ApiKind::ChatCompletions,
+                ApiKind::Responses,
+                ApiKind::Conversations,
+                ApiKind::Embeddings,
+                ApiKind::Messages,
+            ] {
+                let _ = prompt(api, body);
+            }
+        }
+    }
+}

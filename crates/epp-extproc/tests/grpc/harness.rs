@@ -1,0 +1,519 @@
+//! Test fixtures: endpoints, a small scheduler, the server on a free port,
+//! and an "Envoy" client that sends messages and reads replies.
+#![expect(clippy::unwrap_used, reason = "test harness: a failed set-up is a failed test")]
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use arc_swap::ArcSwap;
+use epp_core::{
+    Candidate, CycleContext, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, Picker,
+    Plugin, PluginRef, RequestOutcome, ResponseHooks, SaturationDetector, Scheduler,
+    SchedulingProfile, Scorer, SingleProfileHandler, Usage,
+};
+use epp_extproc::{
+    ExtProcOptions, ExtProcService,
+    pb::envoy::{
+        config::core::v3::{HeaderMap, HeaderValue, Metadata},
+        service::ext_proc::v3::{
+            CommonResponse, HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest,
+            ProcessingResponse, ProtocolConfiguration,
+            external_processor_client::ExternalProcessorClient, processing_request::Request,
+            processing_response::Response,
+        },
+    },
+    pb::google::protobuf::{ListValue, Struct, Value, value::Kind},
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::Streaming;
+
+pub(crate) const BUFFERED: i32 = 2;
+pub(crate) const FULL_DUPLEX: i32 = 4;
+pub(crate) const NONE: i32 = 0;
+
+// === plugins ===
+
+/// Prefers short queues.
+#[derive(Debug)]
+struct ShortQueue;
+impl Plugin for ShortQueue {
+    fn type_name(&self) -> &str {
+        "short-queue"
+    }
+    fn name(&self) -> &str {
+        "short-queue"
+    }
+    fn as_scorer(&self) -> Option<&dyn Scorer> {
+        Some(self)
+    }
+}
+impl Scorer for ShortQueue {
+    fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
+        for (c, s) in candidates.iter().zip(out.iter_mut()) {
+            *s = 1.0 / (1.0 + f64::from(c.metrics.waiting));
+        }
+    }
+}
+
+/// Best first, then the next best as a fallback.
+#[derive(Debug)]
+struct BestTwo;
+impl Plugin for BestTwo {
+    fn type_name(&self) -> &str {
+        "best-two"
+    }
+    fn name(&self) -> &str {
+        "best-two"
+    }
+    fn as_picker(&self) -> Option<&dyn Picker> {
+        Some(self)
+    }
+}
+impl Picker for BestTwo {
+    fn pick(
+        &self,
+        _: &mut CycleContext<'_>,
+        _: &[Candidate],
+        scores: &[f64],
+        out: &mut Vec<usize>,
+    ) {
+        let mut idx: Vec<usize> = (0..scores.len()).collect();
+        idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        out.extend(idx.into_iter().take(2));
+    }
+}
+
+/// What the response hooks saw.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    pub(crate) statuses: Vec<u16>,
+    pub(crate) usage: Vec<Usage>,
+    pub(crate) outcomes: Vec<RequestOutcome>,
+    pub(crate) requests: Vec<InferenceRequest>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Recorder(pub(crate) Mutex<Seen>);
+impl Plugin for Recorder {
+    fn type_name(&self) -> &str {
+        "recorder"
+    }
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        Some(self)
+    }
+}
+impl ResponseHooks for Recorder {
+    fn response_headers(
+        &self,
+        r: &InferenceRequest,
+        _: &Endpoint,
+        status: u16,
+        _: &[(String, String)],
+    ) {
+        let mut seen = self.0.lock().unwrap();
+        seen.statuses.push(status);
+        seen.requests.push(r.clone());
+    }
+    fn response_usage(&self, _: &InferenceRequest, _: &Endpoint, usage: &Usage) {
+        self.0.lock().unwrap().usage.push(*usage);
+    }
+    fn request_completed(&self, _: &InferenceRequest, _: &Endpoint, outcome: RequestOutcome) {
+        self.0.lock().unwrap().outcomes.push(outcome);
+    }
+}
+
+/// Saturated whenever any endpoint has a queue.
+#[derive(Debug)]
+struct AnyQueue;
+impl Plugin for AnyQueue {
+    fn type_name(&self) -> &str {
+        "any-queue"
+    }
+    fn name(&self) -> &str {
+        "any-queue"
+    }
+    fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
+        Some(self)
+    }
+}
+impl SaturationDetector for AnyQueue {
+    fn saturation(&self, _: &CycleContext<'_>, endpoints: &[Candidate]) -> f64 {
+        if endpoints.iter().all(|c| c.metrics.waiting > 0) {
+            1.0
+        } else {
+            0.0
+        }
+    }
+    fn has_capacity(&self, _: &CycleContext<'_>, c: &Candidate) -> bool {
+        c.metrics.waiting == 0
+    }
+}
+
+// === fixture ===
+
+pub(crate) struct Fixture {
+    pub(crate) endpoints: Vec<Arc<Endpoint>>,
+    pub(crate) source: Arc<ArcSwap<EndpointSnapshot>>,
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) service: ExtProcService,
+    pub(crate) addr: SocketAddr,
+}
+
+/// Endpoints 10.0.0.1:8000… with the given queue lengths.
+pub(crate) fn endpoints(queues: &[u32]) -> Vec<Arc<Endpoint>> {
+    queues
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| {
+            let addr: SocketAddr = format!("10.0.0.{}:8000", i + 1).parse().unwrap();
+            let ep = Arc::new(Endpoint::new(i as u32, addr));
+            ep.set_metrics(EndpointMetrics {
+                waiting: q,
+                ..EndpointMetrics::fresh()
+            });
+            ep
+        })
+        .collect()
+}
+
+pub(crate) fn scheduler(recorder: &Arc<Recorder>) -> Scheduler {
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
+        .with_picker(PluginRef::new(Arc::new(BestTwo)));
+    Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
+        .unwrap()
+        .with_hooks([PluginRef::new(recorder.clone() as Arc<dyn Plugin>)])
+        .with_saturation_detector(PluginRef::new(Arc::new(AnyQueue)))
+        .unwrap()
+}
+
+/// Starts the service on a free loopback port.
+pub(crate) async fn start(queues: &[u32], options: ExtProcOptions) -> Fixture {
+    let eps = endpoints(queues);
+    let source = Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(eps.clone())));
+    let recorder = Arc::new(Recorder::default());
+    let service = ExtProcService::new(Arc::new(scheduler(&recorder)), source.clone(), options);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = service.clone().into_server();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(server)
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    Fixture {
+        endpoints: eps,
+        source,
+        recorder,
+        service,
+        addr,
+    }
+}
+
+impl Fixture {
+    pub(crate) async fn envoy(&self) -> Envoy {
+        let mut client = ExternalProcessorClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(64);
+        let replies = client
+            .process(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Envoy {
+            tx: Some(tx),
+            replies,
+        }
+    }
+
+    /// Waits (bounded) until `cond` holds; the server finishes streams asynchronously.
+    pub(crate) async fn eventually(&self, what: &str, cond: impl Fn(&Self) -> bool) {
+        for _ in 0..500 {
+            if cond(self) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    pub(crate) fn inflight(&self) -> Vec<u32> {
+        self.endpoints
+            .iter()
+            .map(|e| e.inflight().requests())
+            .collect()
+    }
+}
+
+/// The client side of one ext_proc stream.
+pub(crate) struct Envoy {
+    tx: Option<mpsc::Sender<ProcessingRequest>>,
+    pub(crate) replies: Streaming<ProcessingResponse>,
+}
+
+impl Envoy {
+    pub(crate) async fn send(&self, msg: ProcessingRequest) {
+        self.tx.as_ref().unwrap().send(msg).await.unwrap();
+    }
+
+    pub(crate) async fn recv(&mut self) -> ProcessingResponse {
+        tokio::time::timeout(Duration::from_secs(5), self.replies.message())
+            .await
+            .expect("no reply within 5 s")
+            .unwrap()
+            .expect("stream ended")
+    }
+
+    /// The next reply must not come: the stream ends (or stays silent).
+    pub(crate) async fn expect_end(&mut self) {
+        match tokio::time::timeout(Duration::from_secs(5), self.replies.message()).await {
+            Ok(Ok(None)) => {}
+            other => panic!("expected the stream to end, got {other:?}"),
+        }
+    }
+
+    /// Half-closes the request side (Envoy done).
+    pub(crate) fn close(&mut self) {
+        self.tx = None;
+    }
+}
+
+// === messages ===
+
+pub(crate) fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
+    HeaderMap {
+        headers: pairs
+            .iter()
+            .map(|(k, v)| HeaderValue {
+                key: (*k).to_owned(),
+                value: String::new(),
+                raw_value: v.as_bytes().to_vec(),
+            })
+            .collect(),
+    }
+}
+
+/// Request headers as Envoy sends them first, announcing the body modes.
+pub(crate) fn request_headers(
+    pairs: &[(&str, &str)],
+    eos: bool,
+    req_mode: i32,
+    resp_mode: i32,
+) -> ProcessingRequest {
+    ProcessingRequest {
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: req_mode,
+            response_body_mode: resp_mode,
+            send_body_without_waiting_for_header_response: false,
+        }),
+        request: Some(Request::RequestHeaders(HttpHeaders {
+            headers: Some(header_map(pairs)),
+            end_of_stream: eos,
+            ..HttpHeaders::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+pub(crate) fn with_subset(mut msg: ProcessingRequest, entries: &[&str]) -> ProcessingRequest {
+    let list = Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: entries
+                .iter()
+                .map(|e| Value {
+                    kind: Some(Kind::StringValue((*e).to_owned())),
+                })
+                .collect(),
+        })),
+    };
+    let hint = Struct {
+        fields: [(epp_extproc::SUBSET_KEY.to_owned(), list)]
+            .into_iter()
+            .collect(),
+    };
+    msg.metadata_context = Some(Metadata {
+        filter_metadata: [(epp_extproc::SUBSET_NAMESPACE.to_owned(), hint)]
+            .into_iter()
+            .collect(),
+        ..Metadata::default()
+    });
+    msg
+}
+
+pub(crate) fn request_body(body: &[u8], eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::RequestBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream: eos,
+            ..HttpBody::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+pub(crate) fn request_trailers() -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::RequestTrailers(HttpTrailers {
+            trailers: Some(header_map(&[("x-t", "1")])),
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+pub(crate) fn response_headers(pairs: &[(&str, &str)], eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::ResponseHeaders(HttpHeaders {
+            headers: Some(header_map(pairs)),
+            end_of_stream: eos,
+            ..HttpHeaders::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+pub(crate) fn response_body(body: &[u8], eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::ResponseBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream: eos,
+            ..HttpBody::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+pub(crate) fn chat_body(model: &str, text: &str) -> Vec<u8> {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+    .into_bytes()
+}
+
+pub(crate) fn post(path: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (":method", "POST".to_owned()),
+        (":path", path.to_owned()),
+        (":authority", "gw".to_owned()),
+        ("content-type", "application/json".to_owned()),
+    ]
+}
+
+// === reading replies ===
+
+pub(crate) fn common(r: &ProcessingResponse) -> &CommonResponse {
+    match r.response.as_ref().expect("a response") {
+        Response::RequestHeaders(h) | Response::ResponseHeaders(h) => h.response.as_ref().unwrap(),
+        Response::RequestBody(b) | Response::ResponseBody(b) => b.response.as_ref().unwrap(),
+        other => panic!("not a headers/body response: {other:?}"),
+    }
+}
+
+/// Headers set by a reply, as `(key, value)`.
+pub(crate) fn set_headers(r: &ProcessingResponse) -> Vec<(String, String)> {
+    common(r)
+        .header_mutation
+        .as_ref()
+        .map(|m| {
+            m.set_headers
+                .iter()
+                .map(|h| {
+                    let h = h.header.as_ref().unwrap();
+                    (
+                        h.key.clone(),
+                        String::from_utf8(h.raw_value.clone()).unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn removed_headers(r: &ProcessingResponse) -> Vec<String> {
+    common(r)
+        .header_mutation
+        .as_ref()
+        .map(|m| m.remove_headers.clone())
+        .unwrap_or_default()
+}
+
+pub(crate) fn destination(r: &ProcessingResponse) -> Option<String> {
+    set_headers(r)
+        .into_iter()
+        .find(|(k, _)| k == epp_extproc::DESTINATION_HEADER)
+        .map(|(_, v)| v)
+}
+
+pub(crate) fn lb_metadata(r: &ProcessingResponse) -> Option<String> {
+    let md = r.dynamic_metadata.as_ref()?;
+    let Some(Kind::StructValue(ns)) = md.fields.get("envoy.lb")?.kind.as_ref() else {
+        return None;
+    };
+    match ns
+        .fields
+        .get("x-gateway-destination-endpoint")?
+        .kind
+        .as_ref()?
+    {
+        Kind::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The streamed body chunk of a FULL_DUPLEX reply: `(bytes, end_of_stream)`.
+pub(crate) fn streamed(r: &ProcessingResponse) -> (Vec<u8>, bool) {
+    use epp_extproc::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
+    match common(r)
+        .body_mutation
+        .as_ref()
+        .and_then(|m| m.mutation.as_ref())
+    {
+        Some(Mutation::StreamedResponse(s)) => (s.body.clone(), s.end_of_stream),
+        other => panic!("not a streamed body: {other:?}"),
+    }
+}
+
+/// The replaced body of a BUFFERED reply, if any.
+pub(crate) fn replaced_body(r: &ProcessingResponse) -> Option<Vec<u8>> {
+    use epp_extproc::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
+    match common(r)
+        .body_mutation
+        .as_ref()
+        .and_then(|m| m.mutation.as_ref())
+    {
+        Some(Mutation::Body(b)) => Some(b.clone()),
+        _ => None,
+    }
+}
+
+/// `(status, parsed JSON body)` of an immediate response.
+pub(crate) fn immediate(r: &ProcessingResponse) -> (i32, serde_json::Value) {
+    match r.response.as_ref() {
+        Some(Response::ImmediateResponse(i)) => (
+            i.status.as_ref().unwrap().code,
+            serde_json::from_slice(&i.body).expect("a JSON error body"),
+        ),
+        other => panic!("not an immediate response: {other:?}"),
+    }
+}
+
+pub(crate) fn is_request_headers(r: &ProcessingResponse) -> bool {
+    matches!(r.response, Some(Response::RequestHeaders(_)))
+}
+
+pub(crate) fn is_request_body(r: &ProcessingResponse) -> bool {
+    matches!(r.response, Some(Response::RequestBody(_)))
+}
+
+pub(crate) fn pairs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'a str, &'a str)> {
+    v.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}

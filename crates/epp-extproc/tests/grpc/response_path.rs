@@ -1,0 +1,218 @@
+//! Response headers and bodies: usage, model restore, in-flight accounting.
+
+use epp_core::RequestOutcome;
+use epp_extproc::ExtProcOptions;
+
+use super::harness::*;
+
+/// Routes one streamed chat request in FULL_DUPLEX mode; returns the client.
+async fn routed(fx: &Fixture, extra: &[(&'static str, String)], model: &str) -> Envoy {
+    let mut envoy = fx.envoy().await;
+    let mut h = post("/v1/chat/completions");
+    h.extend(extra.iter().cloned());
+    envoy
+        .send(request_headers(&pairs(&h), false, FULL_DUPLEX, FULL_DUPLEX))
+        .await;
+    let body = serde_json::json!({
+        "model": model, "stream": true,
+        "messages": [{"role": "user", "content": "count"}],
+    })
+    .to_string();
+    envoy.send(request_body(body.as_bytes(), true)).await;
+    let r = envoy.recv().await;
+    assert!(destination(&r).is_some(), "{r:?}");
+    let (_, eos) = streamed(&envoy.recv().await);
+    assert!(eos);
+    envoy
+}
+
+#[tokio::test]
+async fn streamed_usage_with_split_sse_lines_feeds_hooks() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut envoy = routed(&fx, &[], "m").await;
+    assert_eq!(fx.inflight(), vec![1]);
+    envoy
+        .send(response_headers(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        ))
+        .await;
+    let r = envoy.recv().await;
+    assert!(removed_headers(&r).is_empty());
+
+    let sse = concat!(
+        "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"1\"}}]}\n\n",
+        "data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":4,\"total_tokens\":16}}\n\n",
+        "data: [DONE]\n\n"
+    )
+    .as_bytes();
+    // Cut inside the usage line, twice.
+    let cuts = [70, 120, sse.len()];
+    let mut from = 0;
+    let mut echoed = Vec::new();
+    for (i, &to) in cuts.iter().enumerate() {
+        let last = i + 1 == cuts.len();
+        envoy.send(response_body(&sse[from..to], last)).await;
+        let (chunk, eos) = streamed(&envoy.recv().await);
+        assert_eq!(eos, last);
+        echoed.extend(chunk);
+        from = to;
+    }
+    assert_eq!(echoed, sse, "passed through unchanged");
+    fx.eventually("completed", |f| f.inflight() == vec![0])
+        .await;
+    let seen = fx.recorder.0.lock().unwrap();
+    assert_eq!(seen.usage.len(), 1);
+    let u = seen.usage[0];
+    assert_eq!(
+        (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+        (12, 4, 16)
+    );
+    assert_eq!(
+        seen.outcomes,
+        vec![RequestOutcome::Completed { status: 200 }]
+    );
+}
+
+#[tokio::test]
+async fn rewritten_model_is_restored_in_sse_and_plain_responses() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let rewrite = [("x-gateway-model-name-rewrite", "lora-1".to_owned())];
+
+    // SSE.
+    let mut envoy = routed(&fx, &rewrite, "base").await;
+    envoy
+        .send(response_headers(
+            &[
+                (":status", "200"),
+                ("content-type", "text/event-stream"),
+                ("content-length", "99"),
+            ],
+            false,
+        ))
+        .await;
+    let r = envoy.recv().await;
+    assert_eq!(removed_headers(&r), vec!["content-length".to_owned()]);
+    let part1 = b"data: {\"id\":1,\"model\":\"lo";
+    let part2 = b"ra-1\"}\n\ndata: [DONE]\n\n";
+    envoy.send(response_body(part1, false)).await;
+    let (c1, _) = streamed(&envoy.recv().await);
+    envoy.send(response_body(part2, true)).await;
+    let (c2, eos) = streamed(&envoy.recv().await);
+    assert!(eos);
+    let mut all = c1;
+    all.extend(c2);
+    assert_eq!(
+        String::from_utf8(all).unwrap(),
+        "data: {\"id\":1,\"model\":\"base\"}\n\ndata: [DONE]\n\n"
+    );
+
+    // Plain JSON, non-streamed request.
+    let mut envoy = fx.envoy().await;
+    let mut h = post("/v1/completions");
+    h.extend(rewrite.iter().cloned());
+    envoy
+        .send(request_headers(&pairs(&h), false, FULL_DUPLEX, FULL_DUPLEX))
+        .await;
+    envoy
+        .send(request_body(br#"{"model":"base","prompt":"x"}"#, true))
+        .await;
+    envoy.recv().await;
+    let (forwarded, _) = streamed(&envoy.recv().await);
+    assert_eq!(forwarded, br#"{"model":"lora-1","prompt":"x"}"#);
+    envoy
+        .send(response_headers(
+            &[(":status", "200"), ("content-type", "application/json")],
+            false,
+        ))
+        .await;
+    envoy.recv().await;
+    envoy
+        .send(response_body(
+            br#"{"model":"lora-1","usage":{"prompt_tokens":1,"#,
+            false,
+        ))
+        .await;
+    let (held, _) = streamed(&envoy.recv().await);
+    assert!(held.is_empty(), "held until the end to rewrite");
+    envoy
+        .send(response_body(br#""completion_tokens":2}}"#, true))
+        .await;
+    let (body, eos) = streamed(&envoy.recv().await);
+    assert!(eos);
+    assert_eq!(
+        String::from_utf8(body).unwrap(),
+        r#"{"model":"base","usage":{"prompt_tokens":1,"completion_tokens":2}}"#
+    );
+    fx.eventually("both completed", |f| f.inflight() == vec![0])
+        .await;
+    let seen = fx.recorder.0.lock().unwrap();
+    assert_eq!(seen.requests[0].target_model, "lora-1");
+    assert_eq!(seen.requests[0].model, "base");
+}
+
+#[tokio::test]
+async fn stream_reset_mid_request_releases_inflight_once() {
+    let fx = start(&[0, 0], ExtProcOptions::default()).await;
+    let envoy = routed(&fx, &[], "m").await;
+    assert_eq!(fx.inflight().iter().sum::<u32>(), 1);
+    drop(envoy); // the gateway resets the stream
+    fx.eventually("released after reset", |f| f.inflight() == vec![0, 0])
+        .await;
+    fx.eventually("aborted reported", |f| {
+        f.recorder.0.lock().unwrap().outcomes == vec![RequestOutcome::Aborted]
+    })
+    .await;
+
+    // Reset during the response body: still exactly one release.
+    let mut envoy = routed(&fx, &[], "m").await;
+    envoy
+        .send(response_headers(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        ))
+        .await;
+    envoy.recv().await;
+    envoy.send(response_body(b"data: {}\n", false)).await;
+    envoy.recv().await;
+    drop(envoy);
+    fx.eventually("released again", |f| f.inflight() == vec![0, 0])
+        .await;
+    fx.eventually("two outcomes", |f| {
+        f.recorder.0.lock().unwrap().outcomes.len() == 2
+    })
+    .await;
+    assert_eq!(
+        fx.recorder.0.lock().unwrap().outcomes,
+        vec![RequestOutcome::Aborted, RequestOutcome::Aborted]
+    );
+}
+
+#[tokio::test]
+async fn scheduler_can_be_swapped_at_runtime() {
+    let fx = start(&[0, 5], ExtProcOptions::default()).await;
+    // New scheduler reading a new endpoint set: the busy/idle roles swap.
+    for (ep, q) in fx.endpoints.iter().zip([7, 0]) {
+        ep.set_metrics(epp_core::EndpointMetrics {
+            waiting: q,
+            ..epp_core::EndpointMetrics::fresh()
+        });
+    }
+    let recorder = std::sync::Arc::new(Recorder::default());
+    fx.service
+        .set_scheduler(std::sync::Arc::new(scheduler(&recorder)));
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &[(":method", "GET"), (":path", "/x")],
+            true,
+            BUFFERED,
+            NONE,
+        ))
+        .await;
+    assert_eq!(
+        destination(&envoy.recv().await).as_deref(),
+        Some("10.0.0.2:8000")
+    );
+    let _ = &fx.source;
+}
