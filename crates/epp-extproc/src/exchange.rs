@@ -261,10 +261,10 @@ impl Exchange {
                 Err(e) => return self.reject(e, "", "", out),
             }
         };
-        let request = self.build_request(api, &parsed);
+        let model_span = parsed.model_span.clone();
+        let mut request = self.build_request(api, parsed);
         let scheduler = self.shared.scheduler.load_full();
         let snapshot = self.shared.endpoints.snapshot();
-        let mut request = request;
         request.subset = self.subset.as_ref().map(|s| resolve_subset(s, &snapshot));
 
         let t0 = Instant::now();
@@ -311,7 +311,7 @@ impl Exchange {
         // Body: byte-for-byte, unless the model is rewritten (splice only it).
         let rewritten = phase != Phase::Headers && request.target_model != request.model;
         let body = if rewritten {
-            splice_model(&self.body, &parsed.model_span, &request.target_model)
+            splice_model(&self.body, &model_span, &request.target_model)
         } else {
             std::mem::take(&mut self.body)
         };
@@ -396,8 +396,9 @@ impl Exchange {
         }
     }
 
-    fn build_request(&self, api: ApiKind, parsed: &ParsedBody) -> InferenceRequest {
-        let model = parsed.model.clone();
+    /// The scheduler's view of the request; takes the remembered headers.
+    fn build_request(&mut self, api: ApiKind, parsed: ParsedBody) -> InferenceRequest {
+        let model = parsed.model;
         let target = self
             .header(MODEL_REWRITE_HEADER)
             .filter(|v| !v.is_empty())
@@ -427,9 +428,9 @@ impl Exchange {
             model,
             target_model: target,
             api,
-            headers: self.headers.clone(),
-            prompt: parsed.prompt.clone(),
-            cache_salt: parsed.cache_salt.clone(),
+            headers: std::mem::take(&mut self.headers),
+            prompt: parsed.prompt,
+            cache_salt: parsed.cache_salt,
             stream: parsed.stream,
             priority,
             objective,

@@ -1,6 +1,9 @@
 //! Test fixtures: endpoints, a small scheduler, the server on a free port,
 //! and an "Envoy" client that sends messages and reads replies.
-#![expect(clippy::unwrap_used, reason = "test harness: a failed set-up is a failed test")]
+#![expect(
+    clippy::unwrap_used,
+    reason = "test harness: a failed set-up is a failed test"
+)]
 
 use std::{
     net::SocketAddr,

@@ -216,3 +216,52 @@ async fn scheduler_can_be_swapped_at_runtime() {
     );
     let _ = &fx.source;
 }
+
+#[tokio::test]
+async fn metrics_carry_the_reference_names() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    fx.service.register_metrics(&mut registry);
+
+    let mut envoy = routed(&fx, &[], "m").await;
+    envoy
+        .send(response_headers(&[(":status", "200")], false))
+        .await;
+    envoy.recv().await;
+    envoy
+        .send(response_body(
+            br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+            true,
+        ))
+        .await;
+    envoy.recv().await;
+    let mut bad = fx.envoy().await;
+    bad.send(request_headers(
+        &pairs(&post("/v1/completions")),
+        false,
+        FULL_DUPLEX,
+        NONE,
+    ))
+    .await;
+    bad.send(request_body(b"{}", true)).await;
+    bad.recv().await;
+    fx.eventually("completed", |f| f.inflight() == vec![0])
+        .await;
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for want in [
+        r#"inference_objective_request_total{model_name="m",target_model_name="m"} 1"#,
+        r#"inference_objective_request_error_total{model_name="",target_model_name="",error_code="BadRequest"} 1"#,
+        r#"inference_objective_running_requests{model_name="m"} 0"#,
+        r#"inference_objective_input_tokens_sum{model_name="m",target_model_name="m"} 3.0"#,
+        r#"inference_objective_output_tokens_count{model_name="m",target_model_name="m"} 1"#,
+        "inference_objective_request_duration_seconds_count",
+        "inference_objective_normalized_time_per_output_token_seconds_count",
+        "inference_objective_request_sizes_count",
+        "inference_objective_response_sizes_count",
+        "inference_extension_scheduler_e2e_duration_seconds_count 1",
+    ] {
+        assert!(text.contains(want), "missing {want}\n{text}");
+    }
+}
