@@ -4,7 +4,8 @@
 //!
 //! `cargo run -p epp-extproc --example serve -- 9002 127.0.0.1:8001,127.0.0.1:8002`
 //! `cargo run -p epp-extproc --example serve -- 9002 synthetic:64` (fake
-//! endpoints with random queue and KV figures)
+//! endpoints with random queue and KV figures); a third argument `trivial`
+//! replaces the default-like profile by a first-endpoint picker.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -43,7 +44,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         endpoints.push(ep);
     }
     let source = Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(endpoints)));
-    let scheduler = profile::default_like()?;
+    let scheduler = match args.next().as_deref() {
+        Some("trivial") => profile::trivial()?,
+        _ => profile::default_like()?,
+    };
     let service = ExtProcService::new(Arc::new(scheduler), source, ExtProcOptions::default());
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     println!("ext_proc listening on {addr} (pid {})", std::process::id());

@@ -380,16 +380,18 @@ impl Exchange {
                 r.dynamic_metadata = Some(metadata);
                 out.push_back(r);
                 let size = self.options.stream_chunk_bytes.max(1);
-                let n = body.len().div_ceil(size).max(1);
-                for i in 0..n {
-                    let chunk = body
-                        .get(i * size..((i + 1) * size).min(body.len()))
-                        .unwrap_or_default()
-                        .to_vec();
-                    let last = i + 1 == n;
+                if body.len() <= size {
+                    // The common case: one chunk, no copy.
                     out.push_back(proto::reply(proto::request_body(proto::streamed(
-                        chunk,
-                        last && end,
+                        body, end,
+                    ))));
+                    return;
+                }
+                let n = body.len().div_ceil(size);
+                for (i, chunk) in body.chunks(size).enumerate() {
+                    out.push_back(proto::reply(proto::request_body(proto::streamed(
+                        chunk.to_vec(),
+                        end && i + 1 == n,
                     ))));
                 }
             }
@@ -482,8 +484,12 @@ impl Exchange {
                     streaming,
                     limit,
                 ));
-                if self.resp_mode != BodyMode::Buffered {
+                if matches!(
+                    self.resp_mode,
+                    BodyMode::FullDuplexStreamed | BodyMode::Streamed
+                ) {
                     // The length changes with the model name; Envoy re-frames.
+                    // (BUFFERED sets it with the body; NONE leaves the body.)
                     mutation = Some(HeaderMutation {
                         set_headers: Vec::new(),
                         remove_headers: vec!["content-length".to_owned()],

@@ -72,14 +72,20 @@ impl DataProducer for Prefix {
             p.hashes.push(h.finish());
         }
         let Ok(index) = self.index.read() else { return };
+        // One lookup per block: the endpoints still matching contiguously.
+        let mut alive = u64::MAX;
+        let mut matched = [0u32; 64];
+        for h in &p.hashes {
+            alive &= index.get(h).copied().unwrap_or(0);
+            if alive == 0 {
+                break;
+            }
+            for (bit, m) in matched.iter_mut().enumerate() {
+                *m += u32::from(alive >> bit & 1 == 1);
+            }
+        }
         for cand in c {
-            let bit = 1u64 << (cand.id().0 % 64);
-            let n = p
-                .hashes
-                .iter()
-                .take_while(|x| index.get(x).is_some_and(|m| m & bit != 0))
-                .count();
-            p.set_matched(cand.id(), u32::try_from(n).unwrap_or(u32::MAX));
+            p.set_matched(cand.id(), matched[(cand.id().0 % 64) as usize]);
         }
         p.computed = true;
     }
@@ -129,6 +135,22 @@ impl Picker for MaxScore {
                 .map(|(i, _)| i),
         );
     }
+}
+
+/// The first candidate (to measure the service without scheduling work).
+#[derive(Debug)]
+struct First;
+plugin!(First, "first-picker", as_picker -> Picker);
+impl Picker for First {
+    fn pick(&self, _: &mut CycleContext<'_>, c: &[Candidate], _: &[f64], out: &mut Vec<usize>) {
+        out.extend((!c.is_empty()).then_some(0));
+    }
+}
+
+/// A profile doing no work: one picker taking the first endpoint.
+pub(crate) fn trivial() -> Result<Scheduler, epp_core::SchedulingError> {
+    let profile = SchedulingProfile::new("default").with_picker(PluginRef::new(Arc::new(First)));
+    Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
 }
 
 /// queue ×2, kv ×2, prefix ×3, max-score picker, single profile.

@@ -265,3 +265,37 @@ async fn metrics_carry_the_reference_names() {
         assert!(text.contains(want), "missing {want}\n{text}");
     }
 }
+
+#[tokio::test]
+async fn buffered_response_rewrite_sets_content_length() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut envoy = fx.envoy().await;
+    let mut h = post("/v1/completions");
+    h.push(("x-gateway-model-name-rewrite", "lora-xyz".to_owned()));
+    envoy
+        .send(request_headers(&pairs(&h), false, BUFFERED, BUFFERED))
+        .await;
+    envoy.recv().await;
+    envoy
+        .send(request_body(br#"{"model":"m","prompt":"x"}"#, true))
+        .await;
+    envoy.recv().await;
+    envoy
+        .send(response_headers(
+            &[(":status", "200"), ("content-length", "30")],
+            false,
+        ))
+        .await;
+    let r = envoy.recv().await;
+    assert!(
+        removed_headers(&r).is_empty(),
+        "BUFFERED: set with the body"
+    );
+    envoy
+        .send(response_body(br#"{"model":"lora-xyz","usage":{}}"#, true))
+        .await;
+    let r = envoy.recv().await;
+    let body = replaced_body(&r).expect("rewritten body");
+    assert_eq!(body, br#"{"model":"m","usage":{}}"#);
+    assert!(set_headers(&r).contains(&("content-length".to_owned(), body.len().to_string())));
+}
