@@ -17,8 +17,20 @@ use rand::Rng;
 #[path = "support/profile.rs"]
 mod profile;
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `SERVE_THREADS=1` pins the server to one runtime thread (per-core figures).
+    let threads = std::env::var("SERVE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?
+        .block_on(serve())
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let port: u16 = args.next().unwrap_or_else(|| "9002".into()).parse()?;
     let list = args.next().unwrap_or_else(|| "127.0.0.1:8000".into());
