@@ -263,33 +263,65 @@ pub fn start_envoy(dir: &Path, mode: BodyMode, ext_proc_port: u16) -> Envoy {
         BodyMode::Buffered => "envoy-buffered.yaml",
         BodyMode::Streamed => "envoy-streamed.yaml",
     };
-    let template =
-        std::fs::read_to_string(workspace_root().join("examples/envoy").join(file)).unwrap();
-    let config = template
+    let config = example_envoy_config(file)
+        .replace("port_value: 9002", &format!("port_value: {ext_proc_port}"));
+    start_envoy_with(dir, file, &config)
+}
+
+/// Starts Envoy balancing round-robin over `ports` with no picker: the
+/// baseline for added-latency and routing-quality comparisons.
+pub fn start_envoy_round_robin(dir: &Path, ports: &[u16]) -> Envoy {
+    let template = example_envoy_config("envoy-round-robin.yaml");
+    let begin = template.find("        # ENDPOINTS-BEGIN").unwrap();
+    let end = template.find("        # ENDPOINTS-END").unwrap();
+    let endpoints: String = ports
+        .iter()
+        .map(|p| {
+            format!(
+                "        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}\n"
+            )
+        })
+        .collect();
+    let config = format!("{}{endpoints}{}", &template[..begin], &template[end..]);
+    start_envoy_with(dir, "envoy-round-robin.yaml", &config)
+}
+
+/// An example config with its listener and admin ports made free (0).
+fn example_envoy_config(file: &str) -> String {
+    std::fs::read_to_string(workspace_root().join("examples/envoy").join(file))
+        .unwrap()
         .replace("port_value: 9901", "port_value: 0")
         .replace("port_value: 10000", "port_value: 0")
-        .replace("port_value: 9002", &format!("port_value: {ext_proc_port}"));
+}
+
+/// Starts Envoy with `config`, waiting until it is ready and its listener port known.
+pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
     let config_path = dir.join(file);
     std::fs::write(&config_path, config).unwrap();
-    let admin_path = dir.join("envoy-admin-address");
-    let base_id = (rand_u32() % 60_000 + 1000).to_string();
+    let admin_path = dir.join(format!("{file}.admin-address"));
     let mut cmd = Command::new(envoy_bin());
     cmd.arg("-c")
         .arg(&config_path)
-        .args(["--concurrency", "1", "--base-id", &base_id, "-l", "warning"])
+        .args([
+            "--concurrency",
+            "1",
+            "--disable-hot-restart",
+            "-l",
+            "warning",
+        ])
         .arg("--admin-address-path")
         .arg(&admin_path);
     // Envoy logs to stderr; we wait on the admin address file instead of a line.
-    cmd.stdout(Stdio::null()).stderr(Stdio::from(
-        std::fs::File::create(dir.join("envoy.stderr")).unwrap(),
-    ));
+    let log = dir.join(format!("{file}.stderr"));
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
     let child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start envoy: {e}"));
     let mut proc = Proc {
         name: "envoy".into(),
         child,
-        log: dir.join("envoy.stderr"),
+        log: log.clone(),
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let admin_port = loop {
@@ -301,7 +333,7 @@ pub fn start_envoy(dir: &Path, mode: BodyMode, ext_proc_port: u16) -> Envoy {
         if let Ok(Some(status)) = proc.child.try_wait() {
             panic!(
                 "envoy exited ({status}): {}",
-                std::fs::read_to_string(dir.join("envoy.stderr")).unwrap_or_default()
+                std::fs::read_to_string(&log).unwrap_or_default()
             );
         }
         assert!(

@@ -1,0 +1,122 @@
+//! Command-line flags. Names follow the reference picker so deployments carry over.
+
+use std::{net::IpAddr, path::PathBuf, time::Duration};
+
+use clap::{ArgAction, Parser};
+
+/// epp: an endpoint picker for LLM inference behind Envoy (ext_proc).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "epp", version, about, long_about = None)]
+pub(crate) struct Args {
+    /// Port of the ext_proc gRPC server (0 = any free port).
+    #[arg(long, default_value_t = 9002)]
+    pub(crate) grpc_port: u16,
+
+    /// Port of the gRPC health server (0 = any free port).
+    #[arg(long, default_value_t = 9003)]
+    pub(crate) grpc_health_port: u16,
+
+    /// Port of the Prometheus metrics server (0 = any free port).
+    #[arg(long, default_value_t = 9090)]
+    pub(crate) metrics_port: u16,
+
+    /// Address all servers bind to.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub(crate) bind_address: IpAddr,
+
+    /// Static model-server endpoints, `ip:port,ip:port,...`.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) endpoints: Vec<String>,
+
+    /// YAML file listing endpoints (`- {address, port, labels}`); watched for changes.
+    #[arg(long)]
+    pub(crate) endpoints_file: Option<PathBuf>,
+
+    /// Serve ext_proc over TLS (self-signed unless --cert-path is given).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub(crate) secure_serving: bool,
+
+    /// Directory holding `tls.crt` and `tls.key` (reloaded when they change).
+    #[arg(long)]
+    pub(crate) cert_path: Option<PathBuf>,
+
+    /// EndpointPickerConfig file.
+    #[arg(long, conflicts_with = "config_text")]
+    pub(crate) config_file: Option<PathBuf>,
+
+    /// EndpointPickerConfig as inline YAML.
+    #[arg(long)]
+    pub(crate) config_text: Option<String>,
+
+    /// Validate the config, print the effective config (defaults filled in) and exit.
+    #[arg(long)]
+    pub(crate) check_config: bool,
+
+    /// How often each endpoint's metrics are scraped.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub(crate) refresh_metrics_interval: Duration,
+
+    /// Metrics older than this make an endpoint stale (never treated as idle).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) metrics_staleness_threshold: Duration,
+
+    /// Name of the pool (metrics label `name`).
+    #[arg(long, default_value = "epp-pool")]
+    pub(crate) pool_name: String,
+
+    /// Namespace of the pool (informational without Kubernetes).
+    #[arg(long, default_value = "default")]
+    pub(crate) pool_namespace: String,
+
+    /// Verbosity: -v info details, -vv debug (one line per request), -vvv trace.
+    #[arg(short = 'v', action = ArgAction::Count)]
+    pub(crate) verbose: u8,
+
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub(crate) log_json: bool,
+
+    /// How long in-flight streams may take to finish after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) shutdown_grace_period: Duration,
+}
+
+/// Parses `50ms`, `2s`, `1m30s`, or a bare number of seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("invalid duration {s:?}"));
+    }
+    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_flags() {
+        assert_eq!(parse_duration("50ms").unwrap(), Duration::from_millis(50));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("soon").is_err());
+
+        let a = Args::parse_from([
+            "epp",
+            "--secure-serving=false",
+            "--endpoints",
+            "1.2.3.4:8000,5.6.7.8:8000",
+        ]);
+        assert!(!a.secure_serving);
+        assert_eq!(a.endpoints.len(), 2);
+        assert_eq!(a.grpc_port, 9002);
+        assert_eq!(a.refresh_metrics_interval, Duration::from_millis(50));
+        let a = Args::parse_from(["epp", "-vv", "--secure-serving"]);
+        assert!(a.secure_serving);
+        assert_eq!(a.verbose, 2);
+    }
+}

@@ -1,0 +1,180 @@
+//! The picker's own Prometheus metrics server, and the pool gauges computed
+//! from the endpoint set at scrape time.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use epp_core::EndpointSource;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    name: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PodLabels {
+    name: String,
+    model_server_pod: String,
+}
+
+/// Pool-level gauges (REFERENCE §7), refreshed from the endpoint set whenever
+/// metrics are scraped so they are never older than the scrape.
+#[derive(Debug)]
+pub(crate) struct PoolGauges {
+    pool: String,
+    staleness: Duration,
+    avg_kv: Family<PoolLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    avg_queue: Family<PoolLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    ready: Family<PoolLabels, Gauge>,
+    per_pod_queue: Family<PodLabels, Gauge>,
+}
+
+impl PoolGauges {
+    pub(crate) fn register(registry: &mut Registry, pool: &str, staleness: Duration) -> Self {
+        let g = Self {
+            pool: pool.to_owned(),
+            staleness,
+            avg_kv: Family::default(),
+            avg_queue: Family::default(),
+            ready: Family::default(),
+            per_pod_queue: Family::default(),
+        };
+        registry.register(
+            "inference_pool_average_kv_cache_utilization",
+            "Average KV-cache utilisation of the pool's fresh endpoints",
+            g.avg_kv.clone(),
+        );
+        registry.register(
+            "inference_pool_average_queue_size",
+            "Average waiting-queue length of the pool's fresh endpoints",
+            g.avg_queue.clone(),
+        );
+        registry.register(
+            "inference_pool_ready_pods",
+            "Endpoints with fresh metrics",
+            g.ready.clone(),
+        );
+        registry.register(
+            "inference_pool_per_pod_queue_size",
+            "Waiting-queue length per endpoint",
+            g.per_pod_queue.clone(),
+        );
+        g
+    }
+
+    fn refresh(&self, source: &dyn EndpointSource) {
+        let snapshot = source.snapshot();
+        let now = std::time::Instant::now();
+        let labels = PoolLabels {
+            name: self.pool.clone(),
+        };
+        self.per_pod_queue.clear();
+        let (mut n, mut kv, mut queue) = (0u32, 0.0, 0.0);
+        for e in snapshot.endpoints() {
+            let m = e.metrics();
+            self.per_pod_queue
+                .get_or_create(&PodLabels {
+                    name: self.pool.clone(),
+                    model_server_pod: e.addr_str().to_owned(),
+                })
+                .set(i64::from(m.waiting));
+            if !m.is_stale(now, self.staleness) {
+                n += 1;
+                kv += m.kv_usage;
+                queue += f64::from(m.waiting);
+            }
+        }
+        let avg = |sum: f64| if n == 0 { 0.0 } else { sum / f64::from(n) };
+        self.avg_kv.get_or_create(&labels).set(avg(kv));
+        self.avg_queue.get_or_create(&labels).set(avg(queue));
+        self.ready.get_or_create(&labels).set(i64::from(n));
+    }
+}
+
+/// Serves `GET /metrics` until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    pool: Arc<PoolGauges>,
+    source: Arc<dyn EndpointSource>,
+    bearer_token: Option<Arc<str>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics server: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let registry = Arc::clone(&registry);
+        let pool = Arc::clone(&pool);
+        let source = Arc::clone(&source);
+        let token = bearer_token.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let resp = respond(&req, &registry, &pool, &*source, token.as_deref());
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn respond(
+    req: &Request<Incoming>,
+    registry: &Registry,
+    pool: &PoolGauges,
+    source: &dyn EndpointSource,
+    token: Option<&str>,
+) -> Response<Full<Bytes>> {
+    let plain = |status: StatusCode, body: &'static str| {
+        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        *r.status_mut() = status;
+        r
+    };
+    if req.uri().path() != "/metrics" {
+        return plain(StatusCode::NOT_FOUND, "not found\n");
+    }
+    if let Some(token) = token {
+        let ok = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|v| v == token);
+        if !ok {
+            return plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
+        }
+    }
+    pool.refresh(source);
+    let mut text = String::with_capacity(16 * 1024);
+    if encode(&mut text, registry).is_err() {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
+    }
+    let mut r = Response::new(Full::new(Bytes::from(text)));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    r
+}
