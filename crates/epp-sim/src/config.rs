@@ -1,0 +1,109 @@
+//! Simulator settings (one server).
+
+use clap::{Parser, ValueEnum};
+
+/// Which engine's metric names the simulator exposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Engine {
+    /// vLLM (`vllm:*`).
+    #[default]
+    Vllm,
+    /// SGLang (`sglang:*`).
+    Sglang,
+    /// TensorRT-LLM's `trtllm-serve` (`trtllm_*`).
+    #[value(name = "trtllm-serve")]
+    TrtllmServe,
+    /// Triton with the TensorRT-LLM backend (`nv_trt_llm_*`).
+    Triton,
+}
+
+/// A simulated model server. Every flag has a default that behaves like a
+/// small vLLM deployment; see docs/simulator.md for the model.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "epp-sim", version, about)]
+pub struct SimConfig {
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 = any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Model name served.
+    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
+    pub model: String,
+    /// Path reported by `/model_info` and `/server_info` (routers that load a
+    /// tokenizer read it; point it at a local directory). Defaults to --model.
+    #[arg(long)]
+    pub model_path: Option<String>,
+    /// Extra names the model answers to (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
+    /// LoRA adapters this server can load (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub lora_modules: Vec<String>,
+    /// Adapters resident at once.
+    #[arg(long, default_value_t = 4)]
+    pub max_loras: usize,
+    /// Time to load an adapter, milliseconds.
+    #[arg(long, default_value_t = 50.0)]
+    pub lora_load_ms: f64,
+    /// Requests processed concurrently (continuous batch size); more wait.
+    #[arg(long, default_value_t = 16)]
+    pub max_num_seqs: usize,
+    /// Fixed time to first token, milliseconds (scheduling + a minimal prefill).
+    #[arg(long, default_value_t = 10.0)]
+    pub ttft_ms: f64,
+    /// Prefill time per UNCACHED prompt token, microseconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub prefill_us_per_token: f64,
+    /// Time per output token with a batch of one, milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub itl_ms: f64,
+    /// Extra decode-step time per additional running request, as a fraction of
+    /// --itl-ms (0.02 = each extra sequence slows a step by 2 %).
+    #[arg(long, default_value_t = 0.02)]
+    pub batch_slowdown: f64,
+    /// Output tokens when the request names no max_tokens.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens_default: u64,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV blocks the server holds.
+    #[arg(long, default_value_t = 8192)]
+    pub num_gpu_blocks: usize,
+    /// Which engine's metric names to expose.
+    #[arg(long, value_enum, default_value_t = Engine::Vllm)]
+    pub engine: Engine,
+    /// Name reported in the `x-inference-pod` response header.
+    #[arg(long, default_value = "sim")]
+    pub pod_name: String,
+    /// Fraction of requests answered with HTTP 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Fraction of requests that hang (never answer).
+    #[arg(long, default_value_t = 0.0)]
+    pub hang_rate: f64,
+    /// Delay before every /metrics answer, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub slow_metrics_ms: f64,
+    /// Seed for failure injection and generated text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SimConfig {
+    /// Defaults, as if started with no flags.
+    #[must_use]
+    pub fn defaults() -> Self {
+        Self::parse_from(["epp-sim"])
+    }
+
+    /// Whether `name` is served (base model or adapter).
+    #[must_use]
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.model
+            || self.served_model_name.iter().any(|n| n == name)
+            || self.lora_modules.iter().any(|n| n == name)
+    }
+}
