@@ -1,1 +1,109 @@
-//! epp-plugins
+//! Built-in scheduling plugins (filters, scorers, pickers, profile handlers,
+//! saturation detectors, data producers) and [`register_builtins`], which
+//! adds every one of them to a [`Registry`] under the YAML `type:` names users
+//! know from the reference picker and llm-d.
+//!
+//! ```
+//! use epp_core::{PluginSpec, Registry};
+//!
+//! let mut registry = Registry::new();
+//! epp_plugins::register_builtins(&mut registry);
+//! let scorer = registry.build(&PluginSpec::new("queue-scorer")).unwrap();
+//! assert!(scorer.as_scorer().is_some());
+//! ```
+#![warn(missing_docs)]
+
+mod kv_cache_scorer;
+mod max_score_picker;
+mod misc;
+mod prefix;
+mod queue_scorer;
+mod random_picker;
+mod utilization_detector;
+
+use std::sync::Arc;
+
+use epp_core::{BuildError, Plugin, PluginSpec, Registry, SingleProfileHandler};
+use serde::de::DeserializeOwned;
+
+pub use kv_cache_scorer::KvCacheUtilizationScorer;
+pub use max_score_picker::{MaxScorePicker, PickerParams};
+pub use misc::OpenAiParser;
+pub use prefix::{PrefixCacheParams, PrefixCacheScorer, PrefixIndex, block_hashes};
+pub use queue_scorer::{QueueScorer, RunningRequestsSizeScorer};
+pub use random_picker::RandomPicker;
+pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
+
+/// Parameters accepted by plugins that take none: any key is an error.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoParams {}
+
+fn register<P, F>(registry: &mut Registry, type_name: &'static str, build: F)
+where
+    P: DeserializeOwned + 'static,
+    F: Fn(String, P) -> Result<Arc<dyn Plugin>, BuildError> + Send + Sync + 'static,
+{
+    registry.register(type_name, move |spec: &PluginSpec| {
+        let params: P = spec.params()?;
+        build(spec.name.clone(), params)
+    });
+}
+
+/// Registers every built-in scheduling plugin.
+pub fn register_builtins(registry: &mut Registry) {
+    register(registry, QueueScorer::TYPE, |name, NoParams {}| {
+        Ok(Arc::new(QueueScorer::new(name)))
+    });
+    register(
+        registry,
+        RunningRequestsSizeScorer::TYPE,
+        |name, NoParams {}| Ok(Arc::new(RunningRequestsSizeScorer::new(name))),
+    );
+    register(
+        registry,
+        KvCacheUtilizationScorer::TYPE,
+        |name, NoParams {}| Ok(Arc::new(KvCacheUtilizationScorer::new(name))),
+    );
+    register(
+        registry,
+        PrefixCacheScorer::TYPE,
+        |name, p: PrefixCacheParams| Ok(Arc::new(PrefixCacheScorer::new(name, p.validated()?))),
+    );
+    register(registry, MaxScorePicker::TYPE, |name, p: PickerParams| {
+        Ok(Arc::new(MaxScorePicker::new(
+            name,
+            p.validated(MaxScorePicker::TYPE)?,
+        )))
+    });
+    register(registry, RandomPicker::TYPE, |name, p: PickerParams| {
+        Ok(Arc::new(RandomPicker::new(
+            name,
+            p.validated(RandomPicker::TYPE)?,
+        )))
+    });
+    register(registry, SingleProfileHandler::TYPE, |name, NoParams {}| {
+        Ok(Arc::new(SingleProfileHandler::new(name)))
+    });
+    register(
+        registry,
+        UtilizationDetector::TYPE,
+        |name, p: UtilizationDetectorParams| {
+            Ok(Arc::new(UtilizationDetector::new(name, p.validated()?)))
+        },
+    );
+    register(registry, OpenAiParser::TYPE, |name, NoParams {}| {
+        Ok(Arc::new(OpenAiParser::new(name)))
+    });
+}
+
+/// A registry holding every built-in scheduling plugin.
+#[must_use]
+pub fn builtin_registry() -> Registry {
+    let mut registry = Registry::new();
+    register_builtins(&mut registry);
+    registry
+}
+
+#[cfg(test)]
+pub(crate) mod testing;
