@@ -59,9 +59,11 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod config;
 mod cycle;
 mod endpoint;
 mod error;
+mod extract;
 mod plugin;
 mod registry;
 mod request;
@@ -73,6 +75,7 @@ pub use endpoint::{
     Extensions, InflightCounters, LoraInfo,
 };
 pub use error::{Result, SchedulingError};
+pub use extract::{ExtractError, Extractor, MetricsSource};
 pub use plugin::{
     DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest, ProfileHandler, RequestOutcome,
     ResponseHooks, SaturationDetector, Scorer,

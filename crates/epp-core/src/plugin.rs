@@ -52,6 +52,14 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
         None
     }
+    /// This plugin as a metrics source (data layer).
+    fn as_metrics_source(&self) -> Option<&dyn crate::MetricsSource> {
+        None
+    }
+    /// This plugin as a metrics extractor (data layer).
+    fn as_extractor(&self) -> Option<&dyn crate::Extractor> {
+        None
+    }
 }
 
 /// A shared, type-erased plugin.

@@ -1,0 +1,124 @@
+//! The config file as written (serde), unknown keys rejected.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) feature_gates: Vec<String>,
+    #[serde(default)]
+    pub(crate) plugins: Vec<PluginDecl>,
+    #[serde(default)]
+    pub(crate) scheduling_profiles: Vec<ProfileDecl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) saturation_detector: Option<PluginRefDecl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) data_layer: Option<DataLayerDecl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) data: Option<DataLayerDecl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parser: Option<PluginRefDecl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) flow_control: Option<FlowControlConfig>,
+}
+
+/// A plugin declaration: `type`, optional `name`, optional `parameters`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginDecl {
+    /// Plugin type.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Instance name (defaults to the type).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_yaml_ng::Value>,
+}
+
+impl PluginDecl {
+    pub(crate) fn new(type_name: &str) -> Self {
+        Self {
+            type_name: type_name.to_owned(),
+            name: Some(type_name.to_owned()),
+            parameters: None,
+        }
+    }
+}
+
+/// A scheduling profile.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProfileDecl {
+    /// Profile name.
+    pub name: String,
+    /// Filters, scorers and the picker, by reference.
+    #[serde(default)]
+    pub plugins: Vec<ProfilePluginDecl>,
+}
+
+/// A plugin used in a profile.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProfilePluginDecl {
+    /// Name of a declared plugin.
+    pub plugin_ref: String,
+    /// Scorer weight (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+}
+
+/// `{pluginRef: name}`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginRefDecl {
+    /// Name of a declared plugin.
+    pub plugin_ref: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct DataLayerDecl {
+    #[serde(default)]
+    pub(crate) sources: Vec<SourceDecl>,
+}
+
+/// A data source and its extractors.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SourceDecl {
+    /// Name of a declared data-source plugin.
+    pub plugin_ref: String,
+    /// Extractors fed by the source.
+    #[serde(default)]
+    pub extractors: Vec<PluginRefDecl>,
+}
+
+/// Flow control settings (validated; queueing itself arrives with the flow
+/// control feature).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FlowControlConfig {
+    /// Bytes queued at most, e.g. `10Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<serde_yaml_ng::Value>,
+    /// Requests queued at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<u64>,
+    /// Default time a request may wait, e.g. `60s`.
+    #[serde(
+        default,
+        rename = "defaultRequestTTL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub default_request_ttl: Option<String>,
+    /// Priority bands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_bands: Option<serde_yaml_ng::Value>,
+}

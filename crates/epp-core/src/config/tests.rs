@@ -1,0 +1,203 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::{Candidate, CycleContext, Picker, ProfileHandler, ProfilePicks, Scorer};
+
+#[derive(Debug)]
+struct Test {
+    name: String,
+    kind: &'static str,
+}
+impl Plugin for Test {
+    fn type_name(&self) -> &str {
+        self.kind
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_scorer(&self) -> Option<&dyn Scorer> {
+        (self.kind == "s").then_some(self)
+    }
+    fn as_picker(&self) -> Option<&dyn Picker> {
+        (self.kind == "max-score-picker").then_some(self)
+    }
+    fn as_profile_handler(&self) -> Option<&dyn ProfileHandler> {
+        (self.kind == "h").then_some(self)
+    }
+}
+impl Scorer for Test {
+    fn score(&self, _: &CycleContext<'_>, _: &[Candidate], _: &mut [f64]) {}
+}
+impl Picker for Test {
+    fn pick(&self, _: &mut CycleContext<'_>, _: &[Candidate], _: &[f64], out: &mut Vec<usize>) {
+        out.push(0);
+    }
+}
+impl ProfileHandler for Test {
+    fn next_profile(
+        &self,
+        _: &CycleContext<'_>,
+        _: &[SchedulingProfile],
+        runs: &[ProfilePicks],
+    ) -> Option<usize> {
+        runs.is_empty().then_some(0)
+    }
+    fn primary(&self, _: &[ProfilePicks]) -> Option<usize> {
+        Some(0)
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Params {
+    #[serde(default)]
+    threshold: u32,
+}
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    for kind in ["s", "max-score-picker", "h"] {
+        r.register(kind, move |spec| {
+            let p: Params = spec.params()?;
+            if p.threshold > 100 {
+                return Err(spec.invalid("threshold", p.threshold, "must be at most 100"));
+            }
+            Ok(Arc::new(Test {
+                name: spec.name.clone(),
+                kind,
+            }))
+        });
+    }
+    r.register(SingleProfileHandler::TYPE, |spec| {
+        Ok(Arc::new(SingleProfileHandler::new(spec.name.clone())))
+    });
+    r
+}
+
+fn error(text: &str) -> String {
+    match EndpointPickerConfig::parse(text, "f.yaml") {
+        Err(e) => e.to_string(),
+        Ok(c) => c.build(&registry()).map(|_| ()).unwrap_err().to_string(),
+    }
+}
+
+#[test]
+fn every_validation_error_names_file_line_column_and_field() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "plugins:\n- type: s\n  nmae: x\n",
+            "f.yaml:3:3: plugins[0]: unknown field `nmae`",
+        ),
+        (
+            "plugins:\n- type: nope\n",
+            "f.yaml:2:3: plugins[0].type: unknown plugin type \"nope\"",
+        ),
+        (
+            "plugins:\n- type: s\nschedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: missing\n",
+            "f.yaml:6:5: schedulingProfiles[0].plugins[0].pluginRef: no plugin named \"missing\" is declared",
+        ),
+        (
+            "plugins:\n- type: s\n- type: s\n",
+            "f.yaml:3:3: plugins[1].type: duplicate plugin name \"s\"",
+        ),
+        (
+            "plugins:\n- {type: h, name: a}\n- {type: h, name: b}\n",
+            "f.yaml:3:3: plugins[1]: only one profile handler may be declared",
+        ),
+        (
+            "plugins:\n- type: s\nschedulingProfiles:\n- name: a\n- name: b\n",
+            "f.yaml:5:3: schedulingProfiles[1]: single-profile-handler runs one profile, but 2 are declared",
+        ),
+        (
+            "plugins:\n- type: s\n  parameters:\n    threshold: lots\n",
+            "f.yaml:3:3: plugins[0].parameters: bad parameters for \"s\": invalid type: string \"lots\", expected u32",
+        ),
+        (
+            "plugins:\n- type: s\n  parameters:\n    threshold: 101\n",
+            "f.yaml:4:5: plugins[0].parameters.threshold: 101: must be at most 100",
+        ),
+        (
+            "featureGates: [warpDrive]\n",
+            "f.yaml:1:16: featureGates[0]: unknown feature gate \"warpDrive\"",
+        ),
+        (
+            "plugins:\n- type: s\n  weight: 2\n",
+            "f.yaml:3:3: plugins[0]: unknown field `weight`",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = error(text);
+        assert!(
+            got.starts_with(want),
+            "for\n{text}\ngot:  {got}\nwant: {want}"
+        );
+    }
+}
+
+#[test]
+fn defaults_fill_profile_handler_picker_and_weights() {
+    let c = EndpointPickerConfig::parse(
+        "plugins:\n- {type: s, name: a}\n- {type: s, name: b}\n",
+        "f",
+    )
+    .unwrap();
+    let built = c.build(&registry()).unwrap();
+    let profile = &built.scheduler.profiles()[0];
+    assert_eq!(profile.name(), "default");
+    assert_eq!(profile.scorers().len(), 2);
+    assert!(profile.scorers().iter().all(|s| s.weight == 1.0));
+    assert_eq!(
+        profile.picker().unwrap().plugin().type_name(),
+        "max-score-picker"
+    );
+    let y = &built.effective_yaml;
+    assert!(y.contains("single-profile-handler"), "{y}");
+    assert!(y.contains("pluginRef: a\n    weight: 1.0"), "{y}");
+    // Re-parsing the effective config gives the same effective config.
+    let again = EndpointPickerConfig::parse(y, "eff")
+        .unwrap()
+        .build(&registry())
+        .unwrap();
+    assert_eq!(&again.effective_yaml, y);
+}
+
+#[test]
+fn data_and_data_layer_are_both_accepted_but_not_together() {
+    assert!(
+        EndpointPickerConfig::parse("data: {sources: []}\n", "f")
+            .unwrap()
+            .build(&registry())
+            .is_ok()
+    );
+    assert!(
+        EndpointPickerConfig::parse("dataLayer: {sources: []}\n", "f")
+            .unwrap()
+            .build(&registry())
+            .is_ok()
+    );
+    assert!(error("data: {sources: []}\ndataLayer: {sources: []}\n").contains("not both"));
+    assert!(
+        error("dataLayer:\n  sources:\n  - pluginRef: x\n")
+            .contains("dataLayer.sources[0].pluginRef: no plugin named")
+    );
+}
+
+#[test]
+fn the_default_config_parses() {
+    let c = EndpointPickerConfig::default_config();
+    assert_eq!(c.raw.plugins.len(), 4);
+    assert_eq!(c.raw.scheduling_profiles[0].plugins[2].weight, Some(3.0));
+    assert!(
+        EndpointPickerConfig::parse("apiVersion: v9\n", "f")
+            .unwrap()
+            .build(&registry())
+            .is_err()
+    );
+    assert!(
+        EndpointPickerConfig::parse(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n",
+            "f"
+        )
+        .is_ok()
+    );
+}

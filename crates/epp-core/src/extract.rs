@@ -1,0 +1,50 @@
+//! Data-layer roles: where metrics come from and how a page becomes
+//! [`EndpointMetrics`]. The data layer runs the I/O; these traits stay
+//! synchronous so extractors are easy to write and test.
+
+use std::fmt;
+
+use crate::{Endpoint, EndpointMetrics, Plugin};
+
+/// An HTTP metrics endpoint on each model server (`scheme://ip:port/path`).
+pub trait MetricsSource: Plugin {
+    /// `http` or `https`.
+    fn scheme(&self) -> &str;
+    /// Path of the metrics page, e.g. `/metrics`.
+    fn path(&self) -> &str;
+    /// Accept any TLS certificate (self-signed model servers).
+    fn insecure_skip_verify(&self) -> bool;
+}
+
+/// Turns one scraped page into attributes of one endpoint.
+///
+/// Called on every successful scrape (20 times a second per endpoint by
+/// default): implementations should scan selectively (see
+/// `epp_promtext::SelectorSet`) and must not block.
+pub trait Extractor: Plugin {
+    /// Reads `page` (scraped from `endpoint`) into `metrics`, which starts
+    /// from empty values on every scrape. Writes only what the page holds.
+    ///
+    /// # Errors
+    /// When the page lacks what the extractor needs or cannot be read; the
+    /// data layer counts and logs it (once per change), and keeps the
+    /// endpoint's previous metrics.
+    fn extract(
+        &self,
+        endpoint: &Endpoint,
+        page: &str,
+        metrics: &mut EndpointMetrics,
+    ) -> Result<(), ExtractError>;
+}
+
+/// Why a page could not be extracted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractError(pub String);
+
+impl fmt::Display for ExtractError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ExtractError {}
