@@ -22,8 +22,10 @@ pub trait MetricsSource: Plugin {
 /// default): implementations should scan selectively (see
 /// `epp_promtext::SelectorSet`) and must not block.
 pub trait Extractor: Plugin {
-    /// Reads `page` (scraped from `endpoint`) into `metrics`, which starts
-    /// from empty values on every scrape. Writes only what the page holds.
+    /// Reads `page` (scraped from `endpoint`) into `metrics`, which holds the
+    /// endpoint's previous values (so several sources can each fill their
+    /// part): overwrite every field this extractor owns, and remove what the
+    /// page no longer has.
     ///
     /// # Errors
     /// When the page lacks what the extractor needs or cannot be read; the

@@ -1,0 +1,187 @@
+//! The endpoint set: updated by discovery sources, read lock-free per request.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    sync::Arc,
+};
+
+use arc_swap::ArcSwap;
+use epp_core::{Endpoint, EndpointId, EndpointSnapshot, EndpointSource};
+use parking_lot::Mutex;
+
+use crate::Error;
+
+/// An endpoint as a discovery source describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSpec {
+    /// Address requests go to.
+    pub addr: SocketAddr,
+    /// Labels (engine type, role, ...).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl EndpointSpec {
+    /// An endpoint without labels.
+    #[must_use]
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+/// Parses `ip:port` items (as given to `--endpoints`), ignoring empty ones.
+///
+/// # Errors
+/// The first item that is not `ip:port`.
+pub fn parse_endpoint_list<S: AsRef<str>>(items: &[S]) -> Result<Vec<EndpointSpec>, Error> {
+    items
+        .iter()
+        .map(|s| s.as_ref().trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<SocketAddr>()
+                .map(EndpointSpec::new)
+                .map_err(|_| Error::BadEndpoint(format!("{s:?} is not ip:port")))
+        })
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct Writer {
+    /// Endpoints per discovery source.
+    sources: BTreeMap<String, Vec<EndpointSpec>>,
+    /// Ids ever given, by address: an address keeps its id, and an id never
+    /// names another address.
+    ids: HashMap<SocketAddr, EndpointId>,
+    next_id: u32,
+}
+
+/// The set of endpoints. Discovery sources replace their own part; readers
+/// get an immutable snapshot without locking.
+#[derive(Debug, Default)]
+pub struct EndpointStore {
+    current: ArcSwap<EndpointSnapshot>,
+    writer: Mutex<Writer>,
+}
+
+impl EndpointStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the endpoints contributed by `source` (other sources' stay).
+    /// Endpoints that stay keep their identity and metrics; a changed label
+    /// set keeps the id and metrics too.
+    pub fn replace_source(&self, source: &str, endpoints: Vec<EndpointSpec>) {
+        let mut w = self.writer.lock();
+        if endpoints.is_empty() {
+            w.sources.remove(source);
+        } else {
+            w.sources.insert(source.to_owned(), endpoints);
+        }
+        let old = self.current.load_full();
+        let mut merged: BTreeMap<SocketAddr, BTreeMap<String, String>> = BTreeMap::new();
+        for spec in w.sources.values().flatten() {
+            merged
+                .entry(spec.addr)
+                .or_default()
+                .extend(spec.labels.clone());
+        }
+        let mut next = Vec::with_capacity(merged.len());
+        for (addr, labels) in merged {
+            let existing = old.by_addr(addr);
+            match existing {
+                Some(e) if *e.labels() == labels => next.push(Arc::clone(e)),
+                _ => {
+                    let id = match w.ids.get(&addr) {
+                        Some(&id) => id,
+                        None => {
+                            let id = EndpointId(w.next_id);
+                            w.next_id += 1;
+                            w.ids.insert(addr, id);
+                            id
+                        }
+                    };
+                    let e = Arc::new(Endpoint::with_labels(id, addr, labels));
+                    if let Some(old) = existing {
+                        e.set_metrics((*old.metrics()).clone());
+                    }
+                    next.push(e);
+                }
+            }
+        }
+        self.current.store(Arc::new(EndpointSnapshot::new(next)));
+    }
+}
+
+impl EndpointSource for EndpointStore {
+    fn snapshot(&self) -> Arc<EndpointSnapshot> {
+        self.current.load_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(s: &str) -> EndpointSpec {
+        EndpointSpec::new(s.parse().unwrap())
+    }
+
+    #[test]
+    fn sources_merge_and_ids_are_stable() {
+        let store = EndpointStore::new();
+        store.replace_source("a", vec![spec("10.0.0.1:80"), spec("10.0.0.2:80")]);
+        store.replace_source("b", vec![spec("10.0.0.3:80")]);
+        let snap = store.snapshot();
+        assert_eq!(snap.len(), 3);
+        let e1 = Arc::clone(snap.by_addr("10.0.0.1:80".parse().unwrap()).unwrap());
+        e1.set_metrics(epp_core::EndpointMetrics {
+            waiting: 7,
+            ..Default::default()
+        });
+
+        store.replace_source("a", vec![spec("10.0.0.1:80")]);
+        let snap = store.snapshot();
+        assert_eq!(snap.len(), 2);
+        let again = snap.by_addr("10.0.0.1:80".parse().unwrap()).unwrap();
+        assert!(
+            Arc::ptr_eq(&e1, again),
+            "unchanged endpoints keep their identity"
+        );
+
+        let mut labelled = spec("10.0.0.1:80");
+        labelled
+            .labels
+            .insert("llm-d.ai/role".into(), "decode".into());
+        store.replace_source("a", vec![labelled, spec("10.0.0.2:80")]);
+        let snap = store.snapshot();
+        let relabelled = snap.by_addr("10.0.0.1:80".parse().unwrap()).unwrap();
+        assert_eq!(relabelled.id(), e1.id());
+        assert_eq!(
+            relabelled.metrics().waiting,
+            7,
+            "metrics survive a label change"
+        );
+        assert_eq!(relabelled.label("llm-d.ai/role"), Some("decode"));
+        let ids: Vec<u32> = snap.endpoints().iter().map(|e| e.id().0).collect();
+        assert_eq!(ids, vec![0, 1, 2], "10.0.0.2 came back with its old id");
+    }
+
+    #[test]
+    fn endpoint_lists_are_validated() {
+        assert_eq!(
+            parse_endpoint_list(&["1.2.3.4:5", " ", "[::1]:8"])
+                .unwrap()
+                .len(),
+            2
+        );
+        let e = parse_endpoint_list(&["1.2.3.4"]).unwrap_err();
+        assert!(e.to_string().contains("\"1.2.3.4\" is not ip:port"), "{e}");
+    }
+}
