@@ -1,2 +1,247 @@
-//! epp-bin
-fn main() {}
+//! `epp`: the endpoint picker process. Flags, config loading, the ext_proc,
+//! health and metrics servers, and an orderly shutdown. All scheduling and
+//! data logic lives in the library crates; this file only wires them.
+
+mod args;
+mod health;
+mod metrics;
+mod tls;
+
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use epp_core::{EndpointSource, Registry, config::EndpointPickerConfig};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use crate::args::Args;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(&args);
+    if args.check_config {
+        return check_config(&args);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("epp: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("epp: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(args: &Args) {
+    let default = match args.verbose {
+        0 => "info",
+        1 => "info,epp=debug",
+        2 => "debug,h2=info,hyper=info,tower=info",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if args.log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Every plugin type this binary knows: scheduling built-ins and the data
+/// layer's sources and extractors.
+fn registry() -> Registry {
+    let mut registry = Registry::new();
+    epp_plugins::register_builtins(&mut registry);
+    epp_datalayer::register(&mut registry);
+    registry
+}
+
+fn load_config(args: &Args) -> Result<EndpointPickerConfig> {
+    let config = match (&args.config_file, &args.config_text) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            EndpointPickerConfig::parse(&text, &path.display().to_string())?
+        }
+        (None, Some(text)) => EndpointPickerConfig::parse(text, "--config-text")?,
+        (None, None) => EndpointPickerConfig::default_config(),
+    };
+    Ok(config)
+}
+
+/// `--check-config`: validate (including building every plugin), print the
+/// effective config, exit 0 when valid.
+fn check_config(args: &Args) -> ExitCode {
+    let checked = load_config(args).and_then(|config| Ok(config.build(&registry())?));
+    match checked {
+        Ok(built) => {
+            print!("{}", built.effective_yaml);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("epp: invalid config: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
+    let addr = SocketAddr::new(args.bind_address, port);
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for {what} on {addr}"))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let config = load_config(&args)?;
+    let built = config.build(&registry())?;
+    let scheduler = Arc::new(
+        built
+            .scheduler
+            .with_staleness_threshold(args.metrics_staleness_threshold),
+    );
+
+    let shutdown = CancellationToken::new();
+    let store = Arc::new(epp_datalayer::EndpointStore::new());
+    let source: Arc<dyn EndpointSource> = store.clone();
+
+    let static_endpoints =
+        epp_datalayer::parse_endpoint_list(&args.endpoints).context("invalid --endpoints")?;
+    store.replace_source("flag:--endpoints", static_endpoints);
+    if let Some(file) = &args.endpoints_file {
+        epp_datalayer::FileDiscovery::new(file.clone())
+            .spawn(Arc::clone(&store), shutdown.child_token())
+            .with_context(|| format!("cannot watch --endpoints-file {}", file.display()))?;
+    }
+    let data_layer = epp_datalayer::DataLayer::start(
+        Arc::clone(&store),
+        &built.data_layer,
+        epp_datalayer::DataLayerOptions {
+            refresh_interval: args.refresh_metrics_interval,
+            ..epp_datalayer::DataLayerOptions::default()
+        },
+        shutdown.child_token(),
+    )?;
+
+    let mut prom = prometheus_client::registry::Registry::default();
+    let pool = Arc::new(metrics::PoolGauges::register(
+        &mut prom,
+        &args.pool_name,
+        args.metrics_staleness_threshold,
+    ));
+    data_layer.register_metrics(&mut prom);
+    let ext_proc = epp_extproc::ExtProcService::new(
+        Arc::clone(&scheduler),
+        Arc::clone(&source),
+        epp_extproc::ExtProcOptions::default(),
+    );
+    ext_proc.register_metrics(&mut prom);
+
+    let grpc_listener = bind(&args, args.grpc_port, "ext_proc").await?;
+    let health_listener = bind(&args, args.grpc_health_port, "gRPC health").await?;
+    let metrics_listener = bind(&args, args.metrics_port, "metrics").await?;
+    // Tests and scripts wait for this line; it carries the real ports when 0 was asked.
+    println!(
+        "epp listening: ext_proc={} health={} metrics={} tls={}",
+        grpc_listener.local_addr()?,
+        health_listener.local_addr()?,
+        metrics_listener.local_addr()?,
+        args.secure_serving,
+    );
+
+    // Health: NOT_SERVING until endpoints are fresh; first to turn on shutdown.
+    let health_stop = CancellationToken::new();
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health_task = tokio::spawn(health::track(
+        reporter,
+        Arc::clone(&source),
+        args.metrics_staleness_threshold,
+        health_stop.clone(),
+    ));
+    let health_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(health_listener),
+                shutdown.clone().cancelled_owned(),
+            ),
+    );
+    let metrics_server = tokio::spawn(metrics::serve(
+        metrics_listener,
+        Arc::new(prom),
+        pool,
+        Arc::clone(&source),
+        std::env::var("EPP_METRICS_BEARER_TOKEN")
+            .ok()
+            .map(Into::into),
+        shutdown.clone(),
+    ));
+
+    let serve_stop = CancellationToken::new();
+    let mut grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .tcp_nodelay(true);
+    let router = grpc.add_service(ext_proc.into_server());
+    let ext_proc_server = if args.secure_serving {
+        let acceptor = tls::acceptor(args.cert_path.clone(), shutdown.clone())?;
+        tokio::spawn(router.serve_with_incoming_shutdown(
+            tls::incoming(grpc_listener, acceptor, serve_stop.clone()),
+            serve_stop.clone().cancelled_owned(),
+        ))
+    } else {
+        tokio::spawn(router.serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            serve_stop.clone().cancelled_owned(),
+        ))
+    };
+
+    wait_for_signal().await;
+    tracing::info!(grace = ?args.shutdown_grace_period, "shutting down: health NOT_SERVING, draining streams");
+    health_stop.cancel();
+    let _ = health_task.await;
+    serve_stop.cancel();
+    match tokio::time::timeout(args.shutdown_grace_period, ext_proc_server).await {
+        Ok(Ok(Ok(()))) => tracing::info!("all ext_proc streams finished"),
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "ext_proc server ended with an error"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "ext_proc server task failed"),
+        Err(_) => tracing::warn!("grace period over; dropping remaining streams"),
+    }
+    shutdown.cancel();
+    let _ = health_server.await;
+    let _ = metrics_server.await;
+    data_layer.stop().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

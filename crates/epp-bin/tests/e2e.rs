@@ -1,6 +1,8 @@
 //! End-to-end tests: real Envoy, real epp, simulator processes, on loopback.
 //! If Envoy is missing they fail with the command that installs it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 mod e2e {

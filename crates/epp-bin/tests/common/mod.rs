@@ -343,11 +343,16 @@ pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
         std::thread::sleep(Duration::from_millis(20));
     };
     let port = loop {
-        if let Ok((200, body)) = http::get_blocking(admin_port, "/listeners") {
-            // "listener_0::127.0.0.1:PORT"
-            if let Some(port) = body.trim().rsplit(':').next().and_then(|p| p.parse().ok()) {
-                break port;
-            }
+        // The body holds "listener_0::127.0.0.1:PORT" (possibly chunk-encoded).
+        if let Ok((200, body)) = http::get_blocking(admin_port, "/listeners")
+            && let Some(rest) = body.split("listener_0::").nth(1)
+            && let Some(port) = rest
+                .split_whitespace()
+                .next()
+                .and_then(|addr| addr.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+        {
+            break port;
         }
         assert!(
             Instant::now() < deadline,
