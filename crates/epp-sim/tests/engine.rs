@@ -64,7 +64,7 @@ async fn a_repeated_prefix_is_served_from_cache_and_prefills_faster() {
     let g = s.start(MODEL, &prompt, tokens, 1).await;
     let cold = t0.elapsed();
     assert_eq!(g.cached_tokens, 0);
-    drop(g.finish());
+    let _ = g.finish();
 
     let t1 = tokio::time::Instant::now();
     let g = s.start(MODEL, &prompt, tokens, 1).await;
@@ -74,7 +74,7 @@ async fn a_repeated_prefix_is_served_from_cache_and_prefills_faster() {
         warm < cold / 10,
         "prefill only the uncached tail: {warm:?} vs {cold:?}"
     );
-    drop(g.finish());
+    let _ = g.finish();
 
     let st = s.state.lock();
     assert_eq!(st.prefix_hits_total, 160);
@@ -94,14 +94,14 @@ async fn the_cache_evicts_least_recently_used_blocks() {
     // Four one-token blocks per prompt: a second distinct prompt evicts the first.
     let a = "aaaabbbbccccdddd";
     let b = "eeeeffffgggghhhh";
-    drop(s.start(MODEL, a, 4, 1).await.finish());
-    drop(s.start(MODEL, b, 4, 1).await.finish());
+    let _ = s.start(MODEL, a, 4, 1).await.finish();
+    let _ = s.start(MODEL, b, 4, 1).await.finish();
     let g = s.start(MODEL, a, 4, 1).await;
     assert_eq!(g.cached_tokens, 0, "a was evicted by b");
-    drop(g.finish());
+    let _ = g.finish();
     let g = s.start(MODEL, a, 4, 1).await;
     assert_eq!(g.cached_tokens, 4);
-    drop(g.finish());
+    let _ = g.finish();
 }
 
 #[tokio::test(start_paused = true)]
