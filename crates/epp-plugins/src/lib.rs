@@ -13,26 +13,48 @@
 //! ```
 #![warn(missing_docs)]
 
+mod affinity;
+mod concurrency_detector;
+mod filters;
 mod kv_cache_scorer;
+mod load_scorers;
+mod lora_affinity_scorer;
 mod max_score_picker;
+mod metric_scorer;
 mod misc;
 mod prefix;
 mod queue_scorer;
 mod random_picker;
 mod utilization_detector;
+mod weighted_random_picker;
 
 use std::sync::Arc;
 
 use epp_core::{BuildError, Plugin, PluginSpec, Registry, SingleProfileHandler};
 use serde::de::DeserializeOwned;
 
+pub use affinity::{
+    NoHitLruParams, NoHitLruScorer, PrefixAffinityParams, PrefixCacheAffinityFilter,
+    SESSION_HEADER, SessionAffinityScorer, session_token,
+};
+pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams};
+pub use filters::{
+    LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
+};
 pub use kv_cache_scorer::KvCacheUtilizationScorer;
+pub use load_scorers::{
+    ActiveRequestParams, ActiveRequestScorer, LoadAwareParams, LoadAwareScorer, TokenLoadParams,
+    TokenLoadScorer,
+};
+pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
+pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
 pub use misc::OpenAiParser;
 pub use prefix::{PrefixCacheParams, PrefixCacheScorer, PrefixIndex, block_hashes};
 pub use queue_scorer::{QueueScorer, RunningRequestsSizeScorer};
 pub use random_picker::RandomPicker;
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
+pub use weighted_random_picker::WeightedRandomPicker;
 
 /// Parameters accepted by plugins that take none: any key is an error.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -95,6 +117,68 @@ pub fn register_builtins(registry: &mut Registry) {
     register(registry, OpenAiParser::TYPE, |name, NoParams {}| {
         Ok(Arc::new(OpenAiParser::new(name)))
     });
+    register(registry, LoraAffinityScorer::TYPE, |name, NoParams {}| {
+        Ok(Arc::new(LoraAffinityScorer::new(name)))
+    });
+    register(
+        registry,
+        TokenLoadScorer::TYPE,
+        |name, p: TokenLoadParams| Ok(Arc::new(TokenLoadScorer::new(name, p)?)),
+    );
+    register(
+        registry,
+        LoadAwareScorer::TYPE,
+        |name, p: LoadAwareParams| Ok(Arc::new(LoadAwareScorer::new(name, p)?)),
+    );
+    register(
+        registry,
+        ActiveRequestScorer::TYPE,
+        |name, p: ActiveRequestParams| Ok(Arc::new(ActiveRequestScorer::new(name, p)?)),
+    );
+    register(
+        registry,
+        SessionAffinityScorer::TYPE,
+        |name, NoParams {}| Ok(Arc::new(SessionAffinityScorer::new(name))),
+    );
+    register(registry, NoHitLruScorer::TYPE, |name, p: NoHitLruParams| {
+        Ok(Arc::new(NoHitLruScorer::new(name, p)?))
+    });
+    register(
+        registry,
+        MetricScorer::TYPE,
+        |name, p: MetricScorerParams| Ok(Arc::new(MetricScorer::new(name, p)?)),
+    );
+    register(
+        registry,
+        LabelSelectorFilter::TYPE,
+        |name, p: LabelSelectorParams| Ok(Arc::new(LabelSelectorFilter::new(name, p)?)),
+    );
+    register(registry, "decode-filter", |name, NoParams {}| {
+        Ok(Arc::new(LabelSelectorFilter::decode(name)))
+    });
+    register(registry, "prefill-filter", |name, NoParams {}| {
+        Ok(Arc::new(LabelSelectorFilter::prefill(name)))
+    });
+    register(
+        registry,
+        PrefixCacheAffinityFilter::TYPE,
+        |name, p: PrefixAffinityParams| Ok(Arc::new(PrefixCacheAffinityFilter::new(name, p)?)),
+    );
+    register(
+        registry,
+        WeightedRandomPicker::TYPE,
+        |name, p: PickerParams| {
+            Ok(Arc::new(WeightedRandomPicker::new(
+                name,
+                p.validated(WeightedRandomPicker::TYPE)?,
+            )))
+        },
+    );
+    register(
+        registry,
+        ConcurrencyDetector::TYPE,
+        |name, p: ConcurrencyDetectorParams| Ok(Arc::new(ConcurrencyDetector::new(name, p)?)),
+    );
 }
 
 /// A registry holding every built-in scheduling plugin.

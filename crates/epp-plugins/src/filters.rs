@@ -1,0 +1,220 @@
+//! Label filters: `label-selector-filter`, `decode-filter`, `prefill-filter`.
+
+use std::collections::BTreeMap;
+
+use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
+
+/// The label llm-d uses for an endpoint's disaggregation role.
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// A Kubernetes-style set-based requirement.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LabelExpression {
+    /// Label key.
+    pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    pub operator: Operator,
+    /// Values for `In` / `NotIn`.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+/// Operators of [`LabelExpression`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub enum Operator {
+    /// The label's value is one of `values`.
+    In,
+    /// The label is absent or its value is none of `values`.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+}
+
+/// Parameters of `label-selector-filter`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LabelSelectorParams {
+    /// Labels that must have exactly these values.
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+    /// Set-based requirements.
+    #[serde(default)]
+    pub match_expressions: Vec<LabelExpression>,
+}
+
+impl LabelSelectorParams {
+    fn matches(&self, c: &Candidate) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| c.endpoint.label(k) == Some(v.as_str()))
+            && self.match_expressions.iter().all(|e| {
+                let v = c.endpoint.label(&e.key);
+                match e.operator {
+                    Operator::In => v.is_some_and(|v| e.values.iter().any(|x| x == v)),
+                    Operator::NotIn => v.is_none_or(|v| !e.values.iter().any(|x| x == v)),
+                    Operator::Exists => v.is_some(),
+                    Operator::DoesNotExist => v.is_none(),
+                }
+            })
+    }
+}
+
+/// `label-selector-filter`: keeps endpoints whose labels satisfy the selector.
+#[derive(Debug, Clone)]
+pub struct LabelSelectorFilter {
+    name: String,
+    type_name: &'static str,
+    selector: LabelSelectorParams,
+}
+
+impl LabelSelectorFilter {
+    /// YAML type.
+    pub const TYPE: &'static str = "label-selector-filter";
+
+    /// A filter named `name`.
+    ///
+    /// # Errors
+    /// `In`/`NotIn` without values, or `Exists`/`DoesNotExist` with values.
+    pub fn new(name: impl Into<String>, selector: LabelSelectorParams) -> Result<Self, BuildError> {
+        let name = name.into();
+        for (i, e) in selector.match_expressions.iter().enumerate() {
+            let needs_values = matches!(e.operator, Operator::In | Operator::NotIn);
+            if needs_values == e.values.is_empty() {
+                return Err(BuildError::InvalidValue {
+                    plugin: name,
+                    field: format!("matchExpressions[{i}].values"),
+                    value: format!("{:?}", e.values),
+                    reason: if needs_values {
+                        "In and NotIn need values".into()
+                    } else {
+                        "Exists and DoesNotExist take no values".into()
+                    },
+                });
+            }
+        }
+        Ok(Self {
+            name,
+            type_name: Self::TYPE,
+            selector,
+        })
+    }
+
+    /// `decode-filter`: endpoints whose role is `decode` or `both`, or unset.
+    #[must_use]
+    pub fn decode(name: impl Into<String>) -> Self {
+        let selector = LabelSelectorParams {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![LabelExpression {
+                key: ROLE_LABEL.into(),
+                operator: Operator::NotIn,
+                values: vec!["prefill".into()],
+            }],
+        };
+        Self {
+            name: name.into(),
+            type_name: "decode-filter",
+            selector,
+        }
+    }
+
+    /// `prefill-filter`: endpoints whose role is `prefill` or `both`.
+    #[must_use]
+    pub fn prefill(name: impl Into<String>) -> Self {
+        let selector = LabelSelectorParams {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![LabelExpression {
+                key: ROLE_LABEL.into(),
+                operator: Operator::In,
+                values: vec!["prefill".into(), "both".into()],
+            }],
+        };
+        Self {
+            name: name.into(),
+            type_name: "prefill-filter",
+            selector,
+        }
+    }
+}
+
+impl Plugin for LabelSelectorFilter {
+    fn type_name(&self) -> &str {
+        self.type_name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_filter(&self) -> Option<&dyn Filter> {
+        Some(self)
+    }
+}
+
+impl Filter for LabelSelectorFilter {
+    fn filter(&self, _cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
+        candidates.retain(|c| self.selector.matches(c));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use epp_core::{Endpoint, EndpointId, InferenceRequest};
+
+    use super::*;
+    use crate::testing::with_cx;
+
+    fn cands(roles: &[Option<&str>]) -> Vec<Candidate> {
+        roles
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut labels = BTreeMap::new();
+                if let Some(r) = r {
+                    labels.insert(ROLE_LABEL.to_owned(), (*r).to_owned());
+                }
+                labels.insert("zone".to_owned(), format!("z{}", i % 2));
+                Candidate::new(&Arc::new(Endpoint::with_labels(
+                    EndpointId(i as u32),
+                    format!("10.0.0.1:{i}").parse().unwrap(),
+                    labels,
+                )))
+            })
+            .collect()
+    }
+
+    fn kept(f: &LabelSelectorFilter, c: &[Candidate]) -> Vec<u32> {
+        let req = InferenceRequest::builder("m").build();
+        with_cx(&req, 0, |cx| {
+            let mut c = c.to_vec();
+            f.filter(cx, &mut c);
+            c.iter().map(|c| c.id().0).collect()
+        })
+    }
+
+    #[test]
+    fn roles_and_selectors() {
+        let c = cands(&[Some("prefill"), Some("decode"), Some("both"), None]);
+        assert_eq!(kept(&LabelSelectorFilter::decode("d"), &c), vec![1, 2, 3]);
+        assert_eq!(kept(&LabelSelectorFilter::prefill("p"), &c), vec![0, 2]);
+        let p: LabelSelectorParams = serde_yaml_ng::from_str(
+            "matchLabels: {zone: z0}\nmatchExpressions:\n- {key: llm-d.ai/role, operator: Exists}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            kept(&LabelSelectorFilter::new("s", p).unwrap(), &c),
+            vec![0, 2]
+        );
+        let bad: LabelSelectorParams =
+            serde_yaml_ng::from_str("matchExpressions:\n- {key: a, operator: In}\n").unwrap();
+        assert!(LabelSelectorFilter::new("s", bad).is_err());
+        assert!(
+            serde_yaml_ng::from_str::<LabelSelectorParams>(
+                "matchExpressions:\n- {key: a, operator: Near}\n"
+            )
+            .is_err()
+        );
+    }
+}
