@@ -1,0 +1,74 @@
+//! Scheduling on any Prometheus metric, configured from YAML alone.
+
+use std::time::Duration;
+
+use crate::common::{BodyMode, Stack, http, workspace_root};
+
+async fn set_gauge(port: u16, value: f64) {
+    let body = serde_json::json!({"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": value}});
+    let r = http::post_json(port, "/admin/state", &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+async fn counts(stack: &Stack, model: &str, n: usize) -> Vec<usize> {
+    let mut counts = vec![0; stack.sims.len()];
+    for i in 0..n {
+        let body = serde_json::json!({"model": model, "prompt": format!("p{i}"), "max_tokens": 1});
+        let r = http::post_json(stack.envoy.port, "/v1/completions", &body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        counts[stack
+            .sim_index(r.header("x-inference-pod").unwrap())
+            .unwrap()] += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_follows_a_custom_gauge() {
+    let config = workspace_root().join("examples/configs/gpu-temperature.yaml");
+    let config = config.to_str().unwrap();
+    let stack = Stack::start(
+        "custom-gauge",
+        3,
+        &[],
+        &["--config-file", config],
+        BodyMode::Streamed,
+    );
+    for (sim, temp) in stack.sims.iter().zip([85.0, 45.0, 60.0]) {
+        set_gauge(sim.port, temp).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let model = "meta-llama/Llama-3.1-8B-Instruct";
+    assert_eq!(
+        counts(&stack, model, 10).await,
+        vec![0, 10, 0],
+        "coolest GPU wins"
+    );
+
+    set_gauge(stack.sims[1].port, 88.0).await;
+    set_gauge(stack.sims[2].port, 41.0).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        counts(&stack, model, 10).await,
+        vec![0, 0, 10],
+        "routing follows the gauge"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_custom_metric_example_runs_unchanged() {
+    let config = workspace_root().join("examples/configs/custom-metric-seed.yaml");
+    let config = config.to_str().unwrap();
+    let stack = Stack::start(
+        "custom-seed",
+        2,
+        &["--model", "llama-3-8b"],
+        &["--config-file", config],
+        BodyMode::Buffered,
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let served = counts(&stack, "llama-3-8b", 6).await;
+    assert_eq!(served.iter().sum::<usize>(), 6);
+}
