@@ -9,6 +9,7 @@ mod e2e {
     mod custom_metric;
     mod errors;
     mod prefix;
+    mod process;
     mod routing;
     mod streaming;
 }
