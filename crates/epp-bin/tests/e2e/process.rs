@@ -1,0 +1,195 @@
+//! The process surface: health that tells the truth, TLS to Envoy by default,
+//! metrics names, config checking, and an orderly shutdown.
+
+use std::{process::Command, time::Duration};
+
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+use crate::common::{
+    BodyMode, Proc, Stack, http, scratch_dir, start_envoy_with, start_epp, start_sims,
+    workspace_bin, workspace_root,
+};
+
+async fn health(port: u16, service: &str) -> ServingStatus {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let r = client
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .unwrap();
+    r.into_inner().status()
+}
+
+async fn wait_health(port: u16, service: &str, want: ServingStatus) {
+    for _ in 0..100 {
+        if health(port, service).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("health of {service:?} never became {want:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_endpoint_freshness_and_shutdown() {
+    let dir = scratch_dir("health");
+    let sims = start_sims(&dir, 1, &[]);
+    // One live endpoint and one where nothing listens.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut epp = start_epp(
+        &dir,
+        &[
+            "--endpoints",
+            &format!("{},{dead}", sims[0].addr()),
+            "--metrics-staleness-threshold",
+            "300ms",
+        ],
+    );
+    for svc in [
+        "",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+        "liveness",
+    ] {
+        wait_health(epp.health_port, svc, ServingStatus::Serving).await;
+    }
+    // The only live model server dies: no endpoint is fresh any more.
+    drop(sims);
+    wait_health(epp.health_port, "readiness", ServingStatus::NotServing).await;
+    assert_eq!(
+        health(epp.health_port, "liveness").await,
+        ServingStatus::Serving
+    );
+
+    let code = epp.proc.terminate(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "SIGTERM ends epp cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_talks_tls_to_epp_by_default() {
+    let dir = scratch_dir("tls");
+    let sims = start_sims(&dir, 2, &[]);
+    let endpoints = sims
+        .iter()
+        .map(crate::common::Sim::addr)
+        .collect::<Vec<_>>()
+        .join(",");
+    // No --secure-serving=false: the default is TLS with a self-signed certificate.
+    let mut cmd = Command::new(workspace_bin("epp"));
+    cmd.args([
+        "--grpc-port",
+        "0",
+        "--grpc-health-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--bind-address",
+        "127.0.0.1",
+    ])
+    .args(["--endpoints", &endpoints]);
+    let (_epp, line) = Proc::spawn("epp-tls", cmd, "epp listening", dir.join("epp.log"));
+    assert!(line.contains("tls=true"), "{line}");
+    let grpc_port: u16 = line
+        .split("ext_proc=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let template =
+        std::fs::read_to_string(workspace_root().join("examples/envoy/envoy-streamed.yaml"))
+            .unwrap();
+    let tls = "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        common_tls_context:\n          alpn_protocols: [h2]\n";
+    let config = template
+        .replace("port_value: 9901", "port_value: 0")
+        .replace("port_value: 10000", "port_value: 0")
+        .replace("port_value: 9002", &format!("port_value: {grpc_port}"))
+        .replace(
+            "  - name: ext_proc\n    type: STATIC\n",
+            &format!("  - name: ext_proc\n    type: STATIC\n{tls}"),
+        );
+    assert!(config.contains("UpstreamTlsContext"));
+    let envoy = start_envoy_with(&dir, "envoy-tls.yaml", &config);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 2});
+    let r = http::post_json(envoy.port, "/v1/completions", &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_use_the_reference_names() {
+    let stack = Stack::start(
+        "metrics",
+        2,
+        &[],
+        &["--pool-name", "my-pool"],
+        BodyMode::Buffered,
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 2});
+    let r = http::post_json(stack.envoy.port, "/v1/completions", &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (status, text) = http::get_blocking(stack.epp.metrics_port, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    for name in [
+        "inference_pool_ready_pods{name=\"my-pool\"} 2",
+        "inference_pool_average_kv_cache_utilization{name=\"my-pool\"}",
+        "inference_pool_average_queue_size{name=\"my-pool\"}",
+        "inference_pool_per_pod_queue_size{",
+        "inference_objective_request_total{",
+        "inference_extension_scheduler_e2e_duration_seconds_bucket{",
+        "epp_metrics_scrapes_total{",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+}
+
+#[test]
+fn check_config_validates_and_prints_the_effective_config() {
+    let epp = workspace_bin("epp");
+    let ok = Command::new(&epp).arg("--check-config").output().unwrap();
+    assert!(ok.status.success());
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        text.contains("pluginRef: prefix-cache-scorer\n    weight: 3.0"),
+        "{text}"
+    );
+    assert!(text.contains("type: core-metrics-extractor"), "{text}");
+
+    let dir = scratch_dir("check-config");
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: queue-scorr\n").unwrap();
+    let out = Command::new(&epp)
+        .arg("--config-file")
+        .arg(&bad)
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml:6:5: schedulingProfiles[0].plugins[0].pluginRef: no plugin named \"queue-scorr\""),
+        "{err}"
+    );
+}
