@@ -50,13 +50,22 @@ pub struct SimConfig {
     /// Requests processed concurrently (continuous batch size); more wait.
     #[arg(long, default_value_t = 16)]
     pub max_num_seqs: usize,
-    /// Fixed time to first token, milliseconds (scheduling + a minimal prefill).
+    /// Token budget of one engine step: prompts longer than this are
+    /// prefilled in chunks over several steps (chunked prefill).
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: u64,
+    /// Longest prompt + output accepted, tokens (0 = what the KV pool holds).
+    #[arg(long, default_value_t = 0)]
+    pub max_model_len: u64,
+    /// Fixed cost of an engine step that prefills anything, milliseconds: the
+    /// time to first token of a short prompt on an idle server.
     #[arg(long, default_value_t = 10.0)]
     pub ttft_ms: f64,
     /// Prefill time per UNCACHED prompt token, microseconds.
     #[arg(long, default_value_t = 20.0)]
     pub prefill_us_per_token: f64,
-    /// Time per output token with a batch of one, milliseconds.
+    /// Decode step time with a batch of one, milliseconds (the inter-token
+    /// latency of a lone request).
     #[arg(long, default_value_t = 5.0)]
     pub itl_ms: f64,
     /// Extra decode-step time per additional running request, as a fraction of
@@ -84,10 +93,13 @@ pub struct SimConfig {
     /// Fraction of requests that hang (never answer).
     #[arg(long, default_value_t = 0.0)]
     pub hang_rate: f64,
+    /// Every generation request hangs (the engine looks alive but is stuck).
+    #[arg(long)]
+    pub hang: bool,
     /// Delay before every /metrics answer, milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub slow_metrics_ms: f64,
-    /// Seed for failure injection and generated text.
+    /// Seed for failure injection, ids and generated text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -97,6 +109,17 @@ impl SimConfig {
     #[must_use]
     pub fn defaults() -> Self {
         Self::parse_from(["epp-sim"])
+    }
+
+    /// Longest prompt + output accepted, in tokens.
+    #[must_use]
+    pub fn model_len(&self) -> u64 {
+        let pool = (self.num_gpu_blocks * self.block_size.max(1)) as u64;
+        if self.max_model_len == 0 {
+            pool
+        } else {
+            self.max_model_len.min(pool)
+        }
     }
 
     /// Whether `name` is served (base model or adapter).

@@ -12,13 +12,14 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod cache;
+pub mod blocks;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+mod openai;
+pub mod sched;
 pub mod server;
-
-use std::sync::Arc;
+pub mod stats;
 
 /// Binds `cfg.host:cfg.port` and serves until the future is dropped. Returns
 /// the bound address through `on_bound` first (useful with port 0).
@@ -32,5 +33,5 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
     on_bound(listener.local_addr()?);
     let sim = engine::Sim::new(cfg);
-    axum::serve(listener, server::router(Arc::clone(&sim))).await
+    axum::serve(listener, server::router(sim)).await
 }

@@ -1,360 +1,483 @@
-//! The `/metrics` page, in the names of the engine being simulated.
+//! The `/metrics` page, in the names and shape the simulated engine prints
+//! (Prometheus text format 0.0.4, as `prometheus_client` writes it for vLLM
+//! and SGLang).
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
-    config::{Engine, SimConfig},
-    engine::State,
+    config::Engine,
+    sched::{Core, unix_now},
+    stats::{FinishReason, Histogram},
 };
 
-/// vLLM's time-to-first-token buckets (seconds).
-pub const TTFT_BUCKETS: [f64; 22] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// vLLM's end-to-end latency buckets (seconds).
-pub const E2E_BUCKETS: [f64; 21] = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
-/// vLLM's inter-token latency buckets (seconds).
-pub const ITL_BUCKETS: [f64; 19] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-
-/// A cumulative histogram with fixed buckets.
-#[derive(Debug, Clone)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
+/// A page being written. Labels are passed pre-rendered (`a="1",b="2"`).
+struct Page {
+    out: String,
+    created: f64,
 }
 
-impl Histogram {
-    /// An empty histogram.
-    #[must_use]
-    pub fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
+impl Page {
+    fn head(&mut self, name: &str, help: &str, kind: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &str, v: f64) {
+        self.head(name, help, "gauge");
+        self.sample(name, labels, v);
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, v: f64) {
+        if labels.is_empty() {
+            let _ = writeln!(self.out, "{name} {v:?}");
+        } else {
+            let _ = writeln!(self.out, "{name}{{{labels}}} {v:?}");
         }
     }
 
-    /// Records one observation.
-    pub fn observe(&mut self, v: f64) {
-        for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
-            if v <= *b {
-                *c += 1;
-            }
+    /// A counter family `{name}_total` with one series per label set, and the
+    /// `{name}_created` gauge `prometheus_client` adds.
+    fn counter(&mut self, name: &str, help: &str, series: &[(String, u64)]) {
+        self.head(&format!("{name}_total"), help, "counter");
+        for (labels, v) in series {
+            self.sample(&format!("{name}_total"), labels, *v as f64);
         }
-        self.sum += v;
-        self.count += 1;
+        self.head(&format!("{name}_created"), help, "gauge");
+        for (labels, _) in series {
+            self.sample(&format!("{name}_created"), labels, self.created);
+        }
     }
 
-    /// Observations so far.
-    #[must_use]
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b:?}\"}} {c}.0");
+    fn histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
+        self.head(name, help, "histogram");
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (le, c) in h.cumulative() {
+            let _ = writeln!(
+                self.out,
+                "{name}_bucket{{{labels}{sep}le=\"{le:?}\"}} {:?}",
+                c as f64
+            );
         }
+        let count = h.count() as f64;
+        let _ = writeln!(
+            self.out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count:?}"
+        );
+        self.sample(&format!("{name}_count"), labels, count);
+        self.sample(&format!("{name}_sum"), labels, h.sum());
+        self.head(&format!("{name}_created"), help, "gauge");
+        self.sample(&format!("{name}_created"), labels, self.created);
+    }
+}
+
+/// Renders the page for `core` in its engine's names. `created` is the
+/// process start (Unix seconds).
+#[must_use]
+pub fn render(core: &Core, created: f64) -> String {
+    let mut p = Page {
+        out: String::with_capacity(24 * 1024),
+        created,
+    };
+    match core.cfg().engine {
+        Engine::Vllm => vllm(&mut p, core),
+        Engine::Sglang => sglang(&mut p, core),
+        Engine::TrtllmServe => trtllm(&mut p, core),
+        Engine::Triton => triton(&mut p, core),
+    }
+    let cfg = core.cfg();
+    p.gauge(
+        "epp_sim_info",
+        "The simulated server.",
+        &format!(
+            "engine=\"{}\",pod=\"{}\"",
+            escape(&format!("{:?}", cfg.engine).to_lowercase()),
+            escape(&cfg.pod_name)
+        ),
+        1.0,
+    );
+    extra_gauges(&mut p, &core.knobs.gauges);
+    p.out
+}
+
+/// Waiting requests as reported: real ones plus the admin's synthetic ones.
+fn waiting(core: &Core) -> f64 {
+    (core.waiting() as u64 + u64::from(core.knobs.extra_waiting)) as f64
+}
+
+fn vllm(p: &mut Page, core: &Core) {
+    let cfg = core.cfg();
+    let l = format!("engine=\"0\",model_name=\"{}\"", escape(&cfg.model));
+    let s = &core.stats;
+    p.gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        &l,
+        core.running() as f64,
+    );
+    p.gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        &l,
+        waiting(core),
+    );
+    p.gauge(
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        &l,
+        core.kv_usage(),
+    );
+    let one = |v: u64| [(l.clone(), v)];
+    p.counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &one(s.prefix_queries),
+    );
+    p.counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &one(s.prefix_hits),
+    );
+    p.counter(
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        &one(s.preemptions),
+    );
+    p.counter(
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        &one(s.prompt_tokens),
+    );
+    p.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        &one(s.generation_tokens),
+    );
+    let by_reason: Vec<(String, u64)> = [
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::Abort,
+    ]
+    .into_iter()
+    .map(|r| {
+        (
+            format!(
+                "engine=\"0\",finished_reason=\"{}\",model_name=\"{}\"",
+                r.as_str(),
+                escape(&cfg.model)
+            ),
+            s.finished(r),
+        )
+    })
+    .collect();
+    p.counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        &by_reason,
+    );
+    for (name, help, h) in [
+        (
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            &s.request_prompt_tokens,
+        ),
+        (
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            &s.request_generation_tokens,
+        ),
+        (
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            &s.iteration_tokens,
+        ),
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &s.ttft,
+        ),
+        (
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            &s.itl,
+        ),
+        (
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &s.itl,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &s.e2e,
+        ),
+        (
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &s.queue,
+        ),
+        (
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            &s.inference,
+        ),
+        (
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            &s.prefill,
+        ),
+        (
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            &s.decode,
+        ),
+    ] {
+        p.histogram(name, help, &l, h);
+    }
+    let info = format!(
+        "block_size=\"{}\",cache_dtype=\"auto\",calculate_kv_scales=\"False\",\
+         enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",\
+         is_attention_free=\"False\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{}\",\
+         num_gpu_blocks_override=\"None\",prefix_caching_hash_algo=\"builtin\",\
+         sliding_window=\"None\",swap_space=\"4\",swap_space_bytes=\"4294967296\"",
+        cfg.block_size, cfg.num_gpu_blocks
+    );
+    p.gauge(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        &info,
+        1.0,
+    );
+    if !cfg.lora_modules.is_empty() {
+        p.head(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            "gauge",
+        );
+        // Every label set ever current stays, valued at the time it was last
+        // current; readers take the highest value.
+        let n = core.lora_history.len();
+        for (i, (labels, at)) in core.lora_history.iter().enumerate() {
+            let v = if i + 1 == n { unix_now() } else { *at };
+            p.sample("vllm:lora_requests_info", labels, v);
+        }
+    }
+}
+
+fn sglang(p: &mut Page, core: &Core) {
+    let cfg = core.cfg();
+    let l = format!("model_name=\"{}\"", escape(&cfg.model));
+    let s = &core.stats;
+    p.gauge(
+        "sglang:num_running_reqs",
+        "The number of running requests.",
+        &l,
+        core.running() as f64,
+    );
+    p.gauge(
+        "sglang:num_queue_reqs",
+        "The number of requests in the waiting queue.",
+        &l,
+        waiting(core),
+    );
+    p.gauge(
+        "sglang:num_used_tokens",
+        "The number of used tokens.",
+        &l,
+        (core.pool().used() * cfg.block_size) as f64,
+    );
+    p.gauge(
+        "sglang:token_usage",
+        "The token usage.",
+        &l,
+        core.kv_usage(),
+    );
+    let hit_rate = if s.prefix_queries == 0 {
+        0.0
+    } else {
+        s.prefix_hits as f64 / s.prefix_queries as f64
+    };
+    p.gauge(
+        "sglang:cache_hit_rate",
+        "The prefix cache hit rate.",
+        &l,
+        hit_rate,
+    );
+    p.gauge(
+        "sglang:cache_config_info",
+        "Cache configuration.",
+        &format!(
+            "model_name=\"{}\",num_pages=\"{}\",page_size=\"{}\"",
+            escape(&cfg.model),
+            cfg.num_gpu_blocks,
+            cfg.block_size
+        ),
+        1.0,
+    );
+    let one = |v: u64| [(l.clone(), v)];
+    p.counter(
+        "sglang:prompt_tokens",
+        "Number of prefill tokens processed.",
+        &one(s.prompt_tokens),
+    );
+    p.counter(
+        "sglang:generation_tokens",
+        "Number of generation tokens processed.",
+        &one(s.generation_tokens),
+    );
+    p.counter(
+        "sglang:cached_tokens",
+        "Number of cached prompt tokens.",
+        &one(s.prefix_hits),
+    );
+    p.counter(
+        "sglang:num_requests",
+        "Number of requests processed.",
+        &one(s.finished(FinishReason::Length)),
+    );
+    p.histogram(
+        "sglang:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+        &s.ttft,
+    );
+    p.histogram(
+        "sglang:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &l,
+        &s.itl,
+    );
+    p.histogram(
+        "sglang:e2e_request_latency_seconds",
+        "Histogram of End-to-end request latency in seconds",
+        &l,
+        &s.e2e,
+    );
+}
+
+fn trtllm(p: &mut Page, core: &Core) {
+    let cfg = core.cfg();
+    let l = format!("model_name=\"{}\"", escape(&cfg.model));
+    let s = &core.stats;
+    for (name, help, v) in [
+        (
+            "trtllm_num_requests_running",
+            "Number of running requests.",
+            core.running() as f64,
+        ),
+        (
+            "trtllm_num_requests_waiting",
+            "Number of waiting requests.",
+            waiting(core),
+        ),
+        (
+            "trtllm_kv_cache_utilization",
+            "KV cache utilization.",
+            core.kv_usage(),
+        ),
+        (
+            "trtllm_kv_cache_tokens_per_block",
+            "Tokens per KV cache block.",
+            cfg.block_size as f64,
+        ),
+        (
+            "trtllm_kv_cache_max_blocks",
+            "Maximum KV cache blocks.",
+            cfg.num_gpu_blocks as f64,
+        ),
+        (
+            "trtllm_kv_cache_used_blocks",
+            "Used KV cache blocks.",
+            core.pool().used() as f64,
+        ),
+    ] {
+        p.gauge(name, help, &l, v);
+    }
+    p.counter(
+        "trtllm_request_success",
+        "Count of successfully processed requests.",
+        &[(
+            format!(
+                "finished_reason=\"length\",model_name=\"{}\"",
+                escape(&cfg.model)
+            ),
+            s.finished(FinishReason::Length),
+        )],
+    );
+    p.histogram(
+        "trtllm_time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+        &s.ttft,
+    );
+    p.histogram(
+        "trtllm_e2e_request_latency_seconds",
+        "Histogram of end to end request latency in seconds.",
+        &l,
+        &s.e2e,
+    );
+}
+
+fn triton(p: &mut Page, core: &Core) {
+    // Triton's C++ metrics library prints integers without a decimal point.
+    let cfg = core.cfg();
+    let m = "model=\"tensorrt_llm\",version=\"1\"";
+    let out = &mut p.out;
+    let _ = writeln!(
+        out,
+        "# HELP nv_trt_llm_request_metrics TRT LLM request metrics\n\
+         # TYPE nv_trt_llm_request_metrics gauge"
+    );
+    let running = core.running() as u64;
+    let waiting = core.waiting() as u64 + u64::from(core.knobs.extra_waiting);
+    for (kind, v) in [
+        ("context", 0),
+        ("scheduled", running),
+        ("max", cfg.max_num_seqs as u64),
+        ("active", running),
+        ("waiting", waiting),
+    ] {
         let _ = writeln!(
             out,
-            "{name}_bucket{{{labels},le=\"+Inf\"}} {}.0",
-            self.count
+            "nv_trt_llm_request_metrics{{{m},request_type=\"{kind}\"}} {v}"
         );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}.0", self.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", self.sum);
     }
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, series: &[(String, f64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-    for (labels, v) in series {
-        let _ = writeln!(out, "{name}{{{labels}}} {v:?}");
-    }
-}
-
-fn counter(out: &mut String, name: &str, help: &str, labels: &str, v: u64, created: f64) {
+    let used = core.pool().used();
     let _ = writeln!(
         out,
-        "# HELP {name}_total {help}\n# TYPE {name}_total counter"
+        "# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics\n\
+         # TYPE nv_trt_llm_kv_cache_block_metrics gauge"
     );
-    let _ = writeln!(out, "{name}_total{{{labels}}} {v}.0");
-    let _ = writeln!(
-        out,
-        "# HELP {name}_created {help}\n# TYPE {name}_created gauge"
-    );
-    let _ = writeln!(out, "{name}_created{{{labels}}} {created:?}");
+    for (kind, v) in [
+        ("max", cfg.num_gpu_blocks.to_string()),
+        ("free", (cfg.num_gpu_blocks - used).to_string()),
+        ("used", used.to_string()),
+        ("tokens_per", cfg.block_size.to_string()),
+        ("fraction", format!("{}", core.kv_usage())),
+    ] {
+        let _ = writeln!(
+            out,
+            "nv_trt_llm_kv_cache_block_metrics{{{m},kv_cache_block_type=\"{kind}\"}} {v}"
+        );
+    }
 }
 
-/// Renders the page for `st` under `cfg`'s engine.
-#[must_use]
-pub fn render(cfg: &SimConfig, st: &State, created: f64) -> String {
-    let mut out = String::with_capacity(16 * 1024);
-    let waiting = (st.waiting as u64 + u64::from(st.extra_waiting)) as f64;
-    let running = st.running as f64;
-    let kv = st.kv_usage(cfg.num_gpu_blocks);
-    let model = &cfg.model;
-    match cfg.engine {
-        Engine::Vllm => {
-            let l = format!("engine=\"0\",model_name=\"{model}\"");
-            gauge(
-                &mut out,
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-                &[(l.clone(), running)],
-            );
-            gauge(
-                &mut out,
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed.",
-                &[(l.clone(), waiting)],
-            );
-            gauge(
-                &mut out,
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage.",
-                &[(l.clone(), kv)],
-            );
-            counter(
-                &mut out,
-                "vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.",
-                &l,
-                st.prefix_queries_total,
-                created,
-            );
-            counter(
-                &mut out,
-                "vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.",
-                &l,
-                st.prefix_hits_total,
-                created,
-            );
-            counter(
-                &mut out,
-                "vllm:prompt_tokens",
-                "Number of prefill tokens processed.",
-                &l,
-                st.prompt_tokens_total,
-                created,
-            );
-            counter(
-                &mut out,
-                "vllm:generation_tokens",
-                "Number of generation tokens processed.",
-                &l,
-                st.generation_tokens_total,
-                created,
-            );
-            counter(
-                &mut out,
-                "vllm:request_success",
-                "Count of successfully processed requests.",
-                &format!("{l},finished_reason=\"length\""),
-                st.request_success_total,
-                created,
-            );
-            st.ttft.render(
-                &mut out,
-                "vllm:time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                &l,
-            );
-            st.e2e.render(
-                &mut out,
-                "vllm:e2e_request_latency_seconds",
-                "Histogram of e2e request latency in seconds.",
-                &l,
-            );
-            st.itl.render(
-                &mut out,
-                "vllm:inter_token_latency_seconds",
-                "Histogram of inter-token latency in seconds.",
-                &l,
-            );
-            let info = format!(
-                "block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{}\",num_gpu_blocks_override=\"None\",sliding_window=\"None\",swap_space_bytes=\"4294967296\"",
-                cfg.block_size, cfg.num_gpu_blocks
-            );
-            gauge(
-                &mut out,
-                "vllm:cache_config_info",
-                "Information of the LLMEngine CacheConfig",
-                &[(info, 1.0)],
-            );
-            if !cfg.lora_modules.is_empty() {
-                let running: Vec<&str> = st
-                    .loras
-                    .iter()
-                    .filter(|(_, r)| *r > 0)
-                    .map(|(n, _)| n.as_str())
-                    .collect();
-                let waiting: Vec<&str> = st.lora_waiting.keys().map(String::as_str).collect();
-                let labels = format!(
-                    "max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"",
-                    cfg.max_loras,
-                    running.join(","),
-                    waiting.join(",")
-                );
-                gauge(
-                    &mut out,
-                    "vllm:lora_requests_info",
-                    "Running stats on lora requests.",
-                    &[(labels, st.lora_changed)],
-                );
-            }
-        }
-        Engine::Sglang => {
-            let l = format!("model_name=\"{model}\"");
-            gauge(
-                &mut out,
-                "sglang:num_running_reqs",
-                "The number of running requests.",
-                &[(l.clone(), running)],
-            );
-            gauge(
-                &mut out,
-                "sglang:num_queue_reqs",
-                "The number of requests in the waiting queue.",
-                &[(l.clone(), waiting)],
-            );
-            gauge(
-                &mut out,
-                "sglang:token_usage",
-                "The token usage.",
-                &[(l.clone(), kv)],
-            );
-            let info = format!(
-                "model_name=\"{model}\",num_pages=\"{}\",page_size=\"{}\"",
-                cfg.num_gpu_blocks, cfg.block_size
-            );
-            gauge(
-                &mut out,
-                "sglang:cache_config_info",
-                "Cache configuration.",
-                &[(info, 1.0)],
-            );
-            counter(
-                &mut out,
-                "sglang:prompt_tokens",
-                "Number of prefill tokens processed.",
-                &l,
-                st.prompt_tokens_total,
-                created,
-            );
-            counter(
-                &mut out,
-                "sglang:generation_tokens",
-                "Number of generation tokens processed.",
-                &l,
-                st.generation_tokens_total,
-                created,
-            );
-            st.ttft.render(
-                &mut out,
-                "sglang:time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                &l,
-            );
-        }
-        Engine::TrtllmServe => {
-            let l = format!("model_name=\"{model}\"");
-            gauge(
-                &mut out,
-                "trtllm_num_requests_running",
-                "Running requests.",
-                &[(l.clone(), running)],
-            );
-            gauge(
-                &mut out,
-                "trtllm_num_requests_waiting",
-                "Waiting requests.",
-                &[(l.clone(), waiting)],
-            );
-            gauge(
-                &mut out,
-                "trtllm_kv_cache_utilization",
-                "KV-cache utilization.",
-                &[(l.clone(), kv)],
-            );
-            gauge(
-                &mut out,
-                "trtllm_kv_cache_tokens_per_block",
-                "Tokens per KV block.",
-                &[(l.clone(), cfg.block_size as f64)],
-            );
-            gauge(
-                &mut out,
-                "trtllm_kv_cache_max_blocks",
-                "KV blocks.",
-                &[(l.clone(), cfg.num_gpu_blocks as f64)],
-            );
-            st.ttft.render(
-                &mut out,
-                "trtllm_time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                &l,
-            );
-        }
-        Engine::Triton => {
-            // Triton's C++ client library prints integers without ".0".
-            let m = "model=\"tensorrt_llm\",version=\"1\"";
-            let _ = writeln!(
-                out,
-                "# HELP nv_trt_llm_request_metrics TRT LLM request metrics\n# TYPE nv_trt_llm_request_metrics gauge"
-            );
-            for (kind, v) in [
-                ("waiting", waiting),
-                ("scheduled", running),
-                ("active", running),
-                ("max", cfg.max_num_seqs as f64),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "nv_trt_llm_request_metrics{{{m},request_type=\"{kind}\"}} {v}"
-                );
-            }
-            let used = st.blocks_in_use.min(cfg.num_gpu_blocks);
-            let _ = writeln!(
-                out,
-                "# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics\n# TYPE nv_trt_llm_kv_cache_block_metrics gauge"
-            );
-            for (kind, v) in [
-                ("max", cfg.num_gpu_blocks.to_string()),
-                ("free", (cfg.num_gpu_blocks - used).to_string()),
-                ("used", used.to_string()),
-                ("tokens_per", cfg.block_size.to_string()),
-                ("fraction", format!("{kv}")),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "nv_trt_llm_kv_cache_block_metrics{{{m},kv_cache_block_type=\"{kind}\"}} {v}"
-                );
-            }
-        }
-    }
-    // Admin-set gauges, grouped by family so each family is declared once.
-    let mut families: std::collections::BTreeMap<&str, Vec<(&str, f64)>> = Default::default();
-    for (series, v) in &st.gauges {
+/// Admin-set gauges, grouped by family so each family is declared once.
+fn extra_gauges(p: &mut Page, gauges: &BTreeMap<String, f64>) {
+    let mut families: BTreeMap<&str, Vec<(&str, f64)>> = BTreeMap::new();
+    for (series, v) in gauges {
         let name = series.split('{').next().unwrap_or(series);
         families.entry(name).or_default().push((series, *v));
     }
     for (name, series) in families {
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(p.out, "# TYPE {name} gauge");
         for (s, v) in series {
-            let _ = writeln!(out, "{s} {v:?}");
+            let _ = writeln!(p.out, "{s} {v:?}");
         }
     }
-    out
+}
+
+/// Escapes a label value (backslash, quote, newline).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

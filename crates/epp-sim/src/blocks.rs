@@ -1,0 +1,223 @@
+//! The KV block pool with automatic prefix caching, the way vLLM's block
+//! manager behaves: one pool of `--num-gpu-blocks` blocks; full prompt blocks
+//! are identified by a chained hash and shared between requests; blocks no
+//! request references stay cached but are free, and are evicted least recently
+//! freed first when a new block is needed.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Hashes `text` in blocks of `block_chars` bytes, each hash chained to the
+/// previous one (and to `salt`) so a block only matches after the same prefix.
+/// A trailing partial block gets no hash: only full blocks are cached.
+#[must_use]
+pub fn block_hashes(text: &[u8], block_chars: usize, salt: u64) -> Vec<u64> {
+    let block_chars = block_chars.max(1);
+    let mut prev = splitmix(salt);
+    text.chunks_exact(block_chars)
+        .map(|block| {
+            // FNV-1a over the block, seeded with the parent's hash.
+            let mut h = prev ^ 0xcbf2_9ce4_8422_2325;
+            for &b in block {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            prev = splitmix(h);
+            prev
+        })
+        .collect()
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    refs: u32,
+    /// Position in the free list while `refs == 0`.
+    freed_at: u64,
+}
+
+/// The pool. Invariant: `cached.len() + private <= capacity`.
+#[derive(Debug)]
+pub struct BlockPool {
+    capacity: usize,
+    cached: HashMap<u64, Cached>,
+    /// Unreferenced cached blocks, oldest free first (eviction order).
+    free_list: BTreeMap<u64, u64>,
+    /// Blocks without a hash (partial prompt blocks, generated tokens).
+    private: usize,
+    clock: u64,
+}
+
+impl BlockPool {
+    /// An empty pool of `capacity` blocks.
+    #[must_use]
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            cached: HashMap::new(),
+            free_list: BTreeMap::new(),
+            private: 0,
+            clock: 0,
+        }
+    }
+
+    /// Total blocks.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Blocks referenced by at least one request.
+    #[must_use]
+    pub fn used(&self) -> usize {
+        self.cached.len() - self.free_list.len() + self.private
+    }
+
+    /// Blocks a request could still take (empty or evictable).
+    #[must_use]
+    pub fn free(&self) -> usize {
+        self.capacity - self.used()
+    }
+
+    /// Blocks holding a hash (referenced or cached for reuse).
+    #[must_use]
+    pub fn cached_blocks(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// How many leading blocks of `hashes` are cached.
+    #[must_use]
+    pub fn hits(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.cached.contains_key(h))
+            .count()
+    }
+
+    /// Free blocks that taking `hashes` plus `private` new blocks would use.
+    fn cost(&self, hashes: &[u64], private: usize) -> usize {
+        let shared_in_use = hashes
+            .iter()
+            .filter(|h| self.cached.get(h).is_some_and(|c| c.refs > 0))
+            .count();
+        hashes.len() - shared_in_use + private
+    }
+
+    /// References `hashes` (sharing cached ones, caching new ones) and takes
+    /// `private` unhashed blocks. All or nothing: returns false, changing
+    /// nothing, when the pool has too few free blocks.
+    pub fn take(&mut self, hashes: &[u64], private: usize) -> bool {
+        if self.cost(hashes, private) > self.free() {
+            return false;
+        }
+        for &h in hashes {
+            if let Some(c) = self.cached.get_mut(&h) {
+                if c.refs == 0 {
+                    self.free_list.remove(&c.freed_at);
+                }
+                c.refs += 1;
+            } else {
+                self.make_room();
+                self.cached.insert(
+                    h,
+                    Cached {
+                        refs: 1,
+                        freed_at: 0,
+                    },
+                );
+            }
+        }
+        for _ in 0..private {
+            self.make_room();
+            self.private += 1;
+        }
+        true
+    }
+
+    /// Evicts the least recently freed block if the pool is full.
+    fn make_room(&mut self) {
+        if self.cached.len() + self.private >= self.capacity
+            && let Some((_, h)) = self.free_list.pop_first()
+        {
+            self.cached.remove(&h);
+        }
+    }
+
+    /// Drops a request's references. Hashed blocks stay cached, freed in
+    /// reverse so a prompt's tail is evicted before its head (as vLLM does).
+    pub fn give_back(&mut self, hashes: &[u64], private: usize) {
+        for &h in hashes.iter().rev() {
+            if let Some(c) = self.cached.get_mut(&h) {
+                c.refs = c.refs.saturating_sub(1);
+                if c.refs == 0 {
+                    self.clock += 1;
+                    c.freed_at = self.clock;
+                    self.free_list.insert(self.clock, h);
+                }
+            }
+        }
+        self.private = self.private.saturating_sub(private);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_chain_and_skip_partial_blocks() {
+        let a = block_hashes(b"aaaabbbbcc", 4, 1);
+        let b = block_hashes(b"xxxxbbbb", 4, 1);
+        assert_eq!(a.len(), 2);
+        assert_ne!(a[1], b[1], "same block after a different prefix differs");
+        assert_eq!(a, block_hashes(b"aaaabbbbzz", 4, 1));
+        assert_ne!(a, block_hashes(b"aaaabbbb", 4, 2), "salt separates");
+    }
+
+    #[test]
+    fn shared_blocks_count_once_and_freed_blocks_stay_cached() {
+        let mut p = BlockPool::new(8);
+        let a = block_hashes(b"1111222233334444", 4, 0);
+        assert!(p.take(&a, 1));
+        assert!(p.take(&a[..2], 1), "a second request shares two blocks");
+        assert_eq!((p.used(), p.free()), (6, 2));
+        p.give_back(&a, 1);
+        p.give_back(&a[..2], 1);
+        assert_eq!((p.used(), p.free(), p.cached_blocks()), (0, 8, 4));
+        assert_eq!(p.hits(&a), 4);
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_freed_tail_first() {
+        let mut p = BlockPool::new(4);
+        let a = block_hashes(b"1111222233334444", 4, 0);
+        assert!(p.take(&a, 0));
+        p.give_back(&a, 0);
+        assert!(
+            p.take(&[], 2),
+            "two private blocks evict a's two tail blocks"
+        );
+        assert_eq!(p.hits(&a), 2, "a's head survives");
+        p.give_back(&[], 2);
+    }
+
+    #[test]
+    fn referenced_blocks_are_never_evicted_and_take_is_all_or_nothing() {
+        let mut p = BlockPool::new(4);
+        let a = block_hashes(b"11112222", 4, 0);
+        let b = block_hashes(b"333344445555", 4, 0);
+        assert!(p.take(&a, 0));
+        assert!(!p.take(&b, 0), "three blocks do not fit in two");
+        assert_eq!((p.used(), p.cached_blocks()), (2, 2), "nothing changed");
+        assert!(p.take(&b[..2], 0));
+        assert_eq!(p.free(), 0);
+        p.give_back(&a, 0);
+        assert!(p.take(&b[2..], 0));
+        assert_eq!(p.hits(&a), 1, "only a's tail was evicted");
+    }
+}

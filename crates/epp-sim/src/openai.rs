@@ -1,0 +1,348 @@
+//! The OpenAI-compatible generation endpoints: `/v1/completions` and
+//! `/v1/chat/completions`, plain JSON or SSE streaming.
+
+use std::{convert::Infallible, sync::Arc};
+
+use axum::{
+    Json,
+    body::{Body, Bytes},
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::{
+    engine::{Event, Generation, NewRequest, Outcome, Sim, count_tokens},
+    sched::Injected,
+};
+
+/// An OpenAI-style error reply.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "code": self.status.as_u16()}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn api_error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        kind,
+        message: message.into(),
+    }
+}
+
+pub(crate) fn error(
+    status: StatusCode,
+    kind: &'static str,
+    message: impl Into<String>,
+) -> Response {
+    api_error(status, kind, message).into_response()
+}
+
+/// What a request asks for.
+#[derive(Debug)]
+struct Ask {
+    model: String,
+    prompt: String,
+    prompt_tokens: u64,
+    max_tokens: u64,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn text_of_content(content: &Value, out: &mut String) {
+    match content {
+        Value::String(s) => out.push_str(s),
+        Value::Array(parts) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    out.push_str(t);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        api_error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            format!("invalid JSON body: {e}"),
+        )
+    })?;
+    let model = v
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            api_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                "missing `model`",
+            )
+        })?
+        .to_owned();
+    if !sim.cfg.serves(&model) {
+        return Err(api_error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            format!("The model `{model}` does not exist."),
+        ));
+    }
+    let mut prompt = String::new();
+    let mut token_ids = 0u64;
+    if chat {
+        let messages = v
+            .get("messages")
+            .and_then(Value::as_array)
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                api_error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequestError",
+                    "`messages` must be a non-empty list",
+                )
+            })?;
+        for m in messages {
+            prompt.push_str(m.get("role").and_then(Value::as_str).unwrap_or("user"));
+            prompt.push_str(": ");
+            if let Some(c) = m.get("content") {
+                text_of_content(c, &mut prompt);
+            }
+            prompt.push('\n');
+        }
+    } else {
+        match v.get("prompt") {
+            Some(Value::String(s)) => prompt.push_str(s),
+            Some(Value::Array(items)) => {
+                for item in items {
+                    match item {
+                        Value::String(s) => prompt.push_str(s),
+                        Value::Number(n) => {
+                            token_ids += 1;
+                            prompt.push_str(&n.to_string());
+                            prompt.push(' ');
+                        }
+                        Value::Array(ids) => {
+                            token_ids += ids.len() as u64;
+                            for id in ids {
+                                prompt.push_str(&id.to_string());
+                                prompt.push(' ');
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {
+                return Err(api_error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequestError",
+                    "missing `prompt`",
+                ));
+            }
+        }
+    }
+    let prompt_tokens = if token_ids > 0 {
+        token_ids
+    } else {
+        count_tokens(&prompt)
+    }
+    .max(1);
+    let max_tokens = v
+        .get("max_completion_tokens")
+        .or_else(|| v.get("max_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(sim.cfg.max_tokens_default)
+        .max(1);
+    let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = v
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(Ask {
+        model,
+        prompt,
+        prompt_tokens,
+        max_tokens,
+        stream,
+        include_usage,
+    })
+}
+
+fn usage(o: &Outcome) -> Value {
+    json!({
+        "prompt_tokens": o.prompt_tokens,
+        "completion_tokens": o.completion_tokens,
+        "total_tokens": o.prompt_tokens + o.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+    })
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    generate(sim, &body, false).await
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat_completions(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    generate(sim, &body, true).await
+}
+
+async fn generate(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
+    let mut ask = match parse(&sim, body, chat) {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    match sim.roll_failure() {
+        Some(Injected::Error) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "injected failure",
+            );
+        }
+        Some(Injected::Hang) => std::future::pending::<()>().await,
+        None => {}
+    }
+    let id = format!(
+        "{}-{:016x}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        sim.next_id()
+    );
+    let g = match sim.submit(NewRequest {
+        model: ask.model.clone(),
+        prompt: std::mem::take(&mut ask.prompt),
+        prompt_tokens: ask.prompt_tokens,
+        max_tokens: ask.max_tokens,
+    }) {
+        Ok(g) => g,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequestError", e.to_string()),
+    };
+    if ask.stream {
+        return stream(g, ask, id, chat);
+    }
+    let Some((text, outcome)) = g.collect().await else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "the engine stopped",
+        );
+    };
+    let choice = if chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": text},
+               "logprobs": null, "finish_reason": "length"})
+    } else {
+        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
+    };
+    Json(json!({
+        "id": id,
+        "object": if chat { "chat.completion" } else { "text_completion" },
+        "created": unix_secs(),
+        "model": ask.model,
+        "choices": [choice],
+        "usage": usage(&outcome),
+    }))
+    .into_response()
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// One SSE chunk of a streamed response.
+struct Chunker {
+    id: String,
+    model: String,
+    created: u64,
+    chat: bool,
+}
+
+impl Chunker {
+    fn object(&self) -> &'static str {
+        if self.chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        }
+    }
+
+    fn token(&self, text: &str, first: bool, finish: Option<&str>) -> Bytes {
+        let choice = if self.chat {
+            let delta = if first {
+                json!({"role": "assistant", "content": text})
+            } else if finish.is_some() {
+                json!({})
+            } else {
+                json!({"content": text})
+            };
+            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+        } else {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+        };
+        sse(
+            &json!({"id": self.id, "object": self.object(), "created": self.created,
+                    "model": self.model, "choices": [choice]}),
+        )
+    }
+
+    fn usage(&self, outcome: &Outcome) -> Bytes {
+        sse(
+            &json!({"id": self.id, "object": self.object(), "created": self.created,
+                    "model": self.model, "choices": [], "usage": usage(outcome)}),
+        )
+    }
+}
+
+fn stream(mut g: Generation, ask: Ask, id: String, chat: bool) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(16);
+    let chunker = Chunker {
+        id,
+        model: ask.model,
+        created: unix_secs(),
+        chat,
+    };
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Some(event) = g.next().await {
+            let bytes = match event {
+                Event::Token(t) => chunker.token(t, first, None),
+                Event::Done(outcome) => {
+                    let _ = tx.send(Ok(chunker.token("", false, Some("length")))).await;
+                    if ask.include_usage {
+                        let _ = tx.send(Ok(chunker.usage(&outcome))).await;
+                    }
+                    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+                    return;
+                }
+            };
+            first = false;
+            if tx.send(Ok(bytes)).await.is_err() {
+                return; // client gone: dropping `g` aborts the request
+            }
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(ReceiverStream::new(rx)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}

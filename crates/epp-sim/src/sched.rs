@@ -1,0 +1,601 @@
+//! The engine core: the state one scheduler loop owns, and the two halves of
+//! an engine step. [`Core::schedule`] picks what runs in the next step (the
+//! running requests first, then waiting ones in FIFO order while the batch,
+//! the token budget, the KV pool and the adapter slots allow) and says how
+//! long the step takes; [`Core::complete`] applies the step: computed tokens,
+//! sampled tokens sent to clients, finished requests retired. No clocks are
+//! read here: the caller passes `now`, so tests drive it step by step.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::Duration,
+};
+
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use tokio::{sync::mpsc::UnboundedSender, time::Instant};
+
+use crate::{
+    blocks::{BlockPool, block_hashes},
+    config::SimConfig,
+    engine::{CHARS_PER_TOKEN, Event, Outcome},
+    stats::{FinishReason, Stats},
+};
+
+/// Generated tokens: four characters each, so counting the output text with
+/// the 4-characters-per-token rule gives back the completion token count.
+const WORDS: [&str; 10] = [
+    "the ", "cat ", "sat ", "mat ", "and ", "dog ", "ran ", "far ", "sun ", "sky ",
+];
+
+/// One request inside the engine.
+#[derive(Debug)]
+struct Req {
+    tx: UnboundedSender<Event>,
+    lora: Option<String>,
+    /// Hashes of the prompt's full blocks.
+    hashes: Vec<u64>,
+    prompt_tokens: u64,
+    max_tokens: u64,
+    generated: u64,
+    /// Tokens whose KV is computed.
+    computed: u64,
+    /// Tokens scheduled in the step in flight.
+    scheduled: u64,
+    /// Leading `hashes` referenced in the pool.
+    held_hashed: usize,
+    /// Unhashed blocks held in the pool.
+    held_private: usize,
+    cached_tokens: Option<u64>,
+    arrival: Instant,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl Req {
+    fn num_tokens(&self) -> u64 {
+        self.prompt_tokens + self.generated
+    }
+
+    fn release(&mut self, pool: &mut BlockPool) {
+        pool.give_back(&self.hashes[..self.held_hashed], self.held_private);
+        self.held_hashed = 0;
+        self.held_private = 0;
+    }
+}
+
+/// Grows `req`'s blocks to cover `tokens` tokens. False (and no change) when
+/// the pool is short.
+fn grow(pool: &mut BlockPool, req: &mut Req, tokens: u64, block_size: u64) -> bool {
+    let total = tokens.div_ceil(block_size) as usize;
+    let hashed = req
+        .hashes
+        .len()
+        .min((tokens / block_size) as usize)
+        .max(req.held_hashed);
+    let private = total.saturating_sub(hashed);
+    // A partial block that filled up becomes a hashed one: return it first.
+    let shrink = req.held_private.saturating_sub(private);
+    pool.give_back(&[], shrink);
+    let grow_private = private.saturating_sub(req.held_private - shrink);
+    if pool.take(&req.hashes[req.held_hashed..hashed], grow_private) {
+        req.held_hashed = hashed;
+        req.held_private = req.held_private - shrink + grow_private;
+        true
+    } else {
+        let restored = pool.take(&[], shrink);
+        debug_assert!(restored, "blocks just returned are free");
+        false
+    }
+}
+
+/// A resident LoRA adapter.
+#[derive(Debug)]
+struct Adapter {
+    name: String,
+    last_used: u64,
+}
+
+/// Runtime settings the admin API changes.
+#[derive(Debug, Clone, Default)]
+pub struct Knobs {
+    /// Synthetic waiting requests: reported, and slowing every step.
+    pub extra_waiting: u32,
+    /// Fraction of requests answered with HTTP 500.
+    pub error_rate: f64,
+    /// Fraction of requests that never answer.
+    pub hang_rate: f64,
+    /// Every generation request hangs.
+    pub hang: bool,
+    /// Delay before every `/metrics` answer, milliseconds.
+    pub slow_metrics_ms: f64,
+    /// `/health` answers 503.
+    pub unhealthy: bool,
+    /// Extra gauges printed on `/metrics`: series text → value.
+    pub gauges: BTreeMap<String, f64>,
+}
+
+/// A failure the dice chose for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injected {
+    /// Answer 500.
+    Error,
+    /// Never answer.
+    Hang,
+}
+
+/// The engine state. One scheduler loop owns the steps; HTTP handlers add
+/// requests and read metrics under the same lock.
+#[derive(Debug)]
+pub struct Core {
+    cfg: SimConfig,
+    waiting: VecDeque<Req>,
+    running: Vec<Req>,
+    pool: BlockPool,
+    adapters: Vec<Adapter>,
+    clock: u64,
+    rng: SmallRng,
+    /// Counters and histograms.
+    pub stats: Stats,
+    /// Admin-set behaviour.
+    pub knobs: Knobs,
+    /// `vllm:lora_requests_info` series seen: labels and the unix time they
+    /// were last current, oldest first.
+    pub lora_history: Vec<(String, f64)>,
+}
+
+/// What [`Core::schedule`] planned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// How long the step takes.
+    pub duration: Duration,
+    /// Prompt tokens computed in the step.
+    pub prefill_tokens: u64,
+    /// Requests decoding one token in the step.
+    pub decodes: u64,
+}
+
+impl Core {
+    /// An idle engine for `cfg`.
+    #[must_use]
+    pub fn new(cfg: SimConfig) -> Self {
+        Self {
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pool: BlockPool::new(cfg.num_gpu_blocks),
+            adapters: Vec::new(),
+            clock: 0,
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            stats: Stats::new(cfg.model_len()),
+            knobs: Knobs {
+                error_rate: cfg.error_rate,
+                hang_rate: cfg.hang_rate,
+                hang: cfg.hang,
+                slow_metrics_ms: cfg.slow_metrics_ms,
+                ..Knobs::default()
+            },
+            lora_history: Vec::new(),
+            cfg,
+        }
+    }
+
+    /// Settings.
+    #[must_use]
+    pub fn cfg(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    /// Requests in the batch.
+    #[must_use]
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests waiting (without the admin's synthetic ones).
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The KV pool.
+    #[must_use]
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// KV usage in [0, 1]: referenced blocks / capacity.
+    #[must_use]
+    pub fn kv_usage(&self) -> f64 {
+        self.pool.used() as f64 / self.pool.capacity().max(1) as f64
+    }
+
+    /// Tokens whose KV the running requests hold.
+    #[must_use]
+    pub fn running_tokens(&self) -> u64 {
+        self.running.iter().map(|r| r.computed).sum()
+    }
+
+    /// Resident adapters, least recently used first.
+    #[must_use]
+    pub fn resident_adapters(&self) -> Vec<&str> {
+        let mut a: Vec<&Adapter> = self.adapters.iter().collect();
+        a.sort_by_key(|a| a.last_used);
+        a.into_iter().map(|a| a.name.as_str()).collect()
+    }
+
+    /// Adapters of running requests, sorted, deduplicated.
+    #[must_use]
+    pub fn running_adapters(&self) -> Vec<&str> {
+        adapters_of(self.running.iter())
+    }
+
+    /// Adapters of waiting requests, sorted, deduplicated.
+    #[must_use]
+    pub fn waiting_adapters(&self) -> Vec<&str> {
+        adapters_of(self.waiting.iter())
+    }
+
+    /// Rolls the failure-injection dice for one request.
+    pub fn roll_failure(&mut self) -> Option<Injected> {
+        if self.knobs.hang {
+            return Some(Injected::Hang);
+        }
+        let roll: f64 = self.rng.random();
+        if roll < self.knobs.error_rate {
+            Some(Injected::Error)
+        } else if roll < self.knobs.error_rate + self.knobs.hang_rate {
+            Some(Injected::Hang)
+        } else {
+            None
+        }
+    }
+
+    /// A request id, deterministic per seed.
+    pub fn next_id(&mut self) -> u64 {
+        self.rng.random()
+    }
+
+    /// Queues a request. `lora` names the adapter it needs, if any.
+    pub fn add(
+        &mut self,
+        now: Instant,
+        lora: Option<String>,
+        prompt: &str,
+        prompt_tokens: u64,
+        max_tokens: u64,
+        tx: UnboundedSender<Event>,
+    ) {
+        // Salt by adapter: the base model under any served name shares
+        // blocks, an adapter's KV differs from the base model's.
+        let salt = lora
+            .as_deref()
+            .unwrap_or("")
+            .bytes()
+            .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
+        let block_chars = self.cfg.block_size.max(1) * CHARS_PER_TOKEN;
+        let mut hashes = block_hashes(prompt.as_bytes(), block_chars, salt);
+        hashes.truncate((prompt_tokens / self.block_size()) as usize);
+        self.waiting.push_back(Req {
+            tx,
+            lora,
+            hashes,
+            prompt_tokens,
+            max_tokens: max_tokens.max(1),
+            generated: 0,
+            computed: 0,
+            scheduled: 0,
+            held_hashed: 0,
+            held_private: 0,
+            cached_tokens: None,
+            arrival: now,
+            admitted: None,
+            first_token: None,
+            last_token: None,
+        });
+        self.note_lora_change();
+    }
+
+    fn block_size(&self) -> u64 {
+        self.cfg.block_size.max(1) as u64
+    }
+
+    /// Drops requests whose client went away.
+    fn drop_abandoned(&mut self) {
+        self.waiting.retain(|r| !r.tx.is_closed());
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].tx.is_closed() {
+                let mut r = self.running.remove(i);
+                r.release(&mut self.pool);
+                self.stats.finish(FinishReason::Abort);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Plans the next step; `None` when there is nothing to run.
+    pub fn schedule(&mut self, now: Instant) -> Option<Step> {
+        self.drop_abandoned();
+        let bs = self.block_size();
+        let mut budget = self.cfg.max_num_batched_tokens.max(1);
+        let (mut prefill_tokens, mut decodes, mut loads) = (0u64, 0u64, 0u32);
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &self.running[i];
+            let n = (r.num_tokens() - r.computed).min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let target = r.computed + n;
+            let mut scheduled = false;
+            while i < self.running.len() {
+                if grow(&mut self.pool, &mut self.running[i], target, bs) {
+                    scheduled = true;
+                    break;
+                }
+                // Out of blocks: preempt the most recently admitted request
+                // (possibly this one); it recomputes from scratch later.
+                if let Some(mut victim) = self.running.pop() {
+                    victim.release(&mut self.pool);
+                    victim.computed = 0;
+                    victim.scheduled = 0;
+                    self.waiting.push_front(victim);
+                    self.stats.preemptions += 1;
+                    preempted = true;
+                }
+            }
+            if !scheduled {
+                break;
+            }
+            let r = &mut self.running[i];
+            r.scheduled = n;
+            budget -= n;
+            if n == 1 && r.generated > 0 {
+                decodes += 1;
+            } else {
+                prefill_tokens += n;
+            }
+            i += 1;
+        }
+        if !preempted {
+            let mut j = 0;
+            while budget > 0 && self.running.len() < self.cfg.max_num_seqs.max(1) {
+                let Some(r) = self.waiting.get(j) else { break };
+                let load = match r.lora.as_deref() {
+                    None => None,
+                    Some(name) => match self.adapter_slot(name) {
+                        Slot::Resident => None,
+                        Slot::Load(evict) => Some(evict),
+                        Slot::Busy => {
+                            // No adapter slot: skip it, later requests may go.
+                            j += 1;
+                            continue;
+                        }
+                    },
+                };
+                let Some(n) = self.try_admit(j, budget, bs) else {
+                    break;
+                };
+                let Some(mut r) = self.waiting.remove(j) else {
+                    break;
+                };
+                if let (Some(evict), Some(name)) = (load, r.lora.clone()) {
+                    if let Some(k) = evict {
+                        self.adapters.swap_remove(k);
+                    }
+                    self.adapters.push(Adapter { name, last_used: 0 });
+                    loads += 1;
+                }
+                r.admitted.get_or_insert(now);
+                r.scheduled = n;
+                budget -= n;
+                prefill_tokens += n;
+                self.running.push(r);
+            }
+        }
+        for r in &self.running {
+            if let Some(name) = r.lora.as_deref()
+                && let Some(a) = self.adapters.iter_mut().find(|a| a.name == name)
+            {
+                self.clock += 1;
+                a.last_used = self.clock;
+            }
+        }
+        self.stats.lora_loads += u64::from(loads);
+        self.note_lora_change();
+        if prefill_tokens == 0 && decodes == 0 {
+            return None;
+        }
+        Some(Step {
+            duration: self.step_time(prefill_tokens, decodes, loads),
+            prefill_tokens,
+            decodes,
+        })
+    }
+
+    /// Looks up the prefix cache for waiting request `j` and takes blocks for
+    /// its first chunk. Returns the chunk size, or `None` (nothing changed)
+    /// when the pool is short.
+    fn try_admit(&mut self, j: usize, budget: u64, bs: u64) -> Option<u64> {
+        let r = self.waiting.get_mut(j)?;
+        // vLLM always recomputes the last prompt token to get logits.
+        let max_hit = ((r.num_tokens() - 1) / bs) as usize;
+        let hits = self.pool.hits(&r.hashes).min(max_hit);
+        if !self.pool.take(&r.hashes[..hits], 0) {
+            return None;
+        }
+        r.held_hashed = hits;
+        r.computed = hits as u64 * bs;
+        let n = (r.num_tokens() - r.computed).min(budget);
+        if !grow(&mut self.pool, r, r.computed + n, bs) {
+            r.release(&mut self.pool);
+            r.computed = 0;
+            return None;
+        }
+        self.stats.prefix_queries += r.num_tokens();
+        self.stats.prefix_hits += r.computed;
+        r.cached_tokens.get_or_insert(r.computed);
+        Some(n)
+    }
+
+    fn adapter_slot(&self, name: &str) -> Slot {
+        if self.adapters.iter().any(|a| a.name == name) {
+            return Slot::Resident;
+        }
+        if self.adapters.len() < self.cfg.max_loras {
+            return Slot::Load(None);
+        }
+        let idle = self
+            .adapters
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                !self
+                    .running
+                    .iter()
+                    .any(|r| r.lora.as_ref() == Some(&a.name))
+            })
+            .min_by_key(|(_, a)| a.last_used);
+        match idle {
+            Some((k, _)) => Slot::Load(Some(k)),
+            None => Slot::Busy,
+        }
+    }
+
+    fn step_time(&self, prefill_tokens: u64, decodes: u64, loads: u32) -> Duration {
+        let cfg = &self.cfg;
+        let mut ms = 0.0;
+        if decodes > 0 {
+            let batch = self.running.len().max(1) as f64;
+            ms += cfg.itl_ms * (1.0 + cfg.batch_slowdown * (batch - 1.0));
+        }
+        if prefill_tokens > 0 {
+            ms += cfg.ttft_ms + prefill_tokens as f64 * cfg.prefill_us_per_token / 1000.0;
+        }
+        ms += f64::from(loads) * cfg.lora_load_ms;
+        ms *= 1.0 + f64::from(self.knobs.extra_waiting) / cfg.max_num_seqs.max(1) as f64;
+        if ms.is_finite() && ms > 0.0 {
+            Duration::from_secs_f64(ms / 1000.0)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Applies the step planned by the last [`Core::schedule`], at `now`.
+    pub fn complete(&mut self, now: Instant) {
+        let mut step_tokens = 0;
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &mut self.running[i];
+            let n = std::mem::take(&mut r.scheduled);
+            step_tokens += n;
+            r.computed += n;
+            if n == 0 || r.computed < r.num_tokens() {
+                i += 1;
+                continue;
+            }
+            // The last computed token yields a new one.
+            r.generated += 1;
+            self.stats.generation_tokens += 1;
+            match r.last_token {
+                None => {
+                    let ttft = now.duration_since(r.arrival).as_secs_f64();
+                    self.stats.ttft.observe(ttft);
+                    self.stats.prompt_tokens += r.prompt_tokens;
+                    if let Some(a) = r.admitted {
+                        self.stats
+                            .prefill
+                            .observe(now.duration_since(a).as_secs_f64());
+                        self.stats
+                            .queue
+                            .observe(a.duration_since(r.arrival).as_secs_f64());
+                    }
+                    r.first_token = Some(now);
+                }
+                Some(last) => self
+                    .stats
+                    .itl
+                    .observe(now.duration_since(last).as_secs_f64()),
+            }
+            r.last_token = Some(now);
+            let word = WORDS[self.rng.random_range(0..WORDS.len())];
+            let _ = r.tx.send(Event::Token(word));
+            if r.generated >= r.max_tokens {
+                let mut r = self.running.remove(i);
+                r.release(&mut self.pool);
+                self.retire(&r, now);
+            } else {
+                i += 1;
+            }
+        }
+        self.stats.steps += 1;
+        self.stats.iteration_tokens.observe(step_tokens as f64);
+        self.note_lora_change();
+    }
+
+    fn retire(&mut self, r: &Req, now: Instant) {
+        let s = &mut self.stats;
+        s.finish(FinishReason::Length);
+        s.e2e.observe(now.duration_since(r.arrival).as_secs_f64());
+        if let Some(first) = r.first_token {
+            s.decode.observe(now.duration_since(first).as_secs_f64());
+        }
+        if let Some(a) = r.admitted {
+            s.inference.observe(now.duration_since(a).as_secs_f64());
+        }
+        s.request_prompt_tokens.observe(r.prompt_tokens as f64);
+        s.request_generation_tokens.observe(r.generated as f64);
+        let _ = r.tx.send(Event::Done(Outcome {
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.generated,
+            cached_tokens: r.cached_tokens.unwrap_or(0),
+        }));
+    }
+
+    /// Records a new `vllm:lora_requests_info` label set when it changes.
+    fn note_lora_change(&mut self) {
+        if self.cfg.lora_modules.is_empty() {
+            return;
+        }
+        let labels = format!(
+            "max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"",
+            self.cfg.max_loras,
+            self.running_adapters().join(","),
+            self.waiting_adapters().join(",")
+        );
+        if self.lora_history.last().is_some_and(|(l, _)| *l == labels) {
+            return;
+        }
+        self.lora_history.retain(|(l, _)| *l != labels);
+        self.lora_history.push((labels, unix_now()));
+        if self.lora_history.len() > 8 {
+            self.lora_history.remove(0);
+        }
+    }
+}
+
+/// Where an adapter can run.
+enum Slot {
+    Resident,
+    /// Load it, evicting the idle adapter at this index if any.
+    Load(Option<usize>),
+    Busy,
+}
+
+fn adapters_of<'a>(reqs: impl Iterator<Item = &'a Req>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = reqs.filter_map(|r| r.lora.as_deref()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Seconds since the Unix epoch.
+#[must_use]
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
