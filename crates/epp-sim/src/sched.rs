@@ -165,7 +165,10 @@ impl Core {
             pool: BlockPool::new(cfg.num_gpu_blocks),
             adapters: Vec::new(),
             clock: 0,
-            rng: SmallRng::seed_from_u64(cfg.seed),
+            // Mix in the pod name so servers sharing a seed differ (ids too).
+            rng: SmallRng::seed_from_u64(cfg.pod_name.bytes().fold(cfg.seed, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            })),
             stats: Stats::new(cfg.model_len()),
             knobs: Knobs {
                 error_rate: cfg.error_rate,
@@ -301,7 +304,11 @@ impl Core {
 
     /// Drops requests whose client went away.
     fn drop_abandoned(&mut self) {
+        let before = self.waiting.len();
         self.waiting.retain(|r| !r.tx.is_closed());
+        for _ in self.waiting.len()..before {
+            self.stats.finish(FinishReason::Abort);
+        }
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].tx.is_closed() {

@@ -296,7 +296,11 @@ async fn a_client_that_leaves_frees_its_slot() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(load(&s), (0, 0));
     s.with_core(|c| {
-        assert_eq!(c.stats.finished(FinishReason::Abort), 1);
+        assert_eq!(
+            c.stats.finished(FinishReason::Abort),
+            2,
+            "running and queued"
+        );
         assert_eq!(c.pool().used(), 0);
     });
 }
