@@ -1,35 +1,62 @@
-//! A zero-copy Prometheus text (0.0.4) / OpenMetrics 1.0 sample parser and a
-//! series selector that extracts many series from one page in a single pass.
+//! A zero-copy parser for the Prometheus text exposition format 0.0.4 and
+//! OpenMetrics 1.0 text, and a series selector that extracts many series
+//! from one page in a single pass.
 //!
-//! Names and label values borrow from the input; a label value is unescaped
-//! (allocating) only when it contains an escape. Comment lines (`# HELP`,
-//! `# TYPE`, `# UNIT`, `# EOF`, plain comments) and blank lines are skipped by
-//! the sample iterator. Errors carry line and column and never panic.
+//! Three ways in, from cheapest to richest:
+//!
+//! - [`SelectorSet::scan`]: the data layer's hot path. Lines whose name no
+//!   selector wants are skipped after reading the name; the rest are parsed
+//!   and handed to a callback with the selector's index. No allocation per
+//!   line.
+//! - [`lines`] / [`samples`]: streaming iterators over every line; names,
+//!   label names and values borrow from the page (a value is unescaped, and
+//!   allocated, only if it contains a backslash).
+//! - [`families`]: families with HELP/TYPE/UNIT attached and histograms and
+//!   summaries assembled (allocates).
+//!
+//! Errors are small `Copy` values ([`ParseError`]: line, column, what was
+//! expected, an excerpt). [`Mode::Strict`] stops at the first malformed line,
+//! [`Mode::Lenient`] reports it and goes on. No input makes the parser panic
+//! (fuzzed; see `fuzz/`).
 //!
 //! ```
-//! use epp_promtext::{SelectorSet, Selector};
+//! use epp_promtext::{SelectorSet, samples};
 //!
-//! let page = "# TYPE vllm:num_requests_waiting gauge\n\
+//! let page = "# HELP vllm:num_requests_waiting Number of requests waiting.\n\
+//!             ## TYPE vllm:num_requests_waiting gauge\n\
 //!             vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3.0\n\
 //!             vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 4.0\n\
-//!             vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n";
-//! let set = SelectorSet::new(vec![
-//!     Selector::parse("vllm:num_requests_waiting").unwrap(),
-//!     Selector::parse("vllm:kv_cache_usage_perc{engine=\"0\"}").unwrap(),
-//! ]);
-//! let mut waiting = 0.0;
-//! let mut kv = None;
-//! let report = set.scan(page, |i, sample| match i {
-//!     0 => waiting += sample.value,
-//!     _ => kv = Some(sample.value),
+//!             vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
+//!             vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.75\n";
+//!
+//! // One pass, many selectors: sum waiting over engines, average KV usage.
+//! let set = SelectorSet::from_specs(&["vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"])?;
+//! let (mut waiting, mut kv, mut engines) = (0.0, 0.0, 0);
+//! let report = set.scan(page, |i, s| match i {
+//!     0 => waiting += s.value,
+//!     _ => (kv, engines) = (kv + s.value, engines + 1),
 //! });
-//! assert_eq!((waiting, kv, report.errors), (7.0, Some(0.25), 0));
+//! assert_eq!((waiting, kv / f64::from(engines)), (7.0, 0.5));
+//! assert_eq!(report.errors, 0);
+//!
+//! // Or every sample, borrowed from the page.
+//! let first = samples(page).next().unwrap()?;
+//! assert_eq!(first.label("engine").as_deref(), Some("0"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod parse;
+mod error;
+mod family;
+mod grammar;
+mod lines;
+mod sample;
 mod selector;
+mod value;
 
-pub use parse::{ErrorKind, Labels, ParseError, Sample, Samples, parse_sample, samples};
-pub use selector::{ScanReport, Selector, SelectorError, SelectorSet};
+pub use error::{ErrorKind, ParseError, SNIPPET_LEN, SelectorError};
+pub use family::{Family, Label, Metric, families, families_lenient};
+pub use lines::{Line, Lines, MetricType, Mode, Samples, lines, samples};
+pub use sample::{Exemplar, Labels, Sample, parse_sample};
+pub use selector::{ScanReport, Selector, SelectorSet};

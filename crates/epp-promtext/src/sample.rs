@@ -1,0 +1,245 @@
+//! Samples and their labels, borrowed from the page.
+
+use std::borrow::Cow;
+
+use crate::{
+    error::ParseError,
+    grammar::{close_quote, label_name_len, sample_line, skip_blanks},
+};
+
+/// One sample line, borrowing from the page.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample<'a> {
+    /// Metric name as written, e.g. `vllm:num_requests_waiting` or `x_bucket`.
+    pub name: &'a str,
+    /// The label set as written, without braces (already validated). Read it
+    /// with [`Sample::labels`] or [`Sample::label`].
+    pub labels_raw: &'a str,
+    /// The value (`NaN` and `±Inf` included).
+    pub value: f64,
+    /// Timestamp as written: milliseconds in text 0.0.4, seconds in OpenMetrics.
+    pub timestamp: Option<f64>,
+    /// An OpenMetrics exemplar, if the line has one.
+    pub exemplar: Option<Exemplar<'a>>,
+    /// 1-based line number.
+    pub line: u32,
+}
+
+/// An OpenMetrics exemplar: `# {trace_id="..."} value [timestamp]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Exemplar<'a> {
+    /// The exemplar's label set, without braces (validated).
+    pub labels_raw: &'a str,
+    /// The exemplar's value.
+    pub value: f64,
+    /// The exemplar's timestamp (seconds), if given.
+    pub timestamp: Option<f64>,
+}
+
+impl<'a> Sample<'a> {
+    /// The labels, in page order. Values are unescaped (allocated) only if
+    /// they contain a backslash.
+    #[must_use]
+    pub fn labels(&self) -> Labels<'a> {
+        Labels {
+            rest: self.labels_raw,
+        }
+    }
+
+    /// The value of label `name`, if present.
+    ///
+    /// ```
+    /// let s = epp_promtext::parse_sample(r#"m{a="x",b="q\"y"} 1"#, 1).unwrap();
+    /// assert_eq!(s.label("a").as_deref(), Some("x"));
+    /// assert_eq!(s.label("b").as_deref(), Some("q\"y"));
+    /// assert_eq!(s.label("c"), None);
+    /// ```
+    #[must_use]
+    pub fn label(&self, name: &str) -> Option<Cow<'a, str>> {
+        self.labels().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// Whether label `name` is present with exactly `value` (compared without
+    /// allocating, even if the page escapes it).
+    #[must_use]
+    pub fn has_label(&self, name: &str, value: &str) -> bool {
+        self.labels().raw().any(|(n, v, esc)| {
+            n == name
+                && if esc {
+                    unescape(v) == value
+                } else {
+                    v == value
+                }
+        })
+    }
+}
+
+impl<'a> Exemplar<'a> {
+    /// The exemplar's labels.
+    #[must_use]
+    pub fn labels(&self) -> Labels<'a> {
+        Labels {
+            rest: self.labels_raw,
+        }
+    }
+}
+
+/// Parses one sample line (without its newline; a trailing `\r` is
+/// tolerated). `line_no` is reported in the sample and in errors.
+///
+/// # Errors
+/// A [`ParseError`] pointing at the first offending byte.
+///
+/// ```
+/// let s = epp_promtext::parse_sample("up{job=\"a\"} 1 1700000000000", 4).unwrap();
+/// assert_eq!((s.name, s.value, s.timestamp, s.line), ("up", 1.0, Some(1.7e12), 4));
+/// let e = epp_promtext::parse_sample("up{job=a} 1", 5).unwrap_err();
+/// assert_eq!((e.line, e.col, e.snippet()), (5, 8, "up{job=a} 1"));
+/// ```
+pub fn parse_sample(line: &str, line_no: u32) -> Result<Sample<'_>, ParseError> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    match sample_line(line) {
+        Ok((_, p)) => Ok(Sample {
+            name: p.name,
+            labels_raw: p.labels,
+            value: p.value,
+            timestamp: p.timestamp,
+            exemplar: p.exemplar.map(|(labels_raw, value, timestamp)| Exemplar {
+                labels_raw,
+                value,
+                timestamp,
+            }),
+            line: line_no,
+        }),
+        Err(nom::Err::Error(f) | nom::Err::Failure(f)) => Err(ParseError::new(
+            line_no,
+            line,
+            line.len() - f.at.len(),
+            f.kind,
+        )),
+        Err(nom::Err::Incomplete(_)) => Err(ParseError::new(
+            line_no,
+            line,
+            line.len(),
+            crate::ErrorKind::ExpectedValue,
+        )),
+    }
+}
+
+/// Iterator over a validated label set: `(name, value)` pairs in page order.
+#[derive(Debug, Clone)]
+pub struct Labels<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Labels<'a> {
+    /// Pairs with the value as written (escapes intact) and whether it has
+    /// escapes.
+    fn raw(self) -> impl Iterator<Item = (&'a str, &'a str, bool)> {
+        let mut rest = self.rest;
+        std::iter::from_fn(move || {
+            let (item, tail) = next_label(rest)?;
+            rest = tail;
+            Some(item)
+        })
+    }
+}
+
+/// The first label of `s` (skipping separators) and the text after it.
+fn next_label(s: &str) -> Option<((&str, &str, bool), &str)> {
+    let b = s.as_bytes();
+    let mut k = 0;
+    while matches!(b.get(k), Some(b' ' | b'\t' | b',')) {
+        k += 1;
+    }
+    let n = label_name_len(b.get(k..)?);
+    if n == 0 {
+        return None;
+    }
+    let name = s.get(k..k + n)?;
+    k = skip_blanks(b, k + n);
+    k = skip_blanks(b, k + usize::from(b.get(k) == Some(&b'=')));
+    if b.get(k) != Some(&b'"') {
+        return None;
+    }
+    let (end, escaped) = close_quote(b.get(k + 1..)?)?;
+    let value = s.get(k + 1..k + 1 + end)?;
+    Some(((name, value, escaped), s.get(k + end + 2..)?))
+}
+
+impl<'a> Iterator for Labels<'a> {
+    type Item = (&'a str, Cow<'a, str>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let ((name, value, escaped), tail) = next_label(self.rest)?;
+        self.rest = tail;
+        Some((
+            name,
+            if escaped {
+                unescape(value)
+            } else {
+                Cow::Borrowed(value)
+            },
+        ))
+    }
+}
+
+/// Translates `\\`, `\"` and `\n`; any other escaped character is kept with
+/// its backslash (as Prometheus' own parser does). Borrows if nothing changes.
+pub(crate) fn unescape(v: &str) -> Cow<'_, str> {
+    let Some(first) = memchr::memchr(b'\\', v.as_bytes()) else {
+        return Cow::Borrowed(v);
+    };
+    let mut out = String::with_capacity(v.len());
+    out.push_str(&v[..first]);
+    let mut chars = v[first..].chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some(c @ ('\\' | '"')) => out.push(c),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_borrow_unless_escaped() {
+        let s = parse_sample(r#"a:b_c{x="1", y = "q\"u\\o\nte\d",} -Inf"#, 3).unwrap();
+        let labels: Vec<_> = s.labels().collect();
+        assert_eq!(labels[0], ("x", Cow::Borrowed("1")));
+        assert!(matches!(labels[0].1, Cow::Borrowed(_)));
+        assert_eq!(labels[1], ("y", Cow::Borrowed("q\"u\\o\nte\\d")));
+        assert!(matches!(labels[1].1, Cow::Owned(_)));
+        assert!(s.has_label("y", "q\"u\\o\nte\\d"));
+        assert!(s.has_label("x", "1") && !s.has_label("x", "2"));
+        assert_eq!(labels.len(), 2);
+    }
+
+    #[test]
+    fn exemplar_and_crlf() {
+        let s = parse_sample("x_bucket{le=\"0.5\"} 7 # {trace_id=\"t\"} 0.4 12.5\r", 1).unwrap();
+        let ex = s.exemplar.unwrap();
+        assert_eq!((ex.value, ex.timestamp), (0.4, Some(12.5)));
+        assert_eq!(ex.labels().next(), Some(("trace_id", Cow::Borrowed("t"))));
+    }
+
+    #[test]
+    fn errors_point_at_the_offending_byte() {
+        let e = parse_sample("m{a=\"1\" b=\"2\"} 1", 7).unwrap_err();
+        assert_eq!((e.line, e.col), (7, 9));
+        assert_eq!(e.snippet(), "m{a=\"1\" b=\"2\"} 1");
+    }
+}
