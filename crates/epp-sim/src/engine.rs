@@ -88,6 +88,8 @@ impl std::fmt::Display for Rejected {
     }
 }
 
+impl std::error::Error for Rejected {}
+
 /// A request in the engine. Dropping it aborts the request (the scheduler
 /// frees its slot and blocks at the next step).
 #[derive(Debug)]

@@ -5,10 +5,32 @@
 //! vLLM (or SGLang, TensorRT-LLM, Triton) prints. See docs/simulator.md.
 //!
 //! ```
-//! use epp_sim::{config::SimConfig, engine::count_tokens};
+//! use clap::Parser;
+//! use epp_sim::{config::SimConfig, engine::{NewRequest, Sim, count_tokens}};
+//!
 //! assert_eq!(count_tokens("Hello, world"), 3); // 12 characters / 4
-//! let cfg = SimConfig::defaults();
-//! assert_eq!(cfg.max_num_seqs, 16);
+//! // On tokio's paused clock the model's time passes instantly.
+//! let rt = tokio::runtime::Builder::new_current_thread()
+//!     .enable_time()
+//!     .start_paused(true)
+//!     .build()?;
+//! rt.block_on(async {
+//!     let sim = Sim::new(SimConfig::parse_from(["epp-sim", "--max-num-seqs", "8"]));
+//!     let prompt = "You are a helpful assistant. ".repeat(20); // 580 chars
+//!     let req = NewRequest {
+//!         model: sim.cfg.model.clone(),
+//!         prompt_tokens: count_tokens(&prompt), // 145
+//!         prompt,
+//!         max_tokens: 4,
+//!     };
+//!     let (text, cold) = sim.submit(req.clone())?.collect().await.expect("served");
+//!     let (_, warm) = sim.submit(req)?.collect().await.expect("served");
+//!     assert_eq!((text.len(), cold.completion_tokens), (16, 4));
+//!     // Nine full 16-token blocks are cached; the last token is recomputed.
+//!     assert_eq!((cold.cached_tokens, warm.cached_tokens), (0, 144));
+//!     Ok::<_, epp_sim::engine::Rejected>(())
+//! })?;
+//! # Ok::<_, Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
 
