@@ -89,7 +89,12 @@ pub fn render(core: &Core, created: f64) -> String {
         "The simulated server.",
         &format!(
             "engine=\"{}\",pod=\"{}\"",
-            escape(&format!("{:?}", cfg.engine).to_lowercase()),
+            match cfg.engine {
+                Engine::Vllm => "vllm",
+                Engine::Sglang => "sglang",
+                Engine::TrtllmServe => "trtllm-serve",
+                Engine::Triton => "triton",
+            },
             escape(&cfg.pod_name)
         ),
         1.0,
