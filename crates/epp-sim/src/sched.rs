@@ -111,6 +111,8 @@ pub struct Knobs {
     pub slow_metrics_ms: f64,
     /// `/health` answers 503.
     pub unhealthy: bool,
+    /// The engine runs no steps: requests pile up, metrics keep answering.
+    pub stall: bool,
     /// Extra gauges printed on `/metrics`: series text → value.
     pub gauges: BTreeMap<String, f64>,
 }
@@ -324,6 +326,9 @@ impl Core {
     /// Plans the next step; `None` when there is nothing to run.
     pub fn schedule(&mut self, now: Instant) -> Option<Step> {
         self.drop_abandoned();
+        if self.knobs.stall {
+            return None;
+        }
         let bs = self.block_size();
         let mut budget = self.cfg.max_num_batched_tokens.max(1);
         let (mut prefill_tokens, mut decodes, mut loads) = (0u64, 0u64, 0u32);

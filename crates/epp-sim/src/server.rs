@@ -185,8 +185,8 @@ async fn tokenize(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
 /// `POST /admin/state` (see docs/simulator.md): every field optional.
 /// `extra_waiting` adds synthetic waiting requests that also slow the server;
 /// `gauges` sets (a number) or removes (`null`) extra gauges; `error_rate`,
-/// `hang_rate`, `hang`, `slow_metrics_ms`, `unhealthy` change failure
-/// injection at run time.
+/// `hang_rate`, `hang`, `stall`, `slow_metrics_ms`, `unhealthy` change
+/// failure injection at run time.
 async fn admin_state(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     let v: Value = match serde_json::from_slice(&body) {
         Ok(Value::Object(v)) => Value::Object(v),
@@ -213,9 +213,15 @@ async fn admin_state(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
                     .ok_or("rates and delays must be non-negative numbers")?;
             }
         }
-        for (field, slot) in [("hang", &mut k.hang), ("unhealthy", &mut k.unhealthy)] {
+        for (field, slot) in [
+            ("hang", &mut k.hang),
+            ("unhealthy", &mut k.unhealthy),
+            ("stall", &mut k.stall),
+        ] {
             if let Some(x) = v.get(field) {
-                *slot = x.as_bool().ok_or("hang and unhealthy must be booleans")?;
+                *slot = x
+                    .as_bool()
+                    .ok_or("hang, unhealthy, stall must be booleans")?;
             }
         }
         if let Some(gauges) = v.get("gauges") {
@@ -256,7 +262,7 @@ async fn admin_view(State(sim): State<Arc<Sim>>) -> Json<Value> {
 fn knobs_json(k: &crate::sched::Knobs) -> Value {
     json!({"ok": true, "extra_waiting": k.extra_waiting, "error_rate": k.error_rate,
            "hang_rate": k.hang_rate, "hang": k.hang, "slow_metrics_ms": k.slow_metrics_ms,
-           "unhealthy": k.unhealthy, "gauges": k.gauges})
+           "unhealthy": k.unhealthy, "stall": k.stall, "gauges": k.gauges})
 }
 
 fn bad(msg: &str) -> Response {

@@ -368,3 +368,15 @@ async fn every_engine_page_parses_as_prometheus_text() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_engine_queues_requests_until_it_resumes() {
+    let s = sim(&[]);
+    s.with_core(|c| c.knobs.stall = true);
+    let t = spawn(&s, req(MODEL, "stuck", 2));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(load(&s), (0, 1));
+    s.with_core(|c| c.knobs.stall = false);
+    s.poke();
+    assert_eq!(t.await.unwrap().1.completion_tokens, 2);
+}
