@@ -218,6 +218,23 @@ impl CoreMetricsExtractor {
     /// An unparsable spec in `engineConfigs`.
     pub fn new(name: impl Into<String>, params: &CoreMetricsParams) -> Result<Self, BuildError> {
         let name = name.into();
+        let engines = Self::engines(&name, params)?;
+        Ok(Self { name, engines })
+    }
+
+    /// The extractor with the built-in engine table only.
+    #[must_use]
+    pub fn builtin(name: impl Into<String>) -> Self {
+        let name = name.into();
+        // The built-in specs always parse (a unit test holds us to it).
+        let engines = Self::engines(&name, &CoreMetricsParams::default()).unwrap_or_default();
+        Self { name, engines }
+    }
+
+    fn engines(
+        name: &str,
+        params: &CoreMetricsParams,
+    ) -> Result<HashMap<String, Engine>, BuildError> {
         let mut configs: HashMap<String, EngineConfig> =
             ["vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"]
                 .into_iter()
@@ -242,11 +259,10 @@ impl CoreMetricsExtractor {
                 }
             }
         }
-        let engines = configs
+        configs
             .iter()
-            .map(|(n, c)| Engine::build(c, &name).map(|e| (n.clone(), e)))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { name, engines })
+            .map(|(n, c)| Engine::build(c, name).map(|e| (n.clone(), e)))
+            .collect()
     }
 }
 

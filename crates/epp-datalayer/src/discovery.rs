@@ -2,11 +2,18 @@
 //! changes. (Kubernetes InferencePool discovery will be another source
 //! writing into the same [`EndpointStore`].)
 
-use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::IpAddr,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{EndpointSpec, EndpointStore, Error, Result};
+use crate::{EndpointSpec, EndpointStore, Error, Result, parse_endpoint_list};
 
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,27 +46,95 @@ pub fn parse_endpoints_file(text: &str, path: &str) -> Result<Vec<EndpointSpec>>
         .collect())
 }
 
+/// A way of learning the endpoint set (a static list, a watched file, later
+/// Kubernetes InferencePools). Each discovery owns one named part of the
+/// [`EndpointStore`] and keeps it in step until stopped.
+pub trait Discovery: Send + Sync + fmt::Debug {
+    /// The name of the store part this discovery writes.
+    fn source_name(&self) -> String;
+
+    /// Publishes the first endpoint set before returning (an error here is
+    /// fatal to the caller), then keeps it up to date on the current tokio
+    /// runtime until `stop` is cancelled.
+    ///
+    /// # Errors
+    /// When the first set cannot be obtained.
+    fn start(&self, store: Arc<EndpointStore>, stop: CancellationToken) -> Result<()>;
+}
+
+/// A fixed list of endpoints (`--endpoints ip:port,...`).
+#[derive(Debug, Clone)]
+pub struct StaticDiscovery {
+    name: String,
+    endpoints: Vec<EndpointSpec>,
+}
+
+impl StaticDiscovery {
+    /// The endpoints of a comma-separated `ip:port` list (or several items).
+    ///
+    /// # Errors
+    /// The first item that is not `ip:port`.
+    pub fn parse<S: AsRef<str>>(items: &[S]) -> Result<Self> {
+        let split: Vec<&str> = items.iter().flat_map(|s| s.as_ref().split(',')).collect();
+        Ok(Self::new(parse_endpoint_list(&split)?))
+    }
+
+    /// A fixed set.
+    #[must_use]
+    pub fn new(endpoints: Vec<EndpointSpec>) -> Self {
+        Self {
+            name: "static".into(),
+            endpoints,
+        }
+    }
+
+    /// Names the store part (default `static`).
+    #[must_use]
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+}
+
+impl Discovery for StaticDiscovery {
+    fn source_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn start(&self, store: Arc<EndpointStore>, _stop: CancellationToken) -> Result<()> {
+        store.replace_source(&self.name, self.endpoints.clone());
+        Ok(())
+    }
+}
+
 /// Watches a YAML endpoints file and keeps its part of the store in step.
+///
+/// The file's modification time and length are checked every poll interval
+/// (default 50 ms, a `stat` call); the content is re-read when they change
+/// and at least once a second, so an edit that keeps both is still seen.
 #[derive(Debug, Clone)]
 pub struct FileDiscovery {
     path: PathBuf,
     poll: Duration,
 }
 
+/// How often the content is re-read even when `stat` shows no change.
+const FULL_READ_EVERY: Duration = Duration::from_secs(1);
+
 impl FileDiscovery {
-    /// Watches `path`, checking every 250 ms.
+    /// Watches `path`, checking every 50 ms.
     #[must_use]
     pub fn new(path: PathBuf) -> Self {
         Self {
             path,
-            poll: Duration::from_millis(250),
+            poll: Duration::from_millis(50),
         }
     }
 
     /// Sets how often the file is checked.
     #[must_use]
     pub fn with_poll_interval(mut self, poll: Duration) -> Self {
-        self.poll = poll;
+        self.poll = poll.max(Duration::from_millis(1));
         self
     }
 
@@ -72,24 +147,38 @@ impl FileDiscovery {
         parse_endpoints_file(&text, &shown)
     }
 
+    fn stamp(&self) -> Option<(SystemTime, u64)> {
+        let meta = std::fs::metadata(&self.path).ok()?;
+        Some((meta.modified().ok()?, meta.len()))
+    }
+
     /// Loads the file now (an error here is fatal to the caller) and then
-    /// reloads it whenever its content changes, until `stop`. A later bad
-    /// edit is logged and the previous endpoints kept.
+    /// reloads it whenever it changes, until `stop`. A later bad edit is
+    /// logged once and the previous endpoints kept; a deleted file too.
     ///
     /// # Errors
     /// When the file cannot be read or parsed the first time.
     pub fn spawn(self, store: Arc<EndpointStore>, stop: CancellationToken) -> Result<()> {
-        let source = format!("file:{}", self.path.display());
+        let source = self.source_name();
+        let mut stamp = self.stamp();
         let first = self.load()?;
         store.replace_source(&source, first.clone());
         tokio::spawn(async move {
             let mut last: Result<Vec<EndpointSpec>> = Ok(first);
             let mut tick = tokio::time::interval(self.poll);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_read = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
                     _ = tick.tick() => {}
                 }
+                let now_stamp = self.stamp();
+                if now_stamp == stamp && last_read.elapsed() < FULL_READ_EVERY {
+                    continue;
+                }
+                stamp = now_stamp;
+                last_read = tokio::time::Instant::now();
                 let now = self.load();
                 match (&now, &last) {
                     (Ok(a), Ok(b)) if a == b => continue,
@@ -99,13 +188,23 @@ impl FileDiscovery {
                         store.replace_source(&source, specs.clone());
                     }
                     (Err(e), _) => {
-                        tracing::error!(error = %e, "endpoints file unreadable; keeping the previous endpoints")
+                        tracing::error!(error = %e, "endpoints file unreadable; keeping the previous endpoints");
                     }
                 }
                 last = now;
             }
         });
         Ok(())
+    }
+}
+
+impl Discovery for FileDiscovery {
+    fn source_name(&self) -> String {
+        format!("file:{}", self.path.display())
+    }
+
+    fn start(&self, store: Arc<EndpointStore>, stop: CancellationToken) -> Result<()> {
+        self.clone().spawn(store, stop)
     }
 }
 

@@ -13,26 +13,29 @@
 //! ```
 #![warn(missing_docs)]
 
+mod client;
 mod core_extractor;
 mod discovery;
 mod error;
 mod prometheus_metric;
 mod scrape;
 mod source;
+mod status;
 mod store;
 
 use std::sync::Arc;
 
-use epp_core::{PluginSpec, Registry};
+use epp_core::{PluginRef, PluginSpec, Registry, config::SourceWiring};
 
 pub use core_extractor::{
     CoreMetricsExtractor, CoreMetricsParams, DEFAULT_ENGINE, ENGINE_LABELS, EngineConfig,
 };
-pub use discovery::{FileDiscovery, parse_endpoints_file};
+pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_file};
 pub use error::{Error, Result};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
 pub use scrape::{DataLayer, DataLayerOptions};
 pub use source::{MetricsDataSource, MetricsDataSourceParams};
+pub use status::ScrapeStatus;
 pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
 
 /// Registers the data layer's plugin types: `metrics-data-source`,
@@ -57,4 +60,18 @@ pub fn register(registry: &mut Registry) {
             spec.params()?,
         )?))
     });
+}
+
+/// The wiring used when a config names no data layer: `metrics-data-source`
+/// (`http`, `/metrics`) feeding `core-metrics-extractor` with the built-in
+/// engine table.
+#[must_use]
+pub fn default_source_wiring() -> SourceWiring {
+    let source =
+        MetricsDataSource::from_valid(MetricsDataSource::TYPE, MetricsDataSourceParams::default());
+    let extractor = CoreMetricsExtractor::builtin(CoreMetricsExtractor::TYPE);
+    SourceWiring {
+        source: PluginRef::new(Arc::new(source)),
+        extractors: vec![PluginRef::new(Arc::new(extractor))],
+    }
 }

@@ -1,20 +1,21 @@
-//! Scraping: one task per endpoint and source, on the refresh interval with
-//! jitter, a per-scrape deadline and a page-size cap, so a hanging, slow or
+//! Scraping: one task per endpoint, on the refresh interval with a random
+//! phase, a per-scrape deadline and a page-size cap, so a hanging, slow or
 //! huge server costs bounded time and memory and never delays the others.
+//!
+//! Each task owns its connections (one per source) and is the only writer of
+//! its endpoint's metrics: a scrape clones the current values, lets each
+//! source's extractors update the copy, and swaps it in. `updated_at` moves
+//! only when every source of the endpoint succeeded, so staleness is never
+//! understated; a failed source keeps its previous values.
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
 use epp_core::{Endpoint, EndpointId, EndpointMetrics, EndpointSource, config::SourceWiring};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
-};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family},
@@ -24,7 +25,11 @@ use rand::Rng;
 use tokio::{task::JoinHandle, time::MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use crate::{EndpointStore, Error, Result};
+use crate::{
+    EndpointStore, Error, Result,
+    client::{self, Conn, FetchError, Target, Tls},
+    status::{ScrapeStatus, StatusCell, StatusTable},
+};
 
 /// Settings of the scrapers.
 #[derive(Debug, Clone)]
@@ -47,19 +52,28 @@ impl Default for DataLayerOptions {
     }
 }
 
+/// Outcomes counted in `epp_metrics_scrapes_total`.
+const OUTCOMES: [&str; 6] = [
+    "ok",
+    "connect_error",
+    "http_error",
+    "timeout",
+    "too_large",
+    "extract_error",
+];
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScrapeLabels {
     endpoint: String,
     outcome: &'static str,
 }
 
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
 #[derive(Debug)]
 struct Shared {
-    client: HttpClient,
     opts: DataLayerOptions,
+    tls: Tls,
     scrapes: Family<ScrapeLabels, Counter>,
+    status: StatusTable,
 }
 
 /// The running data layer. Dropping it does not stop the tasks: call
@@ -72,45 +86,51 @@ pub struct DataLayer {
 }
 
 impl DataLayer {
-    /// Starts scraping every endpoint of `store` (as it changes) for each
-    /// source in `sources`.
+    /// Starts scraping every endpoint of `store` (following its changes) for
+    /// each source in `sources`, until [`Self::stop`] or `stop` is cancelled.
+    /// Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// A source whose scheme this build cannot scrape.
+    /// A source that is not a metrics source, has an unsupported scheme or
+    /// path, or asks for verified HTTPS when no CA roots can be found.
     pub fn start(
         store: Arc<EndpointStore>,
         sources: &[SourceWiring],
         opts: DataLayerOptions,
         stop: CancellationToken,
     ) -> Result<Self> {
+        let tls = Tls::new();
+        let probe = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         let mut wired = Vec::new();
         for s in sources {
-            let Some(src) = s.source.plugin().as_metrics_source() else {
-                return Err(Error::Source {
-                    source_name: s.source.plugin().name().to_owned(),
-                    reason: "not a metrics source".into(),
-                });
+            let name = s.source.plugin().name().to_owned();
+            let bad = |reason: String| Error::Source {
+                source_name: name.clone(),
+                reason,
             };
-            if src.scheme() != "http" {
-                return Err(Error::Source {
-                    source_name: s.source.plugin().name().to_owned(),
-                    reason: format!("scheme {:?} is not supported", src.scheme()),
-                });
-            }
+            let Some(src) = s.source.plugin().as_metrics_source() else {
+                return Err(bad("not a metrics source".into()));
+            };
+            let https = match src.scheme() {
+                "http" => false,
+                "https" => true,
+                other => return Err(bad(format!("scheme {other:?} is not http or https"))),
+            };
+            Target::new(probe, https, src.insecure_skip_verify(), src.path(), &tls).map_err(bad)?;
             wired.push(Arc::new(s.clone()));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(opts.scrape_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(1)
-            .build(connector);
         let shared = Arc::new(Shared {
-            client,
             opts,
+            tls,
             scrapes: Family::default(),
+            status: StatusTable::default(),
         });
+        if !wired.is_empty() {
+            // Listed in `status()` from the start, not once the tasks first run.
+            for e in store.snapshot().endpoints() {
+                shared.status.cell(e.id(), e.addr());
+            }
+        }
         let supervisor = tokio::spawn(supervise(store, wired, Arc::clone(&shared), stop.clone()));
         Ok(Self {
             stop,
@@ -119,84 +139,100 @@ impl DataLayer {
         })
     }
 
-    /// Registers the scrape counters (`epp_metrics_scrapes_total{endpoint,outcome}`).
+    /// Registers the scrape counters
+    /// (`epp_metrics_scrapes_total{endpoint,outcome}`).
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "epp_metrics_scrapes",
-            "Scrapes of model-server metrics by endpoint and outcome (ok, http_error, timeout, too_large, extract_error)",
+            "Scrapes of model-server metrics by endpoint and outcome (ok, connect_error, http_error, timeout, too_large, extract_error)",
             self.shared.scrapes.clone(),
         );
     }
 
-    /// Stops every scraper and waits for them.
+    /// Scrape counters and the current error of every endpoint.
+    #[must_use]
+    pub fn status(&self) -> Vec<ScrapeStatus> {
+        self.shared.status.snapshot()
+    }
+
+    /// Stops every scraper and waits until they have ended.
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.supervisor.await;
     }
 }
 
-/// Keeps one scraper per (endpoint, source) while the endpoint exists.
+/// Keeps one scraper per endpoint while the endpoint exists.
 async fn supervise(
     store: Arc<EndpointStore>,
     sources: Vec<Arc<SourceWiring>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
-    let mut running: HashMap<EndpointId, (Arc<Endpoint>, Vec<JoinHandle<()>>)> = HashMap::new();
-    // Check for membership changes at the refresh rate (cheap: pointer compares).
-    let mut tick =
-        tokio::time::interval(shared.opts.refresh_interval.min(Duration::from_millis(100)));
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut changes = store.subscribe();
+    let mut running: HashMap<EndpointId, (Arc<Endpoint>, JoinHandle<()>)> = HashMap::new();
     loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            _ = tick.tick() => {}
-        }
+        changes.borrow_and_update();
         let snapshot = store.snapshot();
-        running.retain(|id, (endpoint, tasks)| {
-            let keep = snapshot.get(*id).is_some_and(|e| Arc::ptr_eq(e, endpoint));
+        running.retain(|id, (endpoint, task)| {
+            let current = snapshot.get(*id);
+            let keep = current.is_some_and(|e| Arc::ptr_eq(e, endpoint));
             if !keep {
-                tasks.iter().for_each(JoinHandle::abort);
+                task.abort();
+                if current.is_none() {
+                    // Gone (not relabelled): forget its counters.
+                    shared.status.remove(*id);
+                    for outcome in OUTCOMES {
+                        shared.scrapes.remove(&ScrapeLabels {
+                            endpoint: endpoint.addr_str().to_owned(),
+                            outcome,
+                        });
+                    }
+                }
             }
             keep
         });
-        for e in snapshot.endpoints() {
-            running.entry(e.id()).or_insert_with(|| {
-                let tasks = sources
-                    .iter()
-                    .map(|s| {
-                        tokio::spawn(scrape_loop(
-                            Arc::clone(e),
-                            Arc::clone(s),
-                            Arc::clone(&shared),
-                            stop.clone(),
-                        ))
-                    })
-                    .collect();
-                (Arc::clone(e), tasks)
-            });
+        if !sources.is_empty() {
+            for e in snapshot.endpoints() {
+                running.entry(e.id()).or_insert_with(|| {
+                    let status = shared.status.cell(e.id(), e.addr());
+                    let task = tokio::spawn(scrape_loop(
+                        Arc::clone(e),
+                        status,
+                        sources.clone(),
+                        Arc::clone(&shared),
+                        stop.clone(),
+                    ));
+                    (Arc::clone(e), task)
+                });
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            changed = changes.changed() => if changed.is_err() { break },
         }
     }
-    for (_, (_, tasks)) in running {
-        tasks.iter().for_each(JoinHandle::abort);
+    for (_, (_, task)) in running {
+        task.abort();
+        let _ = task.await;
     }
 }
 
-/// Why one scrape failed.
+/// Why one scrape of one source failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Failure {
-    Http(String),
+    Fetch(FetchError),
     Timeout,
-    TooLarge,
     Extract(String),
 }
 
 impl Failure {
     fn outcome(&self) -> &'static str {
         match self {
-            Self::Http(_) => "http_error",
+            Self::Fetch(FetchError::Connect(_)) => "connect_error",
+            Self::Fetch(FetchError::Http(_)) => "http_error",
+            Self::Fetch(FetchError::TooLarge) => "too_large",
             Self::Timeout => "timeout",
-            Self::TooLarge => "too_large",
             Self::Extract(_) => "extract_error",
         }
     }
@@ -205,133 +241,201 @@ impl Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Http(e) => write!(f, "{e}"),
+            Self::Fetch(e) => write!(f, "{e}"),
             Self::Timeout => f.write_str("timed out"),
-            Self::TooLarge => f.write_str("page too large"),
-            Self::Extract(e) => write!(f, "{e}"),
+            Self::Extract(e) => f.write_str(e),
         }
+    }
+}
+
+/// One source of one endpoint: its connection, buffer and last outcome.
+struct SourceRun {
+    wiring: Arc<SourceWiring>,
+    target: Result<Target, String>,
+    url: String,
+    conn: Option<Conn>,
+    page: Vec<u8>,
+    /// The last outcome kind, to log changes only (`Some("ok")` after a success).
+    last: Option<&'static str>,
+}
+
+impl SourceRun {
+    fn new(endpoint: &Endpoint, wiring: Arc<SourceWiring>, tls: &Tls) -> Self {
+        let (scheme, path, skip) = wiring
+            .source
+            .plugin()
+            .as_metrics_source()
+            .map_or(("http", "/metrics", false), |s| {
+                (s.scheme(), s.path(), s.insecure_skip_verify())
+            });
+        let url = format!("{scheme}://{}{path}", endpoint.addr_str());
+        let target = Target::new(endpoint.addr(), scheme == "https", skip, path, tls);
+        Self {
+            wiring,
+            target,
+            url,
+            conn: None,
+            page: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// Fetches the page; returns when it arrived.
+    async fn fetch(&mut self, opts: &DataLayerOptions) -> Result<Instant, Failure> {
+        let target = match &self.target {
+            Ok(t) => t,
+            Err(e) => return Err(Failure::Fetch(FetchError::Connect(e.clone()))),
+        };
+        let fetched = tokio::time::timeout(
+            opts.scrape_timeout,
+            client::fetch(target, &mut self.conn, opts.max_page_bytes, &mut self.page),
+        )
+        .await;
+        match fetched {
+            Ok(Ok(())) => Ok(Instant::now()),
+            Ok(Err(e)) => Err(Failure::Fetch(e)),
+            Err(_) => {
+                // Abandon the connection mid-response; the next scrape reconnects.
+                self.conn = None;
+                Err(Failure::Timeout)
+            }
+        }
+    }
+
+    /// Runs the source's extractors over the fetched page into `metrics`.
+    fn extract(&self, endpoint: &Endpoint, metrics: &mut EndpointMetrics) -> Result<(), Failure> {
+        let text = match std::str::from_utf8(&self.page) {
+            Ok(t) => Cow::Borrowed(t),
+            Err(_) => String::from_utf8_lossy(&self.page),
+        };
+        for x in &self.wiring.extractors {
+            if let Some(extractor) = x.plugin().as_extractor() {
+                extractor
+                    .extract(endpoint, &text, metrics)
+                    .map_err(|e| Failure::Extract(format!("{}: {e}", x.plugin().name())))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs a change of outcome (not every failed scrape).
+    fn log_change(&mut self, endpoint: &Endpoint, outcome: &Result<Instant, Failure>) {
+        let kind = match outcome {
+            Ok(_) => "ok",
+            Err(f) => f.outcome(),
+        };
+        if self.last == Some(kind) {
+            return;
+        }
+        let source = self.wiring.source.plugin().name();
+        match outcome {
+            Ok(_) => {
+                tracing::info!(endpoint = endpoint.addr_str(), source, url = %self.url, "metrics scrape ok");
+            }
+            Err(f) => {
+                tracing::warn!(endpoint = endpoint.addr_str(), source, url = %self.url, error = %f,
+                    "metrics scrape failing; keeping the last values, which age");
+            }
+        }
+        self.last = Some(kind);
     }
 }
 
 async fn scrape_loop(
     endpoint: Arc<Endpoint>,
-    source: Arc<SourceWiring>,
+    status: Arc<StatusCell>,
+    sources: Vec<Arc<SourceWiring>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
-    let Some(src) = source.source.plugin().as_metrics_source() else {
-        return;
-    };
-    let url = format!("http://{}{}", endpoint.addr_str(), src.path());
-    let Ok(uri) = url.parse::<http::Uri>() else {
-        tracing::error!(%url, "cannot scrape: invalid URL");
-        return;
-    };
+    let mut runs: Vec<SourceRun> = sources
+        .into_iter()
+        .map(|w| SourceRun::new(&endpoint, w, &shared.tls))
+        .collect();
+    // Look the counters up once, not per scrape.
+    let counters = OUTCOMES.map(|outcome| {
+        shared
+            .scrapes
+            .get_or_create(&ScrapeLabels {
+                endpoint: endpoint.addr_str().to_owned(),
+                outcome,
+            })
+            .clone()
+    });
     let interval = shared.opts.refresh_interval.max(Duration::from_millis(1));
-    // Spread servers over the interval so they are not hit in lockstep.
-    let jitter = interval.mul_f64(rand::rng().random::<f64>());
+    // A random phase so servers are not all hit in the same instant.
+    let phase = interval.mul_f64(rand::rng().random::<f64>());
     tokio::select! {
         () = stop.cancelled() => return,
-        () = tokio::time::sleep(jitter) => {}
+        () = tokio::time::sleep(phase) => {}
     }
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last: Option<Result<(), Failure>> = None;
+    let mut outcomes: Vec<Result<Instant, Failure>> = Vec::with_capacity(runs.len());
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let outcome = scrape_once(&shared, &uri, &endpoint, &source).await;
-        let label = match &outcome {
-            Ok(()) => "ok",
-            Err(f) => f.outcome(),
-        };
-        shared
-            .scrapes
-            .get_or_create(&ScrapeLabels {
-                endpoint: endpoint.addr_str().to_owned(),
-                outcome: label,
-            })
-            .inc();
-        // Log state changes only, not every failed scrape.
-        let changed = match (&last, &outcome) {
-            (Some(Ok(())), Ok(())) => false,
-            (Some(Err(a)), Err(b)) => a.outcome() != b.outcome(),
-            _ => true,
-        };
-        if changed {
-            match &outcome {
-                Ok(()) => tracing::info!(endpoint = endpoint.addr_str(), %url, "metrics scrape ok"),
-                Err(f) => {
-                    tracing::warn!(endpoint = endpoint.addr_str(), %url, error = %f, "metrics scrape failing; keeping the last values, which age")
-                }
-            }
+        outcomes.clear();
+        if let [run] = runs.as_mut_slice() {
+            outcomes.push(run.fetch(&shared.opts).await);
+        } else {
+            let opts = &shared.opts;
+            outcomes
+                .extend(futures::future::join_all(runs.iter_mut().map(|r| r.fetch(opts))).await);
         }
-        last = Some(outcome);
+        apply(&endpoint, &mut runs, &mut outcomes, &counters, &status);
     }
 }
 
-async fn scrape_once(
-    shared: &Shared,
-    uri: &http::Uri,
+/// Extracts what was fetched, publishes it, and counts and logs outcomes.
+fn apply(
     endpoint: &Endpoint,
-    source: &SourceWiring,
-) -> Result<(), Failure> {
-    let page = tokio::time::timeout(shared.opts.scrape_timeout, fetch(shared, uri))
-        .await
-        .map_err(|_| Failure::Timeout)??;
-    let text = match std::str::from_utf8(&page) {
-        Ok(t) => std::borrow::Cow::Borrowed(t),
-        Err(_) => String::from_utf8_lossy(&page),
-    };
-    let now = Instant::now();
-    let mut metrics: EndpointMetrics = (*endpoint.metrics()).clone();
-    for x in &source.extractors {
-        if let Some(extractor) = x.plugin().as_extractor() {
-            extractor
-                .extract(endpoint, &text, &mut metrics)
-                .map_err(|e| Failure::Extract(format!("{}: {e}", x.plugin().name())))?;
-        }
-    }
-    metrics.updated_at = Some(now);
-    endpoint.set_metrics(metrics);
-    Ok(())
-}
-
-async fn fetch(shared: &Shared, uri: &http::Uri) -> Result<Vec<u8>, Failure> {
-    let req = http::Request::get(uri.clone())
-        .header(http::header::ACCEPT, "text/plain;version=0.0.4")
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| Failure::Http(e.to_string()))?;
-    let resp = shared
-        .client
-        .request(req)
-        .await
-        .map_err(|e| Failure::Http(format!("request failed: {e}")))?;
-    let status = resp.status();
-    if !status.is_success() {
-        return Err(Failure::Http(format!("HTTP {status}")));
-    }
-    let max = shared.opts.max_page_bytes;
-    if let Some(len) = resp
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        && len > max
-    {
-        return Err(Failure::TooLarge);
-    }
-    let mut body = resp.into_body();
-    let mut page = Vec::with_capacity(64 * 1024);
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Failure::Http(format!("reading body: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            if page.len() + data.len() > max {
-                return Err(Failure::TooLarge);
+    runs: &mut [SourceRun],
+    outcomes: &mut [Result<Instant, Failure>],
+    counters: &[Counter; OUTCOMES.len()],
+    status: &StatusCell,
+) {
+    let current = endpoint.metrics();
+    let mut next: Option<EndpointMetrics> = None;
+    let mut oldest_page: Option<Instant> = None;
+    let mut first_failure: Option<usize> = None;
+    for (i, (run, outcome)) in runs.iter_mut().zip(outcomes.iter_mut()).enumerate() {
+        if let Ok(at) = *outcome {
+            // A failed extraction must not leave half-written values: work on a copy.
+            let mut copy = next.as_ref().unwrap_or(&current).clone();
+            match run.extract(endpoint, &mut copy) {
+                Ok(()) => {
+                    next = Some(copy);
+                    oldest_page = Some(oldest_page.map_or(at, |o| o.min(at)));
+                }
+                Err(f) => *outcome = Err(f),
             }
-            page.extend_from_slice(&data);
         }
+        let label = match outcome {
+            Ok(_) => "ok",
+            Err(f) => {
+                first_failure.get_or_insert(i);
+                f.outcome()
+            }
+        };
+        if let Some(i) = OUTCOMES.iter().position(|o| *o == label) {
+            counters[i].inc();
+        }
+        run.log_change(endpoint, outcome);
     }
-    Ok(page)
+    match first_failure {
+        None => status.record_ok(),
+        Some(i) => status.record_failure(|| match &outcomes[i] {
+            Err(f) => format!("{}: {f}", runs[i].url),
+            Ok(_) => String::new(),
+        }),
+    }
+    if let Some(mut m) = next {
+        if first_failure.is_none() {
+            m.updated_at = oldest_page;
+        }
+        endpoint.set_metrics(m);
+    }
 }

@@ -48,7 +48,7 @@ impl MetricsDataSource {
     /// A source named `name`.
     ///
     /// # Errors
-    /// A scheme other than `http`, or a path not starting with `/`.
+    /// A scheme other than `http` or `https`, or a path not starting with `/`.
     pub fn new(
         name: impl Into<String>,
         params: MetricsDataSourceParams,
@@ -61,20 +61,23 @@ impl MetricsDataSource {
             reason: reason.into(),
         };
         match params.scheme.as_str() {
-            "http" => {}
-            "https" => {
-                return Err(bad(
-                    "scheme",
-                    "https",
-                    "HTTPS scraping is not supported yet; use http",
-                ));
-            }
-            other => return Err(bad("scheme", other, "must be http")),
+            "http" | "https" => {}
+            other => return Err(bad("scheme", other, "must be http or https")),
         }
         if !params.path.starts_with('/') {
             return Err(bad("path", &params.path, "must start with /"));
         }
         Ok(Self { name, params })
+    }
+}
+
+impl MetricsDataSource {
+    /// A source from parameters known to be valid (the defaults).
+    pub(crate) fn from_valid(name: &str, params: MetricsDataSourceParams) -> Self {
+        Self {
+            name: name.to_owned(),
+            params,
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::{
 use arc_swap::ArcSwap;
 use epp_core::{Endpoint, EndpointId, EndpointSnapshot, EndpointSource};
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
 use crate::Error;
 
@@ -61,10 +62,22 @@ struct Writer {
 
 /// The set of endpoints. Discovery sources replace their own part; readers
 /// get an immutable snapshot without locking.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EndpointStore {
     current: ArcSwap<EndpointSnapshot>,
     writer: Mutex<Writer>,
+    /// Bumped after every change, so the scrapers follow without polling.
+    generation: watch::Sender<u64>,
+}
+
+impl Default for EndpointStore {
+    fn default() -> Self {
+        Self {
+            current: ArcSwap::default(),
+            writer: Mutex::default(),
+            generation: watch::Sender::new(0),
+        }
+    }
 }
 
 impl EndpointStore {
@@ -72,6 +85,35 @@ impl EndpointStore {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A receiver that sees a new value after every change of the set.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Adds (or relabels) one endpoint of `source`.
+    pub fn upsert(&self, source: &str, endpoint: EndpointSpec) {
+        let mut w = self.writer.lock();
+        let list = w.sources.entry(source.to_owned()).or_default();
+        match list.iter_mut().find(|s| s.addr == endpoint.addr) {
+            Some(s) => *s = endpoint,
+            None => list.push(endpoint),
+        }
+        self.publish(&mut w);
+    }
+
+    /// Removes one endpoint of `source` (it stays if another source has it).
+    pub fn remove(&self, source: &str, addr: SocketAddr) {
+        let mut w = self.writer.lock();
+        if let Some(list) = w.sources.get_mut(source) {
+            list.retain(|s| s.addr != addr);
+            if list.is_empty() {
+                w.sources.remove(source);
+            }
+        }
+        self.publish(&mut w);
     }
 
     /// Replaces the endpoints contributed by `source` (other sources' stay).
@@ -84,6 +126,11 @@ impl EndpointStore {
         } else {
             w.sources.insert(source.to_owned(), endpoints);
         }
+        self.publish(&mut w);
+    }
+
+    /// Rebuilds the snapshot from every source's endpoints (writer lock held).
+    fn publish(&self, w: &mut Writer) {
         let old = self.current.load_full();
         let mut merged: BTreeMap<SocketAddr, BTreeMap<String, String>> = BTreeMap::new();
         for spec in w.sources.values().flatten() {
@@ -116,6 +163,7 @@ impl EndpointStore {
             }
         }
         self.current.store(Arc::new(EndpointSnapshot::new(next)));
+        self.generation.send_modify(|g| *g += 1);
     }
 }
 

@@ -2,6 +2,8 @@
 //! garbage, a 50 MB page and a slow drip each cost bounded time and memory,
 //! never stall the healthy endpoint, and leave failing endpoints to go stale.
 
+#![expect(clippy::unwrap_used, reason = "test helpers panic on failure")]
+
 use std::{
     net::SocketAddr,
     sync::Arc,

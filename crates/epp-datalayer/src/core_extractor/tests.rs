@@ -139,3 +139,12 @@ fn engine_configs_override_specs_and_add_engines() {
             .contains("kvUsageSpec")
     );
 }
+
+#[test]
+fn builtin_table_parses() {
+    let x = CoreMetricsExtractor::builtin("core");
+    assert_eq!(x.engines.len(), 4);
+    for engine in ["vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"] {
+        assert!(x.engines.contains_key(engine), "{engine}");
+    }
+}
