@@ -11,3 +11,5 @@ mod discovery;
 mod fixtures;
 #[path = "datalayer/scrape.rs"]
 mod scrape;
+#[path = "datalayer/sim.rs"]
+mod sim;

@@ -1,0 +1,124 @@
+//! Against simulator processes: every engine's real page flows through the
+//! scraper into the endpoint's metrics, and admin changes are followed.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use epp_core::{EndpointSource, PluginRef, config::SourceWiring};
+use epp_datalayer::{
+    DataLayer, DataLayerOptions, EndpointSpec, EndpointStore, MetricsDataSource,
+    PrometheusMetricExtractor, default_source_wiring,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{SimProc, eventually};
+
+fn opts() -> DataLayerOptions {
+    DataLayerOptions {
+        refresh_interval: Duration::from_millis(20),
+        ..DataLayerOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_engine_simulated_is_read() {
+    let cases = [
+        ("vllm", "vllm"),
+        ("sglang", "sglang"),
+        ("trtllm-serve", "trtllm-serve"),
+        ("triton", "triton-tensorrt-llm"),
+    ];
+    let sims: Vec<SimProc> = cases
+        .iter()
+        .map(|(flag, _)| {
+            SimProc::start(&[
+                "--engine",
+                flag,
+                "--block-size",
+                "32",
+                "--num-gpu-blocks",
+                "1000",
+            ])
+        })
+        .collect();
+    let store = Arc::new(EndpointStore::new());
+    store.replace_source(
+        "sims",
+        sims.iter()
+            .zip(cases)
+            .map(|(s, (_, engine))| EndpointSpec {
+                addr: s.addr,
+                labels: BTreeMap::from([("llm-d.ai/engine-type".to_owned(), engine.to_owned())]),
+            })
+            .collect(),
+    );
+    let dl = DataLayer::start(
+        Arc::clone(&store),
+        &[default_source_wiring()],
+        opts(),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    eventually("every engine scraped", || async {
+        dl.status().iter().all(|s| s.ok > 0)
+    })
+    .await;
+    for (sim, (flag, _)) in sims.iter().zip(cases) {
+        sim.admin("{\"extra_waiting\": 6}").await;
+        let e = Arc::clone(store.snapshot().by_addr(sim.addr).unwrap());
+        eventually(&format!("{flag}: the queue is seen"), || async {
+            e.metrics().waiting == 6
+        })
+        .await;
+        let m = e.metrics();
+        assert!((0.0..=1.0).contains(&m.kv_usage), "{flag}: {m:?}");
+        if let Some(cache) = m.cache {
+            assert_eq!(cache.num_blocks, 1000, "{flag}: {cache:?}");
+        }
+    }
+    assert!(
+        dl.status().iter().all(|s| s.last_error.is_none()),
+        "{:?}",
+        dl.status()
+    );
+    dl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_gauges_reach_custom_metrics_and_go_away() {
+    let sim = SimProc::start(&[]);
+    let store = Arc::new(EndpointStore::new());
+    store.replace_source("sims", vec![EndpointSpec::new(sim.addr)]);
+    let params =
+        serde_yaml_ng::from_str("metricName: gpu_temperature_celsius\nlabels: {gpu: \"0\"}\n")
+            .unwrap();
+    let temp = PrometheusMetricExtractor::new("gpu-temp", params).unwrap();
+    let mut wiring: SourceWiring = default_source_wiring();
+    wiring.extractors.push(PluginRef::new(Arc::new(temp)));
+    assert_eq!(wiring.source.plugin().type_name(), MetricsDataSource::TYPE);
+    let dl = DataLayer::start(
+        Arc::clone(&store),
+        &[wiring],
+        opts(),
+        CancellationToken::new(),
+    )
+    .unwrap();
+
+    sim.admin(r#"{"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": 71.5, "gpu_temperature_celsius{gpu=\"1\"}": 90}}"#)
+        .await;
+    let e = Arc::clone(store.snapshot().by_addr(sim.addr).unwrap());
+    eventually("the gauge is read", || async {
+        e.metrics().custom.get("gpu_temperature_celsius") == Some(&71.5)
+    })
+    .await;
+    sim.admin(r#"{"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": null}}"#)
+        .await;
+    eventually("a vanished gauge is removed", || async {
+        !e.metrics().custom.contains_key("gpu_temperature_celsius")
+    })
+    .await;
+    assert!(
+        e.metrics().updated_at.is_some(),
+        "the core metrics are still fresh"
+    );
+    dl.stop().await;
+}
