@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use crate::{
     error::ParseError,
-    grammar::{close_quote, label_name_len, sample_line, skip_blanks},
+    grammar::{close_quote, sample_line},
 };
 
 /// One sample line, borrowing from the page.
@@ -146,21 +146,25 @@ impl<'a> Labels<'a> {
 }
 
 /// The first label of `s` (skipping separators) and the text after it.
+///
+/// `s` comes from a label set the grammar validated, so the name runs to
+/// the first `=` or blank and the value to the first unescaped `"`; only
+/// bounds are checked here (a hand-built [`Sample`] may yield nonsense but
+/// never panics).
+#[inline]
 fn next_label(s: &str) -> Option<((&str, &str, bool), &str)> {
     let b = s.as_bytes();
     let mut k = 0;
     while matches!(b.get(k), Some(b' ' | b'\t' | b',')) {
         k += 1;
     }
-    let n = label_name_len(b.get(k..)?);
-    if n == 0 {
-        return None;
+    let start = k;
+    while !matches!(b.get(k)?, b'=' | b' ' | b'\t') {
+        k += 1;
     }
-    let name = s.get(k..k + n)?;
-    k = skip_blanks(b, k + n);
-    k = skip_blanks(b, k + usize::from(b.get(k) == Some(&b'=')));
-    if b.get(k) != Some(&b'"') {
-        return None;
+    let name = s.get(start..k)?;
+    while b.get(k)? != &b'"' {
+        k += 1;
     }
     let (end, escaped) = close_quote(b.get(k + 1..)?)?;
     let value = s.get(k + 1..k + 1 + end)?;
