@@ -1,15 +1,50 @@
 //! The data layer of the epp-rs endpoint picker: the endpoint set, discovery
-//! (a static list or a watched file), and scrapers that keep each endpoint's
-//! metrics fresh (and honest about their age) through pluggable extractors.
+//! (a static list or a watched file, behind the [`Discovery`] trait), and
+//! scrapers that keep each endpoint's metrics fresh — and honest about their
+//! age — through pluggable extractors.
+//!
+//! - [`EndpointStore`]: the endpoint set; discovery sources replace their own
+//!   part, readers get an immutable snapshot without locking
+//!   ([`epp_core::EndpointSource`]). Ids are dense and never reused for
+//!   another address.
+//! - [`DataLayer::start`]: one task per endpoint scraping each configured
+//!   source (`metrics-data-source`) every refresh interval over a kept-alive
+//!   HTTP or HTTPS connection, with a per-scrape deadline and a page-size cap,
+//!   then running the source's extractors. A failed scrape keeps the previous
+//!   values and their age; [`DataLayer::status`] and
+//!   [`DataLayer::register_metrics`] expose counters and the current error.
+//! - [`register`]: the plugin types `metrics-data-source`,
+//!   `core-metrics-extractor` (every engine of the reference table) and
+//!   `prometheus-metric`.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use epp_core::EndpointSource;
-//! use epp_datalayer::{EndpointStore, parse_endpoint_list};
+//! use epp_datalayer::{
+//!     DataLayer, DataLayerOptions, Discovery, EndpointStore, StaticDiscovery, default_source_wiring,
+//! };
+//! use tokio_util::sync::CancellationToken;
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! let store = Arc::new(EndpointStore::new());
-//! store.replace_source("flag", parse_endpoint_list(&["10.0.0.1:8000", "10.0.0.2:8000"]).unwrap());
+//! let stop = CancellationToken::new();
+//! StaticDiscovery::parse(&["127.0.0.1:9,127.0.0.1:10"])
+//!     .unwrap()
+//!     .start(Arc::clone(&store), stop.clone())
+//!     .unwrap();
 //! assert_eq!(store.snapshot().len(), 2);
+//!
+//! let layer = DataLayer::start(
+//!     Arc::clone(&store),
+//!     &[default_source_wiring()],
+//!     DataLayerOptions::default(),
+//!     stop.clone(),
+//! )
+//! .unwrap();
+//! assert_eq!(layer.status().len(), 2);
+//! layer.stop().await;
+//! # }
 //! ```
 #![warn(missing_docs)]
 

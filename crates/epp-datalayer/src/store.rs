@@ -232,4 +232,32 @@ mod tests {
         let e = parse_endpoint_list(&["1.2.3.4"]).unwrap_err();
         assert!(e.to_string().contains("\"1.2.3.4\" is not ip:port"), "{e}");
     }
+
+    #[test]
+    fn upsert_remove_and_change_notifications() {
+        let store = EndpointStore::new();
+        let mut changes = store.subscribe();
+        store.upsert("k8s", spec("10.0.0.1:80"));
+        store.upsert("k8s", spec("10.0.0.2:80"));
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        let mut relabelled = spec("10.0.0.1:80");
+        relabelled.labels.insert("a".into(), "b".into());
+        store.upsert("k8s", relabelled);
+        assert_eq!(store.snapshot().len(), 2);
+        assert_eq!(
+            store
+                .snapshot()
+                .by_addr("10.0.0.1:80".parse().unwrap())
+                .unwrap()
+                .label("a"),
+            Some("b")
+        );
+        store.upsert("file", spec("10.0.0.2:80"));
+        store.remove("k8s", "10.0.0.2:80".parse().unwrap());
+        assert_eq!(store.snapshot().len(), 2, "still listed by the file source");
+        store.remove("file", "10.0.0.2:80".parse().unwrap());
+        assert_eq!(store.snapshot().len(), 1);
+        assert!(changes.has_changed().unwrap());
+    }
 }
