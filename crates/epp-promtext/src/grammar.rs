@@ -92,8 +92,48 @@ fn span_len(b: &[u8], start: u8, cont: u8) -> usize {
 }
 
 /// Length of the metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`) starting `b`; 0 if none.
+///
+/// Names are long (`vllm:request_time_per_output_token_seconds_bucket`) and
+/// this runs on every line, so the body is checked eight bytes at a time.
+#[inline]
 pub(crate) fn name_len(b: &[u8]) -> usize {
-    span_len(b, NAME_START, NAME)
+    match b.first() {
+        Some(&c) if CLASS[usize::from(c)] & NAME_START != 0 => {}
+        _ => return 0,
+    }
+    let mut i = 1;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let Ok(word) = <[u8; 8]>::try_from(chunk) else {
+            break;
+        };
+        let other = !name_bytes(u64::from_le_bytes(word)) & HI;
+        if other != 0 {
+            return i + (other.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + b[i..]
+        .iter()
+        .take_while(|&&c| CLASS[usize::from(c)] & NAME != 0)
+        .count()
+}
+
+/// High bit set in each byte `b` of `x` with `m < b < n` (exact per byte;
+/// bytes >= 128 never qualify; needs `m, n <= 128`).
+#[inline]
+const fn between(x: u64, m: u64, n: u64) -> u64 {
+    let low7 = x & (LO * 127);
+    (LO * (127 + n)).wrapping_sub(low7) & !x & low7.wrapping_add(LO * (127 - m)) & HI
+}
+
+/// High bit set in each byte of `x` that may continue a metric name:
+/// `0-9 :` (0x30-0x3A), `A-Z`, `_`, `a-z`.
+#[inline]
+const fn name_bytes(x: u64) -> u64 {
+    between(x, 0x2F, 0x3B)
+        | between(x, 0x40, 0x5B)
+        | between(x, 0x5E, 0x60)
+        | between(x, 0x60, 0x7B)
 }
 
 /// Length of the label name (`[a-zA-Z_][a-zA-Z0-9_]*`) starting `b`; 0 if none.
@@ -185,26 +225,48 @@ pub(crate) fn metric_name(i: &str) -> PResult<'_, &str> {
     }
 }
 
+/// Labels whose place [`label_set_spans`] records, so iterating them later
+/// is slicing rather than scanning again.
+pub(crate) const SPANS: usize = 4;
+
+/// Where the first [`SPANS`] labels of a validated set are: offsets in the
+/// set's text of name start, name end, value start, value end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Spans {
+    pub(crate) len: u8,
+    /// Bit `i`: label `i`'s value has escapes.
+    pub(crate) escaped: u8,
+    pub(crate) at: [[u16; 4]; SPANS],
+}
+
 /// `{` labels `}` with optional trailing comma and blanks anywhere between
 /// tokens; yields the text between the braces. Fails softly (`Error`) if
 /// the input does not start with `{`, hard (`Failure`) after it.
 pub(crate) fn label_set(i: &str) -> PResult<'_, &str> {
+    label_set_spans(i).map(|(r, (raw, _))| (r, raw))
+}
+
+/// [`label_set`], also recording where the first labels are.
+pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
     let Some(body) = i.strip_prefix('{') else {
         return error(i, ErrorKind::ExpectedValue);
     };
     let b = body.as_bytes();
     let at = |k: usize| body.get(k..).unwrap_or_default();
+    let mut spans = Spans::default();
     let mut k = 0;
     loop {
         k = skip_blanks(b, k);
         if b.get(k) == Some(&b'}') {
-            return Ok((&body[k + 1..], &body[..k]));
+            return Ok((&body[k + 1..], (&body[..k], spans)));
         }
+        let name_start = k;
         let n = label_name_len(&b[k..]);
         if n == 0 {
             return failure(at(k), ErrorKind::ExpectedLabelName);
         }
-        k = skip_blanks(b, k + n);
+        let name_end = k + n;
+        k = skip_blanks(b, name_end);
         if b.get(k) != Some(&b'=') {
             return failure(at(k), ErrorKind::ExpectedEquals);
         }
@@ -212,11 +274,22 @@ pub(crate) fn label_set(i: &str) -> PResult<'_, &str> {
         if b.get(k) != Some(&b'"') {
             return failure(at(k), ErrorKind::ExpectedQuote);
         }
-        match close_quote(&b[k + 1..]) {
-            Some((end, _)) => k += end + 2,
-            None => return failure(at(k), ErrorKind::UnterminatedValue),
+        let value_start = k + 1;
+        let Some((len, escaped)) = close_quote(&b[value_start..]) else {
+            return failure(at(k), ErrorKind::UnterminatedValue);
+        };
+        let value_end = value_start + len;
+        let slot = usize::from(spans.len);
+        if slot < SPANS
+            && let Ok(end) = u16::try_from(value_end)
+        {
+            // All offsets are <= value_end, so they fit too.
+            spans.at[slot] = [name_start, name_end, value_start, value_end]
+                .map(|o| u16::try_from(o).unwrap_or(end));
+            spans.escaped |= u8::from(escaped) << slot;
+            spans.len += 1;
         }
-        k = skip_blanks(b, k);
+        k = skip_blanks(b, value_end + 1);
         match b.get(k) {
             Some(b',') => k += 1,
             Some(b'}') => {}
@@ -260,6 +333,7 @@ fn timestamp(i: &str) -> PResult<'_, f64> {
 pub(crate) struct SampleParts<'a> {
     pub(crate) name: &'a str,
     pub(crate) labels: &'a str,
+    pub(crate) spans: Spans,
     pub(crate) value: f64,
     pub(crate) timestamp: Option<f64>,
     pub(crate) exemplar: Option<(&'a str, f64, Option<f64>)>,
@@ -268,9 +342,9 @@ pub(crate) struct SampleParts<'a> {
 /// `name [{labels}] value [timestamp] [# {labels} value [timestamp]]`
 pub(crate) fn sample_line(i: &str) -> PResult<'_, SampleParts<'_>> {
     let (i, name) = metric_name(i)?;
-    let (i, braces) = opt(preceded(blanks0, label_set)).parse(i)?;
+    let (i, braces) = opt(preceded(blanks0, label_set_spans)).parse(i)?;
     // No labels: an empty slice of the line, so everything borrows from it.
-    let labels = braces.unwrap_or(&i[..0]);
+    let (labels, spans) = braces.unwrap_or((&i[..0], Spans::default()));
     let (i, sp) = blanks0(i)?;
     if sp.is_empty() && braces.is_none() || i.is_empty() {
         return failure(i, ErrorKind::ExpectedValue);
@@ -292,6 +366,7 @@ pub(crate) fn sample_line(i: &str) -> PResult<'_, SampleParts<'_>> {
         SampleParts {
             name,
             labels,
+            spans,
             value,
             timestamp,
             exemplar,
@@ -388,6 +463,18 @@ mod tests {
         match r {
             Err(Err::Error(f) | Err::Failure(f)) => (f.kind, f.at),
             other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn word_at_a_time_name_scan_matches_the_table() {
+        for c in 0..=255u8 {
+            for at in 1..12 {
+                let mut line = b"abcdefghijklmnop".to_vec();
+                line[at] = c;
+                let want = span_len(&line, NAME_START, NAME);
+                assert_eq!(name_len(&line), want, "byte {c:#x} at {at}");
+            }
         }
     }
 

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use crate::{
     error::ParseError,
-    grammar::{close_quote, sample_line},
+    grammar::{Spans, close_quote, sample_line},
 };
 
 /// One sample line, borrowing from the page.
@@ -13,7 +13,8 @@ pub struct Sample<'a> {
     /// Metric name as written, e.g. `vllm:num_requests_waiting` or `x_bucket`.
     pub name: &'a str,
     /// The label set as written, without braces (already validated). Read it
-    /// with [`Sample::labels`] or [`Sample::label`].
+    /// with [`Sample::labels`] or [`Sample::label`]; if you replace it, they
+    /// may return nonsense for it (but never panic).
     pub labels_raw: &'a str,
     /// The value (`NaN` and `±Inf` included).
     pub value: f64,
@@ -23,6 +24,8 @@ pub struct Sample<'a> {
     pub exemplar: Option<Exemplar<'a>>,
     /// 1-based line number.
     pub line: u32,
+    /// Where the first labels are in `labels_raw`.
+    spans: Spans,
 }
 
 /// An OpenMetrics exemplar: `# {trace_id="..."} value [timestamp]`.
@@ -41,9 +44,7 @@ impl<'a> Sample<'a> {
     /// they contain a backslash.
     #[must_use]
     pub fn labels(&self) -> Labels<'a> {
-        Labels {
-            rest: self.labels_raw,
-        }
+        Labels::new(self.labels_raw, self.spans)
     }
 
     /// The value of label `name`, if present.
@@ -63,24 +64,47 @@ impl<'a> Sample<'a> {
     /// allocating, even if the page escapes it).
     #[must_use]
     pub fn has_label(&self, name: &str, value: &str) -> bool {
-        self.labels().raw().any(|(n, v, esc)| {
-            n == name
-                && if esc {
-                    unescape(v) == value
+        let mut labels = self.labels();
+        while let Some((n, v, escaped)) = labels.next_raw() {
+            if n == name {
+                return if escaped {
+                    unescaped_bytes(v).eq(value.bytes())
                 } else {
                     v == value
-                }
-        })
+                };
+            }
+        }
+        false
     }
+}
+
+/// The bytes of `v` unescaped (escapes are ASCII, so bytewise is exact).
+fn unescaped_bytes(v: &str) -> impl Iterator<Item = u8> + '_ {
+    let mut b = v.bytes();
+    let mut pending = None;
+    std::iter::from_fn(move || {
+        if let Some(c) = pending.take() {
+            return Some(c);
+        }
+        match b.next()? {
+            b'\\' => match b.next() {
+                Some(b'n') => Some(b'\n'),
+                Some(c @ (b'\\' | b'"')) => Some(c),
+                other => {
+                    pending = other;
+                    Some(b'\\')
+                }
+            },
+            c => Some(c),
+        }
+    })
 }
 
 impl<'a> Exemplar<'a> {
     /// The exemplar's labels.
     #[must_use]
     pub fn labels(&self) -> Labels<'a> {
-        Labels {
-            rest: self.labels_raw,
-        }
+        Labels::new(self.labels_raw, Spans::default())
     }
 }
 
@@ -102,6 +126,7 @@ pub fn parse_sample(line: &str, line_no: u32) -> Result<Sample<'_>, ParseError> 
         Ok((_, p)) => Ok(Sample {
             name: p.name,
             labels_raw: p.labels,
+            spans: p.spans,
             value: p.value,
             timestamp: p.timestamp,
             exemplar: p.exemplar.map(|(labels_raw, value, timestamp)| Exemplar {
@@ -129,19 +154,44 @@ pub fn parse_sample(line: &str, line_no: u32) -> Result<Sample<'_>, ParseError> 
 /// Iterator over a validated label set: `(name, value)` pairs in page order.
 #[derive(Debug, Clone)]
 pub struct Labels<'a> {
+    raw: &'a str,
+    spans: Spans,
+    next: u8,
+    /// The text after the cached labels, scanned once those are used up.
     rest: &'a str,
 }
 
 impl<'a> Labels<'a> {
-    /// Pairs with the value as written (escapes intact) and whether it has
-    /// escapes.
-    fn raw(self) -> impl Iterator<Item = (&'a str, &'a str, bool)> {
-        let mut rest = self.rest;
-        std::iter::from_fn(move || {
-            let (item, tail) = next_label(rest)?;
-            rest = tail;
-            Some(item)
-        })
+    fn new(raw: &'a str, spans: Spans) -> Self {
+        let rest = match spans.len.checked_sub(1) {
+            None => raw,
+            Some(last) => {
+                let end = spans.at[usize::from(last)][3];
+                raw.get(usize::from(end) + 1..).unwrap_or_default()
+            }
+        };
+        Self {
+            raw,
+            spans,
+            next: 0,
+            rest,
+        }
+    }
+
+    /// The next pair with its value as written (escapes intact) and whether
+    /// it has escapes.
+    #[inline]
+    fn next_raw(&mut self) -> Option<(&'a str, &'a str, bool)> {
+        if self.next < self.spans.len {
+            let i = usize::from(self.next);
+            self.next += 1;
+            let [a, b, c, d] = self.spans.at[i].map(usize::from);
+            let escaped = self.spans.escaped & (1 << i) != 0;
+            return Some((self.raw.get(a..b)?, self.raw.get(c..d)?, escaped));
+        }
+        let (item, tail) = next_label(self.rest)?;
+        self.rest = tail;
+        Some(item)
     }
 }
 
@@ -175,8 +225,7 @@ impl<'a> Iterator for Labels<'a> {
     type Item = (&'a str, Cow<'a, str>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let ((name, value, escaped), tail) = next_label(self.rest)?;
-        self.rest = tail;
+        let (name, value, escaped) = self.next_raw()?;
         Some((
             name,
             if escaped {
@@ -228,6 +277,14 @@ mod tests {
         assert_eq!(labels[1], ("y", Cow::Borrowed("q\"u\\o\nte\\d")));
         assert!(matches!(labels[1].1, Cow::Owned(_)));
         assert!(s.has_label("y", "q\"u\\o\nte\\d"));
+        assert!(!s.has_label("y", "q\"u\\o\nte\\"));
+        for v in ["", "a", "\\", "\\\\", "\\\"x\\n", "é\\q"] {
+            assert_eq!(
+                unescaped_bytes(v).collect::<Vec<_>>(),
+                unescape(v).as_bytes(),
+                "{v}"
+            );
+        }
         assert!(s.has_label("x", "1") && !s.has_label("x", "2"));
         assert_eq!(labels.len(), 2);
     }
