@@ -110,6 +110,14 @@ impl ParseError {
         }
     }
 
+    /// The same error for a line that had `by` bytes of indentation removed.
+    #[must_use]
+    pub(crate) fn indented(mut self, by: usize) -> Self {
+        let by = u32::try_from(by).unwrap_or(u32::MAX);
+        self.col = self.col.saturating_add(by);
+        self
+    }
+
     /// An excerpt of the offending line around the error (truncated).
     #[must_use]
     pub fn snippet(&self) -> &str {

@@ -142,6 +142,8 @@ pub struct Lines<'a> {
     mode: Mode,
     after_eof: bool,
     done: bool,
+    /// Indentation of the current line, added to error columns.
+    indent: usize,
 }
 
 /// Iterates the lines of `text`, leniently.
@@ -154,6 +156,7 @@ pub fn lines(text: &str) -> Lines<'_> {
         mode: Mode::Lenient,
         after_eof: false,
         done: false,
+        indent: 0,
     }
 }
 
@@ -190,8 +193,9 @@ impl<'a> Lines<'a> {
         Samples { lines: self }
     }
 
-    /// The next non-blank line (no `\n`, `\r` or leading blanks) and its number.
-    pub(crate) fn next_raw(&mut self) -> Option<(&'a str, u32)> {
+    /// The next non-blank line (no `\n`, `\r` or leading blanks), its number
+    /// and its indentation.
+    pub(crate) fn next_raw(&mut self) -> Option<(&'a str, u32, usize)> {
         let bytes = self.text.as_bytes();
         while self.pos < bytes.len() {
             let start = self.pos;
@@ -200,9 +204,9 @@ impl<'a> Lines<'a> {
             self.line = self.line.saturating_add(1);
             let line = &self.text[start..end];
             let line = line.strip_suffix('\r').unwrap_or(line);
-            let line = line.trim_start_matches([' ', '\t']);
-            if !line.is_empty() {
-                return Some((line, self.line));
+            let trimmed = line.trim_start_matches([' ', '\t']);
+            if !trimmed.is_empty() {
+                return Some((trimmed, self.line, line.len() - trimmed.len()));
             }
         }
         None
@@ -212,7 +216,7 @@ impl<'a> Lines<'a> {
         if self.mode == Mode::Strict {
             self.done = true;
         }
-        Some(Err(e))
+        Some(Err(e.indented(self.indent)))
     }
 }
 
@@ -223,10 +227,11 @@ impl<'a> Iterator for Lines<'a> {
         if self.done {
             return None;
         }
-        let Some((line, no)) = self.next_raw() else {
+        let Some((line, no, indent)) = self.next_raw() else {
             self.done = true;
             return None;
         };
+        self.indent = indent;
         if self.after_eof {
             self.done = true;
             return Some(Err(ParseError::new(
@@ -374,5 +379,7 @@ mod tests {
         let strict: Vec<_> = samples(page).strict().collect();
         assert_eq!(strict.len(), 2);
         assert_eq!(strict[1].unwrap_err().col, 4);
+        let indented = lines(" \t b{ 2").next().unwrap().unwrap_err();
+        assert_eq!((indented.col, indented.snippet()), (7, "b{ 2"));
     }
 }

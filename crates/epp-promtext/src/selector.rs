@@ -406,6 +406,7 @@ impl SelectorSet {
                     }
                 }
                 Err(e) => {
+                    let e = e.indented(s - start);
                     report.errors += 1;
                     report.first_error.get_or_insert(e);
                     on_error(&e);
