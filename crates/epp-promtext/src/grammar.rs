@@ -280,12 +280,14 @@ pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
         };
         let value_end = value_start + len;
         let slot = usize::from(spans.len);
-        if slot < SPANS
-            && let Ok(end) = u16::try_from(value_end)
-        {
-            // All offsets are <= value_end, so they fit too.
-            spans.at[slot] = [name_start, name_end, value_start, value_end]
-                .map(|o| u16::try_from(o).unwrap_or(end));
+        if slot < SPANS && value_end <= usize::from(u16::MAX) {
+            // All four offsets are <= value_end, so `as` is lossless.
+            spans.at[slot] = [
+                name_start as u16,
+                name_end as u16,
+                value_start as u16,
+                value_end as u16,
+            ];
             spans.escaped |= u8::from(escaped) << slot;
             spans.len += 1;
         }

@@ -19,6 +19,27 @@
 //! [`Mode::Lenient`] reports it and goes on. No input makes the parser panic
 //! (fuzzed; see `fuzz/`).
 //!
+//! # What is accepted
+//!
+//! - `# HELP` (escapes `\\`, `\n`, `\"`), `# TYPE` (any 0.0.4 or OpenMetrics
+//!   type, case-insensitive), `# UNIT`, `# EOF` (anything after it is an
+//!   error), other `#` comments, blank lines.
+//! - Samples: `name{label="value",...} value [timestamp] [# {labels} value
+//!   [timestamp]]`, with blanks or tabs between tokens, blanks inside the
+//!   braces, `{}`, a trailing comma, leading indentation, `\r\n` line ends and
+//!   no final newline. Values and timestamps: decimals with exponents,
+//!   `NaN`, `Inf`/`+Inf`/`-Inf`/`infinity` in any case; integers without `.0`.
+//! - Label values may escape any character; `\\`, `\"` and `\n` are
+//!   translated and other escapes are kept as written (as Prometheus' own
+//!   parser does).
+//! - `_bucket`, `_count`, `_sum`, `_created`, `_total`, quantile lines in any
+//!   order and interleaving.
+//!
+//! Not checked (accepted as written): duplicate label names in one sample,
+//! duplicate series, sample order within a family. Not supported: the
+//! Prometheus 3 quoted UTF-8 metric-name syntax (`{"my.metric"}`) and the
+//! protobuf format.
+//!
 //! ```
 //! use epp_promtext::{SelectorSet, samples};
 //!
