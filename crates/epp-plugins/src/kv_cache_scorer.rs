@@ -34,7 +34,13 @@ impl Plugin for KvCacheUtilizationScorer {
 impl Scorer for KvCacheUtilizationScorer {
     fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            *s = 1.0 - c.metrics.kv_usage.clamp(0.0, 1.0);
+            let kv = c.metrics.kv_usage;
+            // An unreadable usage counts as full rather than poisoning the total.
+            *s = if kv.is_nan() {
+                0.0
+            } else {
+                1.0 - kv.clamp(0.0, 1.0)
+            };
         }
     }
 }
@@ -52,10 +58,10 @@ mod tests {
             kv_usage,
             ..Default::default()
         };
-        let c = candidates(vec![m(0.0), m(0.25), m(1.0), m(1.7)]);
+        let c = candidates(vec![m(0.0), m(0.25), m(1.0), m(1.7), m(f64::NAN)]);
         assert_eq!(
             scores(&KvCacheUtilizationScorer::new("kv"), &c),
-            vec![1.0, 0.75, 0.0, 0.0]
+            vec![1.0, 0.75, 0.0, 0.0, 0.0]
         );
     }
 }
