@@ -90,10 +90,7 @@ impl SaturationDetector for ConcurrencyDetector {
 
 impl Filter for ConcurrencyDetector {
     fn filter(&self, cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
-        let cx = &*cx;
-        if candidates.iter().any(|c| self.has_capacity(cx, c)) {
-            candidates.retain(|c| self.has_capacity(cx, c));
-        }
+        crate::keep_with_capacity(self, cx, candidates);
     }
 }
 

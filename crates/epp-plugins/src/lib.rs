@@ -181,6 +181,19 @@ pub fn register_builtins(registry: &mut Registry) {
     );
 }
 
+/// The filter role of a saturation detector: keep the endpoints with
+/// capacity left, or all of them when none has (better a busy endpoint than
+/// a refusal; shedding is the detector's saturation verdict, not the filter's).
+fn keep_with_capacity(
+    detector: &dyn epp_core::SaturationDetector,
+    cx: &epp_core::CycleContext<'_>,
+    candidates: &mut Vec<epp_core::Candidate>,
+) {
+    if candidates.iter().any(|c| detector.has_capacity(cx, c)) {
+        candidates.retain(|c| detector.has_capacity(cx, c));
+    }
+}
+
 /// A registry holding every built-in scheduling plugin.
 #[must_use]
 pub fn builtin_registry() -> Registry {

@@ -164,10 +164,7 @@ impl SaturationDetector for UtilizationDetector {
 
 impl Filter for UtilizationDetector {
     fn filter(&self, cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
-        let cx = &*cx;
-        if candidates.iter().any(|c| self.has_capacity(cx, c)) {
-            candidates.retain(|c| self.has_capacity(cx, c));
-        }
+        crate::keep_with_capacity(self, cx, candidates);
     }
 }
 
