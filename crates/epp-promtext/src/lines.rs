@@ -5,7 +5,7 @@ use std::{borrow::Cow, fmt};
 use crate::{
     error::{ErrorKind, ParseError},
     grammar::{Comment, comment_line},
-    sample::{Sample, parse_sample, unescape},
+    sample::{Sample, parse_sample_line, unescape},
 };
 
 /// How to treat a malformed line.
@@ -242,7 +242,7 @@ impl<'a> Iterator for Lines<'a> {
             )));
         }
         if !line.starts_with('#') {
-            return match parse_sample(line, no) {
+            return match parse_sample_line(line, no) {
                 Ok(s) => Some(Ok(Line::Sample(s))),
                 Err(e) => self.fail(e),
             };

@@ -121,7 +121,13 @@ impl<'a> Exemplar<'a> {
 /// assert_eq!((e.line, e.col, e.snippet()), (5, 8, "up{job=a} 1"));
 /// ```
 pub fn parse_sample(line: &str, line_no: u32) -> Result<Sample<'_>, ParseError> {
-    let line = line.strip_suffix('\r').unwrap_or(line);
+    parse_sample_line(line.strip_suffix('\r').unwrap_or(line), line_no)
+}
+
+/// [`parse_sample`] for a line whose `\r` (if any) is already removed: only
+/// the one `\r` before `\n` belongs to the line end, so it must be stripped
+/// exactly once.
+pub(crate) fn parse_sample_line(line: &str, line_no: u32) -> Result<Sample<'_>, ParseError> {
     match sample_line(line) {
         Ok((_, p)) => Ok(Sample {
             name: p.name,
@@ -287,6 +293,20 @@ mod tests {
         }
         assert!(s.has_label("x", "1") && !s.has_label("x", "2"));
         assert_eq!(labels.len(), 2);
+    }
+
+    #[test]
+    fn only_one_carriage_return_is_a_line_end() {
+        // Found by the fuzzer: the iterator and parse_sample both stripped a
+        // `\r`, so "1\r\r" parsed through one and not the other.
+        let page = "a 1\r\r\nb 2\r\n";
+        let got: Vec<_> = crate::samples(page).map(|r| r.map(|s| s.value)).collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].unwrap_err().kind, crate::ErrorKind::BadValue);
+        assert_eq!(got[1], Ok(2.0));
+        assert!(parse_sample("a 1\r\r", 1).is_err());
+        let set = crate::SelectorSet::new(vec![crate::Selector::name("a")]);
+        assert_eq!(set.scan(page, |_, _| {}).errors, 1);
     }
 
     #[test]
