@@ -47,6 +47,9 @@ pub struct PrefixMatch {
     matched: Vec<u32>,
     /// Whether a prefix producer ran in this cycle.
     pub computed: bool,
+    /// Identifies the producer that filled this match (0 = none), so only
+    /// the index that matched a request records its pick.
+    pub producer: u64,
 }
 
 impl PrefixMatch {
@@ -55,6 +58,7 @@ impl PrefixMatch {
         self.hashes.clear();
         self.matched.clear();
         self.computed = false;
+        self.producer = 0;
     }
 
     /// Number of blocks in the request.

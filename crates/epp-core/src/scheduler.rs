@@ -270,6 +270,11 @@ impl Scheduler {
     /// before the profiles, pre-request hooks after a decision, response hooks
     /// when the edge reports the response (see [`Self::response_hooks`]). A
     /// plugin that plays none of these roles is ignored.
+    ///
+    /// Producers run in the order given, except that pure producers (not also
+    /// scorers) run before scorers that produce their own data: a declared
+    /// `approx-prefix-cache-producer` fills the prefix state before a
+    /// `prefix-cache-scorer` would compute it again.
     #[must_use]
     pub fn with_hooks(mut self, plugins: impl IntoIterator<Item = PluginRef>) -> Self {
         for p in plugins {
@@ -283,6 +288,9 @@ impl Scheduler {
                 self.response.push(p);
             }
         }
+        // Stable: keeps declaration order within each group.
+        self.producers
+            .sort_by_key(|p| p.plugin().as_scorer().is_some());
         self
     }
 

@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 mod affinity;
+mod approx_prefix_cache_producer;
 mod concurrency_detector;
 mod filters;
 mod kv_cache_scorer;
@@ -22,7 +23,8 @@ mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
 mod misc;
-mod prefix;
+mod prefix_cache_scorer;
+mod prefix_index;
 mod queue_scorer;
 mod random_picker;
 mod utilization_detector;
@@ -37,6 +39,9 @@ pub use affinity::{
     NoHitLruParams, NoHitLruScorer, PrefixAffinityParams, PrefixCacheAffinityFilter,
     SESSION_HEADER, SessionAffinityScorer, session_token,
 };
+pub use approx_prefix_cache_producer::{
+    ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
+};
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams};
 pub use filters::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
@@ -50,7 +55,8 @@ pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
 pub use misc::OpenAiParser;
-pub use prefix::{PrefixCacheParams, PrefixCacheScorer, PrefixIndex, block_hashes};
+pub use prefix_cache_scorer::PrefixCacheScorer;
+pub use prefix_index::PrefixIndex;
 pub use queue_scorer::{QueueScorer, RunningRequestsSizeScorer};
 pub use random_picker::RandomPicker;
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
@@ -90,7 +96,18 @@ pub fn register_builtins(registry: &mut Registry) {
     register(
         registry,
         PrefixCacheScorer::TYPE,
-        |name, p: PrefixCacheParams| Ok(Arc::new(PrefixCacheScorer::new(name, p.validated()?))),
+        |name, p: PrefixCacheParams| {
+            let p = p.validated(&name)?;
+            Ok(Arc::new(PrefixCacheScorer::new(name, p)))
+        },
+    );
+    register(
+        registry,
+        ApproxPrefixCacheProducer::TYPE,
+        |name, p: PrefixCacheParams| {
+            let p = p.validated(&name)?;
+            Ok(Arc::new(ApproxPrefixCacheProducer::new(name, p)))
+        },
     );
     register(registry, MaxScorePicker::TYPE, |name, p: PickerParams| {
         Ok(Arc::new(MaxScorePicker::new(

@@ -1,0 +1,333 @@
+//! `approx-prefix-cache-producer`: hashes the request's prompt into chained
+//! blocks once per cycle, matches them against an approximate index of what
+//! this picker sent where, and records the chosen endpoint's blocks after the
+//! decision. Scorers and filters read the result from `CycleState::prefix`.
+//!
+//! The prompt is cut into blocks of `blockSizeTokens × 4` characters; each
+//! block's 64-bit hash is chained to the previous one and seeded with the
+//! target model and `cache_salt`, so equal blocks only match after an equal
+//! prefix, for the same model and tenant. Matches count CONTIGUOUSLY from the
+//! first block (the reference can count non-contiguous blocks; a block after a
+//! gap is never cached by a real engine).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use epp_core::{
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Plugin, PreRequest,
+    SchedulingResult,
+};
+
+use crate::PrefixIndex;
+
+/// Parameters (REFERENCE §4 defaults); also accepted by `prefix-cache-scorer`.
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrefixCacheParams {
+    /// Tokens per block (× 4 characters). Default 16.
+    #[serde(default = "default_block")]
+    pub block_size_tokens: usize,
+    /// Blocks of a prompt considered at most. Default 256.
+    #[serde(default = "default_max_blocks")]
+    pub max_prefix_blocks_to_match: usize,
+    /// Blocks remembered per endpoint. Default 31250.
+    #[serde(default = "default_capacity")]
+    pub lru_capacity_per_server: usize,
+    /// Size each endpoint's LRU from the KV-cache geometry it reports.
+    #[serde(default = "default_true")]
+    pub auto_tune: bool,
+}
+
+fn default_block() -> usize {
+    16
+}
+fn default_max_blocks() -> usize {
+    256
+}
+fn default_capacity() -> usize {
+    31_250
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for PrefixCacheParams {
+    fn default() -> Self {
+        Self {
+            block_size_tokens: default_block(),
+            max_prefix_blocks_to_match: default_max_blocks(),
+            lru_capacity_per_server: default_capacity(),
+            auto_tune: true,
+        }
+    }
+}
+
+impl PrefixCacheParams {
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// Any size zero, or a block larger than 1 MiB of text.
+    pub fn validated(self, plugin: &str) -> Result<Self, BuildError> {
+        let bad = |field: &str, v: usize, reason: &str| BuildError::InvalidValue {
+            plugin: plugin.to_owned(),
+            field: field.into(),
+            value: v.to_string(),
+            reason: reason.into(),
+        };
+        for (field, v) in [
+            ("blockSizeTokens", self.block_size_tokens),
+            ("maxPrefixBlocksToMatch", self.max_prefix_blocks_to_match),
+            ("lruCapacityPerServer", self.lru_capacity_per_server),
+        ] {
+            if v == 0 {
+                return Err(bad(field, v, "must be at least 1"));
+            }
+        }
+        if self.block_size_tokens > (1 << 18) {
+            return Err(bad(
+                "blockSizeTokens",
+                self.block_size_tokens,
+                "must be at most 262144",
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// Chained block hashes of `text` (full blocks only, at most `max_blocks`),
+/// appended to `out`.
+pub fn block_hashes(
+    text: &[u8],
+    block_chars: usize,
+    max_blocks: usize,
+    seed: u64,
+    out: &mut Vec<u64>,
+) {
+    let mut prev = seed;
+    for block in text.chunks_exact(block_chars.max(1)).take(max_blocks) {
+        prev = hash_block(block, prev);
+        out.push(prev);
+    }
+}
+
+const K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn mix(h: u64, w: u64) -> u64 {
+    (h ^ w).wrapping_mul(K).rotate_left(29)
+}
+
+/// Hashes a block with the previous hash as the seed, a word at a time.
+fn hash_block(block: &[u8], seed: u64) -> u64 {
+    let mut h = seed ^ (block.len() as u64).wrapping_mul(K);
+    let mut words = block.chunks_exact(8);
+    for w in &mut words {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        h = mix(h, u64::from_le_bytes(b));
+    }
+    let mut tail = [0u8; 8];
+    tail[..words.remainder().len()].copy_from_slice(words.remainder());
+    h = mix(h, u64::from_le_bytes(tail));
+    // Final avalanche: the index uses the low bits as the table slot.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+/// Seed for a request: target model and cache salt.
+fn seed(model: &str, salt: Option<&str>) -> u64 {
+    let mut h = hash_block(model.as_bytes(), 0x5eed);
+    if let Some(salt) = salt {
+        h = hash_block(salt.as_bytes(), h ^ 0x5a17);
+    }
+    h
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// `approx-prefix-cache-producer`: fills `CycleState::prefix` (hashes and
+/// per-endpoint contiguous matches) and records each decision.
+#[derive(Debug)]
+pub struct ApproxPrefixCacheProducer {
+    name: String,
+    params: PrefixCacheParams,
+    /// Tells this producer's matches from another's in `CycleState::prefix`.
+    id: u64,
+    index: PrefixIndex,
+}
+
+impl ApproxPrefixCacheProducer {
+    /// YAML type.
+    pub const TYPE: &'static str = "approx-prefix-cache-producer";
+
+    /// A producer named `name`.
+    #[must_use]
+    pub fn new(name: impl Into<String>, params: PrefixCacheParams) -> Self {
+        Self {
+            name: name.into(),
+            params,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            index: PrefixIndex::default(),
+        }
+    }
+
+    /// The index (for inspection and tests).
+    #[must_use]
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// The parameters.
+    #[must_use]
+    pub fn params(&self) -> &PrefixCacheParams {
+        &self.params
+    }
+
+    /// Blocks to remember for an endpoint: with `autoTune`, its reported KV
+    /// capacity converted to this index's block size; else `lruCapacityPerServer`.
+    #[must_use]
+    pub fn capacity_for(&self, c: &Candidate) -> usize {
+        match (self.params.auto_tune, c.metrics.cache) {
+            (true, Some(g)) if g.num_blocks > 0 && g.block_size_tokens > 0 => {
+                let tokens = g.num_blocks.saturating_mul(u64::from(g.block_size_tokens));
+                usize::try_from(tokens / self.params.block_size_tokens as u64)
+                    .unwrap_or(usize::MAX)
+                    .max(1)
+            }
+            _ => self.params.lru_capacity_per_server,
+        }
+    }
+
+    /// Hashes and matches the request unless a producer already did.
+    pub(crate) fn produce_once(&self, cx: &mut CycleContext<'_>) {
+        let prefix = &mut cx.state.prefix;
+        if prefix.computed {
+            return;
+        }
+        let req = cx.request;
+        block_hashes(
+            req.prompt.as_bytes(),
+            self.params.block_size_tokens * CHARS_PER_TOKEN,
+            self.params.max_prefix_blocks_to_match,
+            seed(&req.target_model, req.cache_salt.as_deref()),
+            &mut prefix.hashes,
+        );
+        prefix.computed = true;
+        prefix.producer = self.id;
+        let hashes = std::mem::take(&mut prefix.hashes);
+        self.index.match_prefix(&hashes, prefix);
+        prefix.hashes = hashes;
+    }
+
+    /// Records the primary target's blocks, if this producer matched them.
+    pub(crate) fn record_pick(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
+        if cx.state.prefix.producer != self.id {
+            return;
+        }
+        let Some(target) = result.primary() else {
+            return;
+        };
+        let hashes = &cx.state.prefix.hashes;
+        if hashes.is_empty() {
+            return;
+        }
+        let capacity = self.capacity_for(&Candidate::new(target));
+        self.index.record_for(target, hashes, capacity);
+    }
+}
+
+impl Plugin for ApproxPrefixCacheProducer {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_data_producer(&self) -> Option<&dyn DataProducer> {
+        Some(self)
+    }
+    fn as_pre_request(&self) -> Option<&dyn PreRequest> {
+        Some(self)
+    }
+}
+
+impl DataProducer for ApproxPrefixCacheProducer {
+    fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
+        self.produce_once(cx);
+    }
+}
+
+impl PreRequest for ApproxPrefixCacheProducer {
+    fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
+        self.record_pick(cx, result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use epp_core::{CacheGeometry, EndpointMetrics};
+
+    use super::*;
+    use crate::testing::candidates;
+
+    #[test]
+    fn hashes_chain_and_depend_on_seed() {
+        let mut a = Vec::new();
+        block_hashes(b"aaaabbbbcc", 4, 10, 1, &mut a);
+        assert_eq!(a.len(), 2, "partial block ignored");
+        let mut b = Vec::new();
+        block_hashes(b"xxxxbbbb", 4, 10, 1, &mut b);
+        assert_ne!(a[1], b[1], "same block after another prefix differs");
+        let mut c = Vec::new();
+        block_hashes(b"aaaabbbb", 4, 10, 2, &mut c);
+        assert_ne!(a[0], c[0], "seed separates models and tenants");
+        let mut d = Vec::new();
+        block_hashes(&[b'z'; 400], 4, 7, 1, &mut d);
+        assert_eq!(d.len(), 7, "bounded by maxPrefixBlocksToMatch");
+        assert_ne!(
+            seed("m", None),
+            seed("m", Some("")),
+            "an empty salt is a salt"
+        );
+        assert_ne!(seed("m", Some("a")), seed("n", Some("a")));
+    }
+
+    #[test]
+    fn auto_tune_takes_capacity_from_the_server() {
+        let p = ApproxPrefixCacheProducer::new("p", PrefixCacheParams::default());
+        let c = candidates(vec![
+            EndpointMetrics {
+                cache: Some(CacheGeometry {
+                    block_size_tokens: 32,
+                    num_blocks: 1000,
+                }),
+                ..Default::default()
+            },
+            EndpointMetrics::default(),
+        ]);
+        assert_eq!(
+            p.capacity_for(&c[0]),
+            2000,
+            "1000 blocks of 32 tokens = 2000 of 16"
+        );
+        assert_eq!(p.capacity_for(&c[1]), 31_250, "no geometry reported");
+        let off = ApproxPrefixCacheProducer::new(
+            "p",
+            PrefixCacheParams {
+                auto_tune: false,
+                ..Default::default()
+            },
+        );
+        assert_eq!(off.capacity_for(&c[0]), 31_250);
+    }
+
+    #[test]
+    fn params_are_range_checked() {
+        let zero = PrefixCacheParams {
+            block_size_tokens: 0,
+            ..Default::default()
+        };
+        let err = zero.validated("p").unwrap_err();
+        assert!(err.to_string().contains("blockSizeTokens = 0"), "{err}");
+        assert!(PrefixCacheParams::default().validated("p").is_ok());
+    }
+}

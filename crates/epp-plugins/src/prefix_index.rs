@@ -1,0 +1,488 @@
+//! The approximate prefix index: which endpoint was sent which prompt blocks,
+//! bounded per endpoint, in about 35 bytes per (block, endpoint) entry.
+//!
+//! Layout (the reference keeps a map of maps and a linked-list LRU per server,
+//! ~490 bytes per block):
+//! - one slab of 24-byte entries `{hash, endpoint, lru prev/next, chain}`,
+//!   allocated in chunks of 4,096 so growing never copies and never leaves more
+//!   than one chunk of slack;
+//! - one open-addressing table of `u32` entry indices (load ≤ 3/4, linear
+//!   probing, backward-shift deletion), keyed by the block hash itself — block
+//!   hashes are already uniformly mixed, so the low bits are the home slot;
+//! - entries holding the same hash on different endpoints form a chain from the
+//!   table slot; each endpoint's entries form a doubly-linked LRU list.
+//!
+//! Once every endpoint's LRU is full, recording evicts one entry per new one
+//! and reuses its slot: the index then allocates nothing.
+
+use std::sync::{Arc, Weak};
+
+use epp_core::{Endpoint, EndpointId, PrefixMatch};
+use parking_lot::RwLock;
+
+const NIL: u32 = u32::MAX;
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// One block held by one endpoint.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    hash: u64,
+    endpoint: u32,
+    /// Towards the most recently used entry of the same endpoint.
+    prev: u32,
+    /// Towards the least recently used (or the next free entry).
+    next: u32,
+    /// Next entry with the same hash (another endpoint).
+    chain: u32,
+}
+
+const EMPTY: Entry = Entry {
+    hash: 0,
+    endpoint: NIL,
+    prev: NIL,
+    next: NIL,
+    chain: NIL,
+};
+
+/// One endpoint's LRU list.
+#[derive(Debug)]
+struct Lru {
+    /// Most recently used.
+    head: u32,
+    /// Least recently used (evicted first).
+    tail: u32,
+    len: u32,
+    /// The endpoint, to notice when it is gone (no strong reference left).
+    endpoint: Weak<Endpoint>,
+}
+
+impl Default for Lru {
+    fn default() -> Self {
+        Self {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+            endpoint: Weak::new(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    chunks: Vec<Box<[Entry]>>,
+    /// Entries handed out from the chunks so far.
+    used: u32,
+    /// Head of the free list (linked through `next`).
+    free: u32,
+    /// Entry index of each hash's chain head; `NIL` = empty slot.
+    table: Vec<u32>,
+    /// Occupied table slots (distinct hashes).
+    distinct: usize,
+    /// Per endpoint, by id.
+    lrus: Vec<Lru>,
+    /// Records since the last sweep for departed endpoints.
+    since_sweep: u32,
+}
+
+/// The approximate index: which endpoint was sent which blocks, bounded per
+/// endpoint. Safe to share: matching takes a read lock, recording a write lock.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    inner: RwLock<Inner>,
+}
+
+impl Default for PrefixIndex {
+    fn default() -> Self {
+        Self {
+            inner: RwLock::new(Inner {
+                free: NIL,
+                ..Inner::default()
+            }),
+        }
+    }
+}
+
+/// How many records pass between sweeps for endpoints that left the pool.
+const SWEEP_EVERY: u32 = 64;
+
+impl PrefixIndex {
+    /// Records `hashes` (a prompt's chained block hashes, in prompt order) as
+    /// cached on `id`, evicting its least recently used blocks beyond
+    /// `capacity`. The blocks are touched last-to-first, so the prompt's head
+    /// is the most recent and the last to be evicted: a tail without its
+    /// head can never match, a head without its tail still does.
+    pub fn record(&self, id: EndpointId, hashes: &[u64], capacity: usize) {
+        self.record_inner(id, None, hashes, capacity);
+    }
+
+    /// Like [`Self::record`], remembering `endpoint` so that its blocks are
+    /// dropped once nothing else holds it (it left the pool).
+    pub fn record_for(&self, endpoint: &Arc<Endpoint>, hashes: &[u64], capacity: usize) {
+        self.record_inner(endpoint.id(), Some(endpoint), hashes, capacity);
+    }
+
+    fn record_inner(
+        &self,
+        id: EndpointId,
+        endpoint: Option<&Arc<Endpoint>>,
+        hashes: &[u64],
+        capacity: usize,
+    ) {
+        let capacity = u32::try_from(capacity).unwrap_or(u32::MAX - 1).max(1);
+        let Ok(ep) = u32::try_from(id.index()) else {
+            return;
+        };
+        if ep == NIL {
+            return;
+        }
+        let mut inner = self.inner.write();
+        let inner = &mut *inner;
+        if inner.lrus.len() <= id.index() {
+            inner.lrus.resize_with(id.index() + 1, Lru::default);
+        }
+        if let Some(e) = endpoint
+            && inner.lrus[id.index()].endpoint.strong_count() == 0
+        {
+            inner.lrus[id.index()].endpoint = Arc::downgrade(e);
+        }
+        for &h in hashes.iter().rev() {
+            if let Some(idx) = inner.find_entry(h, ep) {
+                inner.unlink_lru(idx);
+                inner.push_front(idx);
+                continue;
+            }
+            while inner.lrus[id.index()].len >= capacity {
+                inner.evict_tail(ep);
+            }
+            let Some(idx) = inner.alloc_entry() else {
+                return;
+            };
+            *inner.entry_mut(idx) = Entry {
+                hash: h,
+                endpoint: ep,
+                ..EMPTY
+            };
+            inner.link_chain(idx);
+            inner.push_front(idx);
+        }
+        while inner.lrus[id.index()].len > capacity {
+            inner.evict_tail(ep);
+        }
+        inner.since_sweep += 1;
+        if inner.since_sweep >= SWEEP_EVERY {
+            inner.since_sweep = 0;
+            inner.sweep();
+        }
+    }
+
+    /// Forgets everything recorded for `id` (an endpoint that left).
+    pub fn forget(&self, id: EndpointId) {
+        let Ok(ep) = u32::try_from(id.index()) else {
+            return;
+        };
+        let mut inner = self.inner.write();
+        if id.index() < inner.lrus.len() {
+            inner.forget(ep);
+        }
+    }
+
+    /// Writes into `m`, per endpoint, how many leading blocks of `hashes` it
+    /// holds, contiguously from the first block. Stops at the first block no
+    /// endpoint extends its run with.
+    pub fn match_prefix(&self, hashes: &[u64], m: &mut PrefixMatch) {
+        let inner = self.inner.read();
+        for (i, &h) in hashes.iter().enumerate() {
+            let Some(slot) = inner.find_slot(h) else {
+                break;
+            };
+            let Ok(i) = u32::try_from(i) else {
+                break;
+            };
+            let mut advanced = false;
+            let mut idx = inner.table[slot];
+            while idx != NIL {
+                let e = inner.entry(idx);
+                let id = EndpointId(e.endpoint);
+                if m.matched(id) == i {
+                    m.set_matched(id, i + 1);
+                    advanced = true;
+                }
+                idx = e.chain;
+            }
+            if !advanced {
+                break;
+            }
+        }
+    }
+
+    /// Blocks remembered for `id`.
+    #[must_use]
+    pub fn len_for(&self, id: EndpointId) -> usize {
+        self.inner
+            .read()
+            .lrus
+            .get(id.index())
+            .map_or(0, |l| l.len as usize)
+    }
+
+    /// Endpoints with any block remembered.
+    #[must_use]
+    pub fn endpoint_count(&self) -> usize {
+        self.inner.read().lrus.iter().filter(|l| l.len > 0).count()
+    }
+
+    /// (block, endpoint) entries held.
+    #[must_use]
+    pub fn entries(&self) -> usize {
+        self.inner.read().lrus.iter().map(|l| l.len as usize).sum()
+    }
+
+    /// Heap bytes the index holds (slab chunks, table, per-endpoint lists).
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        let inner = self.inner.read();
+        inner.chunks.len() * CHUNK * size_of::<Entry>()
+            + inner.chunks.capacity() * size_of::<Box<[Entry]>>()
+            + inner.table.capacity() * size_of::<u32>()
+            + inner.lrus.capacity() * size_of::<Lru>()
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    fn entry(&self, idx: u32) -> &Entry {
+        &self.chunks[(idx >> CHUNK_BITS) as usize][idx as usize & (CHUNK - 1)]
+    }
+
+    fn entry_mut(&mut self, idx: u32) -> &mut Entry {
+        &mut self.chunks[(idx >> CHUNK_BITS) as usize][idx as usize & (CHUNK - 1)]
+    }
+
+    fn mask(&self) -> usize {
+        self.table.len().wrapping_sub(1)
+    }
+
+    /// The table slot of `hash`'s chain.
+    fn find_slot(&self, hash: u64) -> Option<usize> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut s = hash as usize & mask;
+        loop {
+            let idx = self.table[s];
+            if idx == NIL {
+                return None;
+            }
+            if self.entry(idx).hash == hash {
+                return Some(s);
+            }
+            s = (s + 1) & mask;
+        }
+    }
+
+    /// The entry holding `hash` for endpoint `ep`.
+    fn find_entry(&self, hash: u64, ep: u32) -> Option<u32> {
+        let slot = self.find_slot(hash)?;
+        let mut idx = self.table[slot];
+        while idx != NIL {
+            let e = self.entry(idx);
+            if e.endpoint == ep {
+                return Some(idx);
+            }
+            idx = e.chain;
+        }
+        None
+    }
+
+    fn alloc_entry(&mut self) -> Option<u32> {
+        if self.free != NIL {
+            let idx = self.free;
+            self.free = self.entry(idx).next;
+            return Some(idx);
+        }
+        if self.used >= NIL - 1 {
+            return None;
+        }
+        if self.used as usize == self.chunks.len() * CHUNK {
+            self.chunks.push(vec![EMPTY; CHUNK].into_boxed_slice());
+        }
+        let idx = self.used;
+        self.used += 1;
+        Some(idx)
+    }
+
+    /// Puts `idx` at the head of its hash's chain, adding the hash to the
+    /// table if new.
+    fn link_chain(&mut self, idx: u32) {
+        let hash = self.entry(idx).hash;
+        if let Some(slot) = self.find_slot(hash) {
+            let head = self.table[slot];
+            self.entry_mut(idx).chain = head;
+            self.table[slot] = idx;
+            return;
+        }
+        if (self.distinct + 1) * 4 > self.table.len() * 3 {
+            self.grow();
+        }
+        let mask = self.mask();
+        let mut s = hash as usize & mask;
+        while self.table[s] != NIL {
+            s = (s + 1) & mask;
+        }
+        self.entry_mut(idx).chain = NIL;
+        self.table[s] = idx;
+        self.distinct += 1;
+    }
+
+    fn grow(&mut self) {
+        let size = (self.table.len() * 2).max(64);
+        let old = std::mem::replace(&mut self.table, vec![NIL; size]);
+        let mask = size - 1;
+        for idx in old.into_iter().filter(|&i| i != NIL) {
+            let mut s = self.entry(idx).hash as usize & mask;
+            while self.table[s] != NIL {
+                s = (s + 1) & mask;
+            }
+            self.table[s] = idx;
+        }
+    }
+
+    /// Removes `idx` from its hash's chain, and the hash from the table when
+    /// no endpoint holds it any more.
+    fn unlink_chain(&mut self, idx: u32) {
+        let hash = self.entry(idx).hash;
+        let Some(slot) = self.find_slot(hash) else {
+            return;
+        };
+        let next = self.entry(idx).chain;
+        if self.table[slot] == idx {
+            if next != NIL {
+                self.table[slot] = next;
+            } else {
+                self.remove_slot(slot);
+            }
+            return;
+        }
+        let mut cur = self.table[slot];
+        while cur != NIL {
+            let c = self.entry(cur).chain;
+            if c == idx {
+                self.entry_mut(cur).chain = next;
+                return;
+            }
+            cur = c;
+        }
+    }
+
+    /// Backward-shift deletion: later members of the probe run move into the
+    /// hole when their home slot allows, so lookups never need tombstones.
+    fn remove_slot(&mut self, slot: usize) {
+        let mask = self.mask();
+        let mut hole = slot;
+        let mut j = (slot + 1) & mask;
+        loop {
+            let idx = self.table[j];
+            if idx == NIL {
+                break;
+            }
+            let home = self.entry(idx).hash as usize & mask;
+            if j.wrapping_sub(home) & mask >= j.wrapping_sub(hole) & mask {
+                self.table[hole] = idx;
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.table[hole] = NIL;
+        self.distinct -= 1;
+    }
+
+    fn push_front(&mut self, idx: u32) {
+        let ep = self.entry(idx).endpoint as usize;
+        let head = self.lrus[ep].head;
+        {
+            let e = self.entry_mut(idx);
+            e.prev = NIL;
+            e.next = head;
+        }
+        if head != NIL {
+            self.entry_mut(head).prev = idx;
+        } else {
+            self.lrus[ep].tail = idx;
+        }
+        self.lrus[ep].head = idx;
+        self.lrus[ep].len += 1;
+    }
+
+    fn unlink_lru(&mut self, idx: u32) {
+        let Entry {
+            endpoint,
+            prev,
+            next,
+            ..
+        } = *self.entry(idx);
+        let lru = &mut self.lrus[endpoint as usize];
+        if prev == NIL {
+            lru.head = next;
+        }
+        if next == NIL {
+            lru.tail = prev;
+        }
+        lru.len -= 1;
+        if prev != NIL {
+            self.entry_mut(prev).next = next;
+        }
+        if next != NIL {
+            self.entry_mut(next).prev = prev;
+        }
+    }
+
+    fn release(&mut self, idx: u32) {
+        self.unlink_chain(idx);
+        let free = self.free;
+        *self.entry_mut(idx) = Entry {
+            next: free,
+            ..EMPTY
+        };
+        self.free = idx;
+    }
+
+    fn evict_tail(&mut self, ep: u32) {
+        let idx = self.lrus[ep as usize].tail;
+        if idx == NIL {
+            return;
+        }
+        self.unlink_lru(idx);
+        self.release(idx);
+    }
+
+    fn forget(&mut self, ep: u32) {
+        let mut idx = self.lrus[ep as usize].head;
+        while idx != NIL {
+            let next = self.entry(idx).next;
+            self.release(idx);
+            idx = next;
+        }
+        self.lrus[ep as usize] = Lru::default();
+    }
+
+    /// Drops the blocks of endpoints recorded with [`PrefixIndex::record_for`]
+    /// that nothing holds any more.
+    fn sweep(&mut self) {
+        for ep in 0..self.lrus.len() {
+            let lru = &self.lrus[ep];
+            // `Weak::new()` (never given an endpoint) has no strong count either.
+            let gone = lru.len > 0
+                && lru.endpoint.strong_count() == 0
+                && !Weak::ptr_eq(&lru.endpoint, &Weak::new());
+            if gone && let Ok(ep) = u32::try_from(ep) {
+                self.forget(ep);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
