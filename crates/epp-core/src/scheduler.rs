@@ -443,9 +443,10 @@ impl Scheduler {
             let run = &mut result.runs[*used_runs];
             *used_runs += 1;
             run.profile = pi;
-            run_profile(profile, &mut cx, base, candidates, totals, partial, picks);
+            let scored = run_profile(profile, &mut cx, base, candidates, totals, partial, picks);
+            let scored: &[Candidate] = if scored { candidates } else { base };
             for &i in picks.iter() {
-                run.targets.push(Arc::clone(&candidates[i].endpoint));
+                run.targets.push(Arc::clone(&scored[i].endpoint));
                 run.scores.push(totals[i]);
             }
             if run.targets.is_empty() {
@@ -480,7 +481,9 @@ impl Scheduler {
 }
 
 /// One profile: filters → weighted, clamped scores → picker. Leaves the chosen
-/// indices in `picks` (distinct, in preference order) over `candidates`.
+/// indices in `picks` (distinct, in preference order) over `candidates` when
+/// it returns true, over `base` when false (a profile without filters scores
+/// `base` in place, saving two reference-count updates per candidate).
 fn run_profile(
     profile: &SchedulingProfile,
     cx: &mut CycleContext<'_>,
@@ -489,18 +492,34 @@ fn run_profile(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
-) {
-    candidates.clear();
-    candidates.extend_from_slice(base);
+) -> bool {
     picks.clear();
+    candidates.clear();
+    if profile.filters.is_empty() {
+        score_and_pick(profile, cx, base, totals, partial, picks);
+        return false;
+    }
+    candidates.extend_from_slice(base);
     for f in &profile.filters {
         if let Some(filter) = f.plugin().as_filter() {
             filter.filter(cx, candidates);
         }
         if candidates.is_empty() {
-            return;
+            return true;
         }
     }
+    score_and_pick(profile, cx, candidates, totals, partial, picks);
+    true
+}
+
+fn score_and_pick(
+    profile: &SchedulingProfile,
+    cx: &mut CycleContext<'_>,
+    candidates: &[Candidate],
+    totals: &mut Vec<f64>,
+    partial: &mut Vec<f64>,
+    picks: &mut Vec<usize>,
+) {
     let n = candidates.len();
     totals.clear();
     totals.resize(n, 0.0);

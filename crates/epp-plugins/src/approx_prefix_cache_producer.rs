@@ -115,10 +115,30 @@ fn mix(h: u64, w: u64) -> u64 {
     (h ^ w).wrapping_mul(K).rotate_left(29)
 }
 
-/// Hashes a block with the previous hash as the seed, a word at a time.
+/// Hashes a block with the previous hash as the seed: four independent lanes
+/// of 8-byte words (so the multiplications overlap), folded together with the
+/// remainder, then a final avalanche (the index uses the low bits as the
+/// table slot).
 fn hash_block(block: &[u8], seed: u64) -> u64 {
-    let mut h = seed ^ (block.len() as u64).wrapping_mul(K);
-    let mut words = block.chunks_exact(8);
+    let mut lanes = [
+        seed ^ (block.len() as u64).wrapping_mul(K),
+        seed.rotate_left(17) ^ 0x243f_6a88_85a3_08d3,
+        seed.rotate_left(31) ^ 0x1319_8a2e_0370_7344,
+        seed.rotate_left(47) ^ 0xa409_3822_299f_31d0,
+    ];
+    let mut quads = block.chunks_exact(32);
+    for q in &mut quads {
+        for (lane, w) in lanes.iter_mut().zip(q.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            *lane = mix(*lane, u64::from_le_bytes(b));
+        }
+    }
+    let mut h = lanes[0];
+    for lane in &lanes[1..] {
+        h = mix(h, *lane);
+    }
+    let mut words = quads.remainder().chunks_exact(8);
     for w in &mut words {
         let mut b = [0u8; 8];
         b.copy_from_slice(w);
@@ -127,7 +147,6 @@ fn hash_block(block: &[u8], seed: u64) -> u64 {
     let mut tail = [0u8; 8];
     tail[..words.remainder().len()].copy_from_slice(words.remainder());
     h = mix(h, u64::from_le_bytes(tail));
-    // Final avalanche: the index uses the low bits as the table slot.
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^ (h >> 33)

@@ -3,14 +3,18 @@
 //!
 //! Layout (the reference keeps a map of maps and a linked-list LRU per server,
 //! ~490 bytes per block):
-//! - one slab of 24-byte entries `{hash, endpoint, lru prev/next, chain}`,
+//! - one slab of 32-byte entries `{hash, endpoint, lru prev/next, chain
+//!   prev/next}`,
 //!   allocated in chunks of 4,096 so growing never copies and never leaves more
 //!   than one chunk of slack;
-//! - one open-addressing table of `u32` entry indices (load ≤ 3/4, linear
-//!   probing, backward-shift deletion), keyed by the block hash itself — block
-//!   hashes are already uniformly mixed, so the low bits are the home slot;
-//! - entries holding the same hash on different endpoints form a chain from the
-//!   table slot; each endpoint's entries form a doubly-linked LRU list.
+//! - one open-addressing table of 8-byte slots `{entry index, low 32 bits of
+//!   the hash}` (load ≤ 3/4, linear probing, backward-shift deletion), keyed
+//!   by the block hash itself — block hashes are already uniformly mixed, so
+//!   the low bits are the home slot; keeping them in the slot lets probes,
+//!   deletions and growth run without reading any entry;
+//! - entries holding the same hash on different endpoints form a doubly-linked
+//!   chain from the table slot, the endpoint that touched the block last at
+//!   its head; each endpoint's entries form a doubly-linked LRU list.
 //!
 //! Once every endpoint's LRU is full, recording evicts one entry per new one
 //! and reuses its slot: the index then allocates nothing.
@@ -35,6 +39,8 @@ struct Entry {
     next: u32,
     /// Next entry with the same hash (another endpoint).
     chain: u32,
+    /// Previous entry with the same hash; `NIL` at the chain's head.
+    chain_prev: u32,
 }
 
 const EMPTY: Entry = Entry {
@@ -43,7 +49,22 @@ const EMPTY: Entry = Entry {
     prev: NIL,
     next: NIL,
     chain: NIL,
+    chain_prev: NIL,
 };
+
+/// A table slot: the chain head's entry and the hash's low bits (the table
+/// never exceeds 2^32 slots, so they hold the home slot).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    idx: u32,
+    fp: u32,
+}
+
+const FREE: Slot = Slot { idx: NIL, fp: 0 };
+
+fn fingerprint(hash: u64) -> u32 {
+    hash as u32
+}
 
 /// One endpoint's LRU list.
 #[derive(Debug)]
@@ -75,8 +96,8 @@ struct Inner {
     used: u32,
     /// Head of the free list (linked through `next`).
     free: u32,
-    /// Entry index of each hash's chain head; `NIL` = empty slot.
-    table: Vec<u32>,
+    /// Each hash's chain head; `idx == NIL` = empty slot.
+    table: Vec<Slot>,
     /// Occupied table slots (distinct hashes).
     distinct: usize,
     /// Per endpoint, by id.
@@ -107,9 +128,10 @@ impl Default for PrefixIndex {
 const SWEEP_EVERY: u32 = 64;
 
 impl PrefixIndex {
-    /// Records `hashes` (a prompt's chained block hashes, in prompt order) as
-    /// cached on `id`, evicting its least recently used blocks beyond
-    /// `capacity`. The blocks are touched last-to-first, so the prompt's head
+    /// Records `hashes` (a prompt's chained block hashes, in prompt order, as
+    /// [`crate::block_hashes`] makes them: each hash stands for its whole
+    /// prefix) as cached on `id`, evicting its least recently used blocks
+    /// beyond `capacity`. The blocks are touched last-to-first, so the prompt's head
     /// is the most recent and the last to be evicted: a tail without its
     /// head can never match, a head without its tail still does.
     pub fn record(&self, id: EndpointId, hashes: &[u64], capacity: usize) {
@@ -146,8 +168,12 @@ impl PrefixIndex {
         {
             inner.lrus[id.index()].endpoint = Arc::downgrade(e);
         }
+        inner.warm(hashes);
+        if inner.lrus[id.index()].len as usize + hashes.len() > capacity as usize {
+            inner.warm_tail(ep, hashes.len());
+        }
         for &h in hashes.iter().rev() {
-            if let Some(idx) = inner.find_entry(h, ep) {
+            if let Some(idx) = inner.touch_entry(h, ep) {
                 inner.unlink_lru(idx);
                 inner.push_front(idx);
                 continue;
@@ -163,7 +189,15 @@ impl PrefixIndex {
                 endpoint: ep,
                 ..EMPTY
             };
-            inner.link_chain(idx);
+            if !inner.link_chain(idx) {
+                let free = inner.free;
+                *inner.entry_mut(idx) = Entry {
+                    next: free,
+                    ..EMPTY
+                };
+                inner.free = idx;
+                return;
+            }
             inner.push_front(idx);
         }
         while inner.lrus[id.index()].len > capacity {
@@ -188,31 +222,62 @@ impl PrefixIndex {
     }
 
     /// Writes into `m`, per endpoint, how many leading blocks of `hashes` it
-    /// holds, contiguously from the first block. Stops at the first block no
-    /// endpoint extends its run with.
+    /// holds, contiguously from the first block.
+    ///
+    /// Every endpoint's set of blocks is prefix-closed along any chain: a
+    /// chained hash is only ever recorded together with the hashes before it,
+    /// and those are touched after it, so they are evicted after it. Holding
+    /// block `i` therefore implies holding blocks `0..i`, the number of
+    /// endpoints holding block `i` never grows with `i`, and the matches are
+    /// found by binary search: about `log2(blocks)` lookups per distinct match
+    /// length instead of one per block.
     pub fn match_prefix(&self, hashes: &[u64], m: &mut PrefixMatch) {
         let inner = self.inner.read();
-        for (i, &h) in hashes.iter().enumerate() {
-            let Some(slot) = inner.find_slot(h) else {
-                break;
-            };
-            let Ok(i) = u32::try_from(i) else {
-                break;
-            };
-            let mut advanced = false;
-            let mut idx = inner.table[slot];
-            while idx != NIL {
-                let e = inner.entry(idx);
-                let id = EndpointId(e.endpoint);
-                if m.matched(id) == i {
-                    m.set_matched(id, i + 1);
-                    advanced = true;
+        let holders = |i: usize| -> usize {
+            inner.find_slot(hashes[i]).map_or(0, |slot| {
+                let mut n = 0;
+                let mut idx = inner.table[slot].idx;
+                while idx != NIL {
+                    n += 1;
+                    idx = inner.entry(idx).chain;
                 }
-                idx = e.chain;
+                n
+            })
+        };
+        // Endpoints assigned so far all hold every block below `end`.
+        let (mut end, mut assigned) = (hashes.len(), 0);
+        loop {
+            // The last block below `end` held by more than `assigned` endpoints.
+            let (mut lo, mut hi) = (0, end);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if holders(mid) > assigned {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
             }
-            if !advanced {
+            if lo == 0 {
                 break;
             }
+            let i = lo - 1;
+            let Ok(len) = u32::try_from(lo) else {
+                break;
+            };
+            assigned = 0;
+            if let Some(slot) = inner.find_slot(hashes[i]) {
+                let mut idx = inner.table[slot].idx;
+                while idx != NIL {
+                    let e = inner.entry(idx);
+                    let id = EndpointId(e.endpoint);
+                    if m.matched(id) == 0 {
+                        m.set_matched(id, len);
+                    }
+                    assigned += 1;
+                    idx = e.chain;
+                }
+            }
+            end = i;
         }
     }
 
@@ -244,7 +309,7 @@ impl PrefixIndex {
         let inner = self.inner.read();
         inner.chunks.len() * CHUNK * size_of::<Entry>()
             + inner.chunks.capacity() * size_of::<Box<[Entry]>>()
-            + inner.table.capacity() * size_of::<u32>()
+            + inner.table.capacity() * size_of::<Slot>()
             + inner.lrus.capacity() * size_of::<Lru>()
     }
 }
@@ -270,26 +335,79 @@ impl Inner {
             return None;
         }
         let mask = self.mask();
+        let fp = fingerprint(hash);
         let mut s = hash as usize & mask;
         loop {
-            let idx = self.table[s];
-            if idx == NIL {
+            let slot = self.table[s];
+            if slot.idx == NIL {
                 return None;
             }
-            if self.entry(idx).hash == hash {
+            if slot.fp == fp && self.entry(slot.idx).hash == hash {
                 return Some(s);
             }
             s = (s + 1) & mask;
         }
     }
 
-    /// The entry holding `hash` for endpoint `ep`.
-    fn find_entry(&self, hash: u64, ep: u32) -> Option<u32> {
-        let slot = self.find_slot(hash)?;
-        let mut idx = self.table[slot];
-        while idx != NIL {
+    /// Loads the table slots and chain heads of `hashes` with independent
+    /// reads, so the processor overlaps their cache misses instead of taking
+    /// them one after another in the dependent walk that follows.
+    fn warm(&self, hashes: &[u64]) {
+        if self.table.is_empty() {
+            return;
+        }
+        let mask = self.mask();
+        let mut acc = 0u64;
+        for &h in hashes {
+            let idx = self.table[h as usize & mask].idx;
+            if idx != NIL {
+                acc ^= self.entry(idx).hash;
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// Loads the table slots of the `n` blocks `ep` would evict next, for the
+    /// same reason as [`Self::warm`].
+    fn warm_tail(&self, ep: u32, n: usize) {
+        if self.table.is_empty() {
+            return;
+        }
+        let mask = self.mask();
+        let mut acc = 0u32;
+        let mut idx = self.lrus[ep as usize].tail;
+        for _ in 0..n {
+            if idx == NIL {
+                break;
+            }
             let e = self.entry(idx);
+            acc ^= self.table[e.hash as usize & mask].idx;
+            idx = e.prev;
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// The entry holding `hash` for endpoint `ep`, moved to the head of its
+    /// chain (the endpoint that touches a block is likely to touch it next).
+    fn touch_entry(&mut self, hash: u64, ep: u32) -> Option<u32> {
+        let slot = self.find_slot(hash)?;
+        let head = self.table[slot].idx;
+        let mut idx = head;
+        while idx != NIL {
+            let e = *self.entry(idx);
             if e.endpoint == ep {
+                if idx != head {
+                    // Unlink (not the head, so it has a predecessor) and relink first.
+                    self.entry_mut(e.chain_prev).chain = e.chain;
+                    if e.chain != NIL {
+                        self.entry_mut(e.chain).chain_prev = e.chain_prev;
+                    }
+                    let me = self.entry_mut(idx);
+                    me.chain = head;
+                    me.chain_prev = NIL;
+                    self.entry_mut(head).chain_prev = idx;
+                    self.table[slot].idx = idx;
+                }
                 return Some(idx);
             }
             idx = e.chain;
@@ -315,65 +433,78 @@ impl Inner {
     }
 
     /// Puts `idx` at the head of its hash's chain, adding the hash to the
-    /// table if new.
-    fn link_chain(&mut self, idx: u32) {
+    /// table if new. False when the table cannot take another hash (2^32
+    /// slots: not reachable in practice, but never loop on a full table).
+    fn link_chain(&mut self, idx: u32) -> bool {
         let hash = self.entry(idx).hash;
+        self.entry_mut(idx).chain_prev = NIL;
         if let Some(slot) = self.find_slot(hash) {
-            let head = self.table[slot];
+            let head = self.table[slot].idx;
             self.entry_mut(idx).chain = head;
-            self.table[slot] = idx;
-            return;
+            self.entry_mut(head).chain_prev = idx;
+            self.table[slot].idx = idx;
+            return true;
         }
         if (self.distinct + 1) * 4 > self.table.len() * 3 {
             self.grow();
         }
+        if self.distinct + 1 >= self.table.len() {
+            return false;
+        }
         let mask = self.mask();
         let mut s = hash as usize & mask;
-        while self.table[s] != NIL {
+        while self.table[s].idx != NIL {
             s = (s + 1) & mask;
         }
         self.entry_mut(idx).chain = NIL;
-        self.table[s] = idx;
+        self.table[s] = Slot {
+            idx,
+            fp: fingerprint(hash),
+        };
         self.distinct += 1;
+        true
     }
 
     fn grow(&mut self) {
         let size = (self.table.len() * 2).max(64);
-        let old = std::mem::replace(&mut self.table, vec![NIL; size]);
+        if size > 1 << 32 {
+            return;
+        }
+        let old = std::mem::replace(&mut self.table, vec![FREE; size]);
         let mask = size - 1;
-        for idx in old.into_iter().filter(|&i| i != NIL) {
-            let mut s = self.entry(idx).hash as usize & mask;
-            while self.table[s] != NIL {
+        for slot in old.into_iter().filter(|s| s.idx != NIL) {
+            let mut s = slot.fp as usize & mask;
+            while self.table[s].idx != NIL {
                 s = (s + 1) & mask;
             }
-            self.table[s] = idx;
+            self.table[s] = slot;
         }
     }
 
     /// Removes `idx` from its hash's chain, and the hash from the table when
     /// no endpoint holds it any more.
     fn unlink_chain(&mut self, idx: u32) {
-        let hash = self.entry(idx).hash;
-        let Some(slot) = self.find_slot(hash) else {
-            return;
-        };
-        let next = self.entry(idx).chain;
-        if self.table[slot] == idx {
+        let Entry {
+            hash,
+            chain: next,
+            chain_prev: prev,
+            ..
+        } = *self.entry(idx);
+        if prev != NIL {
+            self.entry_mut(prev).chain = next;
             if next != NIL {
-                self.table[slot] = next;
-            } else {
-                self.remove_slot(slot);
+                self.entry_mut(next).chain_prev = prev;
             }
             return;
         }
-        let mut cur = self.table[slot];
-        while cur != NIL {
-            let c = self.entry(cur).chain;
-            if c == idx {
-                self.entry_mut(cur).chain = next;
-                return;
-            }
-            cur = c;
+        let Some(slot) = self.find_slot(hash) else {
+            return;
+        };
+        if next != NIL {
+            self.entry_mut(next).chain_prev = NIL;
+            self.table[slot].idx = next;
+        } else {
+            self.remove_slot(slot);
         }
     }
 
@@ -384,18 +515,18 @@ impl Inner {
         let mut hole = slot;
         let mut j = (slot + 1) & mask;
         loop {
-            let idx = self.table[j];
-            if idx == NIL {
+            let slot = self.table[j];
+            if slot.idx == NIL {
                 break;
             }
-            let home = self.entry(idx).hash as usize & mask;
+            let home = slot.fp as usize & mask;
             if j.wrapping_sub(home) & mask >= j.wrapping_sub(hole) & mask {
-                self.table[hole] = idx;
+                self.table[hole] = slot;
                 hole = j;
             }
             j = (j + 1) & mask;
         }
-        self.table[hole] = NIL;
+        self.table[hole] = FREE;
         self.distinct -= 1;
     }
 

@@ -6,16 +6,34 @@ use proptest::prelude::*;
 use super::PrefixIndex;
 
 #[test]
-fn matches_are_contiguous_from_the_start() {
+fn matches_count_leading_blocks_per_endpoint() {
     let index = PrefixIndex::default();
-    let e0 = EndpointId(0);
-    let e1 = EndpointId(1);
+    let (e0, e1, e2) = (EndpointId(0), EndpointId(1), EndpointId(2));
+    // Two prompts sharing blocks 1 and 2, then diverging.
     index.record(e0, &[1, 2, 3, 4], 100);
-    index.record(e1, &[1, 3, 4], 100); // holds 3 and 4 but not 2
+    index.record(e1, &[1, 2, 30, 40], 100);
+    index.record(e2, &[1], 100);
     let mut m = PrefixMatch::default();
     index.match_prefix(&[1, 2, 3, 4, 5], &mut m);
-    assert_eq!(m.matched(e0), 4);
-    assert_eq!(m.matched(e1), 1, "blocks after a gap do not count");
+    assert_eq!((m.matched(e0), m.matched(e1), m.matched(e2)), (4, 2, 1));
+    let mut m = PrefixMatch::default();
+    index.match_prefix(&[9, 10, 11], &mut m);
+    assert!(!m.any_hit());
+}
+
+#[test]
+fn eviction_never_leaves_a_gap() {
+    // The reference can count blocks after a gap; here the head of a prompt
+    // is always the last of its blocks to go.
+    let index = PrefixIndex::default();
+    let e = EndpointId(0);
+    index.record(e, &[1, 2, 3, 4], 4);
+    index.record(e, &[1, 2], 4); // the shared head is used again
+    index.record(e, &[7], 4); // evicts 4, the oldest
+    index.record(e, &[8], 4); // evicts 3
+    let mut m = PrefixMatch::default();
+    index.match_prefix(&[1, 2, 3, 4], &mut m);
+    assert_eq!(m.matched(e), 2);
 }
 
 #[test]
@@ -103,29 +121,44 @@ impl Model {
     }
 }
 
+/// Chain-consistent prompts: a hash stands for its whole prefix, as
+/// `block_hashes` guarantees. Prompt `p` shares its first 6 blocks with the
+/// other prompts of group `p % 3`, then has blocks of its own.
+fn prompt(p: u64, len: usize) -> Vec<u64> {
+    (0..len as u64)
+        .map(|k| {
+            if k < 6 {
+                (p % 3) * 1000 + k
+            } else {
+                100_000 + p * 1000 + k
+            }
+        })
+        .collect()
+}
+
 proptest! {
     #[test]
     fn behaves_like_a_naive_lru(
-        ops in prop::collection::vec((0usize..5, prop::collection::vec(0u64..40, 1..30), 0u8..8), 1..80),
+        ops in prop::collection::vec((0usize..5, 0u64..8, 1usize..20, 0u8..8), 1..80),
         cap in 1usize..30,
-        query in prop::collection::vec(0u64..40, 1..20),
+        query in (0u64..8, 1usize..20),
     ) {
         let index = PrefixIndex::default();
         let mut model = Model::default();
-        for (e, hashes, op) in ops {
+        for (e, p, len, op) in ops {
             if op == 0 {
                 index.forget(EndpointId(e as u32));
                 if let Some(l) = model.0.get_mut(e) { l.clear(); }
             } else {
+                let hashes = prompt(p, len);
                 index.record(EndpointId(e as u32), &hashes, cap);
                 model.record(e, &hashes, cap);
             }
             prop_assert!(index.len_for(EndpointId(e as u32)) <= cap);
         }
+        let query = prompt(query.0, query.1);
         let mut m = PrefixMatch::default();
         index.match_prefix(&query, &mut m);
-        // The index stops at the first block no endpoint extends; per endpoint
-        // that equals the model's contiguous match.
         for e in 0..5 {
             prop_assert_eq!(m.matched(EndpointId(e as u32)), model.matched(e, &query), "endpoint {}", e);
             prop_assert_eq!(index.len_for(EndpointId(e as u32)), model.0.get(e).map_or(0, VecDeque::len));

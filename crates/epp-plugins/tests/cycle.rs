@@ -1,0 +1,56 @@
+//! The benchmark's cycle, checked for what it promises: no heap allocation per
+//! steady-state cycle (counted per thread by a counting global allocator) and
+//! at most 50 bytes per indexed block.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../benches/support/workload.rs"]
+mod workload;
+
+use workload::Workload;
+
+/// Allocations over `cycles` cycles (request preparation and load changes,
+/// which are the client's and the data layer's work, not counted).
+fn allocations(w: &mut Workload, cycles: usize) -> u64 {
+    let mut total = 0;
+    for _ in 0..cycles {
+        w.next();
+        total += allocation_counter::measure(|| w.cycle()).count_total;
+    }
+    total
+}
+
+#[test]
+fn a_full_index_schedules_without_allocating() {
+    // 64 endpoints, 16 KiB prompts; each endpoint remembers 2,048 blocks, so
+    // after 4,000 requests every LRU is full and each record evicts.
+    let mut w = Workload::new(64, 16, Some(2_048));
+    w.warm(4_000);
+    assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
+    assert_eq!(allocations(&mut w, 1_000), 0);
+    // The counter does count: a fresh result allocates its vectors.
+    w.next();
+    let fresh = allocation_counter::measure(|| {
+        let r = w.scheduler.schedule(&Default::default(), &w.snapshot);
+        assert!(r.is_ok());
+    });
+    assert!(fresh.count_total > 0);
+}
+
+#[test]
+fn the_benchmark_setup_allocates_only_to_grow_the_index() {
+    // The setup: the default capacity (31,250 blocks per endpoint) is
+    // not reached by 10,000 requests, so the index still grows: one 96 KiB
+    // slab chunk per 4,096 new blocks and a table doubling now and then.
+    let mut w = Workload::new(64, 16, None);
+    w.warm(10_000);
+    let per_block = w.bytes_per_block();
+    assert!(per_block <= 50.0, "{per_block:.1} bytes per indexed block");
+    let allocs = allocations(&mut w, 1_000);
+    eprintln!(
+        "{per_block:.1} bytes per indexed block, {} entries; {allocs} allocations in 1,000 cycles",
+        w.prefix.index().entries()
+    );
+    // 1,000 requests add ≤ 64 blocks each: ≤ 16 chunks, ≤ 1 table growth.
+    assert!(allocs <= 20, "{allocs} allocations in 1,000 cycles");
+}
