@@ -13,20 +13,25 @@
 //! ```
 #![warn(missing_docs)]
 
-mod affinity;
+mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
-mod filters;
 mod kv_cache_scorer;
-mod load_scorers;
+mod label_selector_filter;
+mod load_aware_scorer;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
-mod misc;
+mod no_hit_lru_scorer;
+mod openai_parser;
+mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
 mod queue_scorer;
 mod random_picker;
+mod running_requests_size_scorer;
+mod session_affinity_scorer;
+mod token_load_scorer;
 mod utilization_detector;
 mod weighted_random_picker;
 
@@ -35,32 +40,41 @@ use std::sync::Arc;
 use epp_core::{BuildError, Plugin, PluginSpec, Registry, SingleProfileHandler};
 use serde::de::DeserializeOwned;
 
-pub use affinity::{
-    NoHitLruParams, NoHitLruScorer, PrefixAffinityParams, PrefixCacheAffinityFilter,
-    SESSION_HEADER, SessionAffinityScorer, session_token,
-};
+pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
 pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams};
-pub use filters::{
+pub use kv_cache_scorer::KvCacheUtilizationScorer;
+pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
-pub use kv_cache_scorer::KvCacheUtilizationScorer;
-pub use load_scorers::{
-    ActiveRequestParams, ActiveRequestScorer, LoadAwareParams, LoadAwareScorer, TokenLoadParams,
-    TokenLoadScorer,
-};
+pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
-pub use misc::OpenAiParser;
+pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
+pub use openai_parser::OpenAiParser;
+pub use prefix_cache_affinity_filter::{PrefixAffinityParams, PrefixCacheAffinityFilter};
 pub use prefix_cache_scorer::PrefixCacheScorer;
 pub use prefix_index::PrefixIndex;
-pub use queue_scorer::{QueueScorer, RunningRequestsSizeScorer};
+pub use queue_scorer::QueueScorer;
 pub use random_picker::RandomPicker;
+pub use running_requests_size_scorer::RunningRequestsSizeScorer;
+pub use session_affinity_scorer::{SESSION_HEADER, SessionAffinityScorer, session_token};
+pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
 pub use weighted_random_picker::WeightedRandomPicker;
+
+/// A parameter error for `plugin`.
+pub(crate) fn invalid(plugin: &str, field: &str, value: impl ToString, reason: &str) -> BuildError {
+    BuildError::InvalidValue {
+        plugin: plugin.into(),
+        field: field.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
 
 /// Parameters accepted by plugins that take none: any key is an error.
 #[derive(Debug, Default, serde::Deserialize)]

@@ -163,8 +163,13 @@ impl PrefixIndex {
         if inner.lrus.len() <= id.index() {
             inner.lrus.resize_with(id.index() + 1, Lru::default);
         }
+        // Track the endpoint object last recorded for this id: a relabelled
+        // endpoint is a new object with the same id, and only the object in
+        // the current snapshot tells whether it is still in the pool. (Between
+        // a relabel and its next pick a sweep may drop its blocks: only
+        // affinity is lost, and relabels are rare.)
         if let Some(e) = endpoint
-            && inner.lrus[id.index()].endpoint.strong_count() == 0
+            && inner.lrus[id.index()].endpoint.as_ptr() != Arc::as_ptr(e)
         {
             inner.lrus[id.index()].endpoint = Arc::downgrade(e);
         }

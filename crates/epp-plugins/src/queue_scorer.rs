@@ -1,10 +1,9 @@
-//! `queue-scorer` and `running-requests-size-scorer`: min-max normalised
-//! preference for short queues.
+//! `queue-scorer`: min-max normalised preference for short waiting queues.
 
 use epp_core::{Candidate, CycleContext, Plugin, Scorer};
 
 /// Writes `(max − v) / (max − min)` per candidate; 1 for all when all equal.
-fn min_max_low_is_good(
+pub(crate) fn min_max_low_is_good(
     candidates: &[Candidate],
     out: &mut [f64],
     value: impl Fn(&Candidate) -> u32,
@@ -60,41 +59,6 @@ impl Scorer for QueueScorer {
     }
 }
 
-/// `running-requests-size-scorer`: the same normalisation on running requests.
-#[derive(Debug, Clone)]
-pub struct RunningRequestsSizeScorer {
-    name: String,
-}
-
-impl RunningRequestsSizeScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "running-requests-size-scorer";
-
-    /// A scorer named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
-    }
-}
-
-impl Plugin for RunningRequestsSizeScorer {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_scorer(&self) -> Option<&dyn Scorer> {
-        Some(self)
-    }
-}
-
-impl Scorer for RunningRequestsSizeScorer {
-    fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        min_max_low_is_good(candidates, out, |c| c.metrics.running);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use epp_core::EndpointMetrics;
@@ -104,18 +68,13 @@ mod tests {
 
     #[test]
     fn formula() {
-        let m = |waiting, running| EndpointMetrics {
+        let m = |waiting| EndpointMetrics {
             waiting,
-            running,
             ..Default::default()
         };
-        let c = candidates(vec![m(0, 9), m(5, 3), m(10, 3)]);
+        let c = candidates(vec![m(0), m(5), m(10)]);
         assert_eq!(scores(&QueueScorer::new("q"), &c), vec![1.0, 0.5, 0.0]);
-        assert_eq!(
-            scores(&RunningRequestsSizeScorer::new("r"), &c),
-            vec![0.0, 1.0, 1.0]
-        );
-        let equal = candidates(vec![m(4, 0), m(4, 0)]);
+        let equal = candidates(vec![m(4), m(4)]);
         assert_eq!(scores(&QueueScorer::new("q"), &equal), vec![1.0, 1.0]);
     }
 }

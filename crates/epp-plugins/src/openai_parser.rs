@@ -1,4 +1,4 @@
-//! Plugins that only declare a role the ext_proc edge fulfils.
+//! `openai-parser`: declares the request parser the ext_proc edge runs.
 
 use epp_core::Plugin;
 

@@ -1,4 +1,5 @@
-//! Label filters: `label-selector-filter`, `decode-filter`, `prefill-filter`.
+//! `label-selector-filter`, and `decode-filter` / `prefill-filter`, which are
+//! the same filter with a fixed selector on the `llm-d.ai/role` label.
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,99 @@
+//! `session-affinity-scorer`: keep a session on the endpoint its token names.
+
+use epp_core::{Candidate, CycleContext, Plugin, Scorer};
+
+/// Header a client echoes to stay on its endpoint.
+pub const SESSION_HEADER: &str = "x-session-token";
+
+/// The session token for an endpoint address: base64 of `ip:port`.
+#[must_use]
+pub fn session_token(addr: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let b = addr.as_bytes();
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for chunk in b.chunks(3) {
+        let n = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(A[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `session-affinity-scorer`: the endpoint named by the request's
+/// `x-session-token` header (base64 of its `ip:port`) scores 1, others 0.
+#[derive(Debug, Clone)]
+pub struct SessionAffinityScorer {
+    name: String,
+}
+
+impl SessionAffinityScorer {
+    /// YAML type.
+    pub const TYPE: &'static str = "session-affinity-scorer";
+
+    /// A scorer named `name`.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+impl Plugin for SessionAffinityScorer {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_scorer(&self) -> Option<&dyn Scorer> {
+        Some(self)
+    }
+}
+
+impl Scorer for SessionAffinityScorer {
+    fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
+        let Some(token) = cx.request.header(SESSION_HEADER) else {
+            return;
+        };
+        for (c, s) in candidates.iter().zip(out.iter_mut()) {
+            if session_token(c.endpoint.addr_str()) == token {
+                *s = 1.0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use epp_core::{EndpointMetrics, InferenceRequest};
+
+    use super::*;
+    use crate::testing::{candidates, with_cx};
+
+    #[test]
+    fn base64_tokens() {
+        assert_eq!(session_token("10.0.0.1:8000"), "MTAuMC4wLjE6ODAwMA==");
+        assert_eq!(session_token("abc"), "YWJj");
+        assert_eq!(session_token("ab"), "YWI=");
+    }
+
+    #[test]
+    fn session_header_picks_its_endpoint() {
+        let c = candidates(vec![EndpointMetrics::default(); 3]);
+        let req = InferenceRequest::builder("m")
+            .header(SESSION_HEADER, session_token("10.0.0.1:8001"))
+            .build();
+        let s = with_cx(&req, 0, |cx| {
+            let mut out = vec![0.0; 3];
+            SessionAffinityScorer::new("s").score(cx, &c, &mut out);
+            out
+        });
+        assert_eq!(s, vec![0.0, 1.0, 0.0]);
+    }
+}
