@@ -1,0 +1,85 @@
+//! Configs users bring, built with the built-in registry.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use epp_core::{
+    Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, config::EndpointPickerConfig,
+};
+use epp_plugins::builtin_registry;
+
+#[test]
+fn an_llm_d_style_config_with_a_declared_producer_schedules() {
+    let text = "\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+  parameters: {blockSizeTokens: 8, autoTune: false}
+- type: prefix-cache-scorer
+- type: decode-filter
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 2}
+schedulingProfiles:
+- name: decode
+  plugins:
+  - pluginRef: approx-prefix-cache-producer
+  - pluginRef: decode-filter
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - pluginRef: max-score-picker
+";
+    let built = EndpointPickerConfig::parse(text, "llm-d.yaml")
+        .unwrap()
+        .build(&builtin_registry())
+        .unwrap();
+    let endpoints: Vec<Arc<Endpoint>> = (0..3)
+        .map(|i| {
+            let e = Arc::new(Endpoint::new(
+                i,
+                format!("10.0.0.{i}:8000").parse().unwrap(),
+            ));
+            e.set_metrics(EndpointMetrics::fresh());
+            e
+        })
+        .collect();
+    let snapshot = EndpointSnapshot::new(endpoints);
+    let prompt = "a shared system prompt ".repeat(20);
+    let req = InferenceRequest::builder("m").prompt(prompt).build();
+    let first = built.scheduler.schedule(&req, &snapshot).unwrap();
+    assert_eq!(
+        first.primary_run().unwrap().targets.len(),
+        2,
+        "target and one fallback"
+    );
+    let again = built.scheduler.schedule(&req, &snapshot).unwrap();
+    assert_eq!(first.primary().unwrap().id(), again.primary().unwrap().id());
+    assert!(
+        (again.primary_run().unwrap().scores[0] - 3.0).abs() < 1e-9,
+        "full match × weight 3"
+    );
+    assert!(
+        built
+            .effective_yaml
+            .contains("approx-prefix-cache-producer")
+    );
+}
+
+#[test]
+fn bad_producer_parameters_point_at_the_field() {
+    let text = "\
+plugins:
+- type: approx-prefix-cache-producer
+  parameters:
+    blockSizeTokens: 0
+";
+    let err = EndpointPickerConfig::parse(text, "epp.yaml")
+        .unwrap()
+        .build(&builtin_registry())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("epp.yaml:4:5: plugins[0].parameters.blockSizeTokens"),
+        "{err}"
+    );
+}
