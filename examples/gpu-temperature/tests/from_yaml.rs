@@ -148,6 +148,19 @@ async fn routing_follows_the_coolest_gpu() {
         }
         panic!("routing never went to {want}; last pick {:?}", pick());
     };
+    // Routing is only meaningful once every server's temperature has been
+    // read; before that all scores tie and any server may be picked.
+    for _ in 0..2000 {
+        let snapshot = store.snapshot();
+        if snapshot.endpoints().iter().all(|e| {
+            e.metrics()
+                .extension::<GpuTemperature>()
+                .is_some_and(|t| t.hottest_celsius.is_some())
+        }) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     wait_for(sims[1].addr).await;
     let e = Arc::clone(store.snapshot().by_addr(sims[1].addr).unwrap());
     assert_eq!(
