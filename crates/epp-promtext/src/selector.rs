@@ -256,8 +256,10 @@ struct NameGroup {
 /// Each line's name is read first (one table lookup per byte) and checked
 /// against a bitmap of the wanted names' lengths, then against the wanted
 /// names; only lines with a wanted name are parsed, and their labels only
-/// compared when a selector has matchers. Nothing is allocated per line
-/// (unless a matcher has to compare an escaped label value).
+/// compared when a selector has matchers (escaped values are compared
+/// without unescaping them). Nothing is allocated per line.
+///
+/// `Send + Sync` and immutable once built: share one set across scrapers.
 #[derive(Debug, Clone, Default)]
 pub struct SelectorSet {
     selectors: Vec<Selector>,
@@ -477,6 +479,13 @@ mod tests {
         let mut errors = 0;
         let r = set.scan_with(page, Mode::Strict, |_, _| {}, |_| errors += 1);
         assert_eq!((r.parsed, errors), (4, 1));
+    }
+
+    #[test]
+    fn sets_are_shareable_across_threads() {
+        fn check<T: Send + Sync + 'static>() {}
+        check::<SelectorSet>();
+        check::<crate::ParseError>();
     }
 
     #[test]
