@@ -33,6 +33,8 @@ pub enum ErrorKind {
     BadType,
     /// Content follows the OpenMetrics `# EOF` marker.
     ContentAfterEof,
+    /// A label name occurs twice in one label set (`{a="1",a="2"}`).
+    DuplicateLabel,
 }
 
 impl ErrorKind {
@@ -56,6 +58,7 @@ impl ErrorKind {
                  gaugehistogram, stateset, info)"
             }
             Self::ContentAfterEof => "nothing after '# EOF'",
+            Self::DuplicateLabel => "a label name not already in this label set",
         }
     }
 }

@@ -233,6 +233,16 @@ pub fn families(text: &str) -> Result<Vec<Family<'_>>, ParseError> {
 
 /// Groups a page into families, skipping malformed lines and returning
 /// their errors.
+///
+/// ```
+/// use epp_promtext::{ErrorKind, families_lenient};
+///
+/// let page = "# TYPE q gauge\nq{m=\"a\"} 1\nq{m=\"b\",m=\"c\"} 2\nq{m=\"d\"} oops\nq{m=\"e\"} 3\n";
+/// let (fams, errors) = families_lenient(page);
+/// assert_eq!(fams[0].metrics.len(), 2, "the good lines are kept");
+/// let kinds: Vec<_> = errors.iter().map(|e| (e.line, e.kind)).collect();
+/// assert_eq!(kinds, [(3, ErrorKind::DuplicateLabel), (4, ErrorKind::BadValue)]);
+/// ```
 #[must_use]
 pub fn families_lenient(text: &str) -> (Vec<Family<'_>>, Vec<ParseError>) {
     let mut errors = Vec::new();

@@ -266,6 +266,9 @@ pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
             return failure(at(k), ErrorKind::ExpectedLabelName);
         }
         let name_end = k + n;
+        if seen_before(body, &spans, &b[name_start..name_end], name_start) {
+            return failure(at(name_start), ErrorKind::DuplicateLabel);
+        }
         k = skip_blanks(b, name_end);
         if b.get(k) != Some(&b'=') {
             return failure(at(k), ErrorKind::ExpectedEquals);
@@ -298,6 +301,62 @@ pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
             _ => return failure(at(k), ErrorKind::ExpectedCommaOrBrace),
         }
     }
+}
+
+/// Whether label `name` already occurs in `body[..before]`, the validated
+/// part of a label set: the recorded spans first, then the labels after them
+/// (only sets of more than [`SPANS`] labels get that far). Lines have a
+/// handful of labels, so comparing against each earlier name is cheaper
+/// than any set structure.
+#[inline]
+fn seen_before(body: &str, spans: &Spans, name: &[u8], before: usize) -> bool {
+    let b = body.as_bytes();
+    let recorded = &spans.at[..usize::from(spans.len)];
+    if recorded
+        .iter()
+        .any(|&[s, e, ..]| b.get(usize::from(s)..usize::from(e)) == Some(name))
+    {
+        return true;
+    }
+    let mut rest = match recorded.last() {
+        Some(&[.., value_end]) => body.get(usize::from(value_end) + 1..before),
+        None => body.get(..before),
+    }
+    .unwrap_or_default();
+    while let Some(((n, _, _), tail)) = next_label(rest) {
+        if n.as_bytes() == name {
+            return true;
+        }
+        rest = tail;
+    }
+    false
+}
+
+/// The first label of `s` (skipping separators) and the text after it:
+/// `(name, value as written, whether the value has escapes)`.
+///
+/// `s` comes from a label set the grammar validated, so the name runs to
+/// the first `=` or blank and the value to the first unescaped `"`; only
+/// bounds are checked here (a hand-built [`crate::Sample`] may yield
+/// nonsense but never panics).
+#[inline]
+pub(crate) fn next_label(s: &str) -> Option<((&str, &str, bool), &str)> {
+    let b = s.as_bytes();
+    let mut k = 0;
+    while matches!(b.get(k), Some(b' ' | b'\t' | b',')) {
+        k += 1;
+    }
+    let start = k;
+    while !matches!(b.get(k)?, b'=' | b' ' | b'\t') {
+        k += 1;
+    }
+    let name = s.get(start..k)?;
+    while b.get(k)? != &b'"' {
+        k += 1;
+    }
+    let (end, escaped) = close_quote(b.get(k + 1..)?)?;
+    let value = s.get(k + 1..k + 1 + end)?;
+    Some(((name, value, escaped), s.get(k + end + 2..)?))
 }
 
 /// A token up to the next blank.
@@ -502,6 +561,23 @@ mod tests {
         );
         assert_eq!(kind(label_set("{a=\"1\\")).0, ErrorKind::UnterminatedValue);
         assert!(matches!(label_set("x"), Err(Err::Error(_))));
+        // A repeated label name, among the recorded first labels or after them.
+        assert_eq!(
+            kind(label_set("{a=\"1\", b=\"2\",a=\"3\"}")),
+            (ErrorKind::DuplicateLabel, "a=\"3\"}")
+        );
+        let many = |last: &str| {
+            format!("{{a=\"1\",b=\"\\\"\",c=\"3\",d=\"4\",e=\"5\", f=\"6\",{last}=\"7\"}}")
+        };
+        for dup in ["a", "d", "e", "f"] {
+            let set = many(dup);
+            assert_eq!(kind(label_set(&set)).0, ErrorKind::DuplicateLabel, "{set}");
+        }
+        assert_eq!(label_set(&many("g")).map(|(r, _)| r), Ok(""));
+        assert_eq!(
+            label_set("{ab=\"1\",a=\"2\",b=\"3\"}").map(|(r, _)| r),
+            Ok("")
+        );
         assert_eq!(blanks0(" \t x"), Ok(("x", " \t ")));
         for n in 0..100 {
             let v = format!("{}\"", "é".repeat(n / 2) + &"x".repeat(n % 2));

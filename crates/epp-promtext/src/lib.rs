@@ -35,8 +35,10 @@
 //! - `_bucket`, `_count`, `_sum`, `_created`, `_total`, quantile lines in any
 //!   order and interleaving.
 //!
-//! Not checked (accepted as written): duplicate label names in one sample,
-//! duplicate series, sample order within a family. Not supported: the
+//! A label name repeated within one label set is an error
+//! ([`ErrorKind::DuplicateLabel`]): the line is skipped and reported in
+//! lenient mode, and stops a strict parse. Not checked (accepted as
+//! written): duplicate series, sample order within a family. Not supported: the
 //! Prometheus 3 quoted UTF-8 metric-name syntax (`{"my.metric"}`) and the
 //! protobuf format.
 //!

@@ -382,4 +382,34 @@ mod tests {
         let indented = lines(" \t b{ 2").next().unwrap().unwrap_err();
         assert_eq!((indented.col, indented.snippet()), (7, "b{ 2"));
     }
+
+    #[test]
+    fn duplicate_label_names_are_errors() {
+        let page = "m{a=\"1\"} 1\nm{a=\"1\",b=\"2\",a=\"3\"} 2\nm{b=\"2\"} 3\n";
+        let lenient: Vec<_> = samples(page).collect();
+        assert_eq!(
+            lenient.len(),
+            3,
+            "lenient: the bad line is reported, the rest kept"
+        );
+        let e = lenient[1].unwrap_err();
+        assert_eq!((e.line, e.col, e.kind), (2, 15, ErrorKind::DuplicateLabel));
+        assert_eq!(
+            e.to_string(),
+            "line 2, column 15: expected a label name not already in this label set \
+             near \"\\\"1\\\",b=\\\"2\\\",a=\\\"3\\\"} 2\""
+        );
+        assert_eq!(lenient[2].map(|s| s.value), Ok(3.0));
+        let strict: Vec<_> = samples(page).strict().collect();
+        assert_eq!(strict.len(), 2);
+        assert_eq!(strict[1].unwrap_err().kind, ErrorKind::DuplicateLabel);
+        let set = crate::SelectorSet::from_specs(&["m"]).unwrap();
+        let mut values = Vec::new();
+        let report = set.scan(page, |_, s| values.push(s.value));
+        assert_eq!((values, report.errors), (vec![1.0, 3.0], 1));
+        assert_eq!(
+            report.first_error.map(|e| e.kind),
+            Some(ErrorKind::DuplicateLabel)
+        );
+    }
 }

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use crate::{
     error::ParseError,
-    grammar::{Spans, close_quote, sample_line},
+    grammar::{Spans, next_label, sample_line},
 };
 
 /// One sample line, borrowing from the page.
@@ -199,32 +199,6 @@ impl<'a> Labels<'a> {
         self.rest = tail;
         Some(item)
     }
-}
-
-/// The first label of `s` (skipping separators) and the text after it.
-///
-/// `s` comes from a label set the grammar validated, so the name runs to
-/// the first `=` or blank and the value to the first unescaped `"`; only
-/// bounds are checked here (a hand-built [`Sample`] may yield nonsense but
-/// never panics).
-#[inline]
-fn next_label(s: &str) -> Option<((&str, &str, bool), &str)> {
-    let b = s.as_bytes();
-    let mut k = 0;
-    while matches!(b.get(k), Some(b' ' | b'\t' | b',')) {
-        k += 1;
-    }
-    let start = k;
-    while !matches!(b.get(k)?, b'=' | b' ' | b'\t') {
-        k += 1;
-    }
-    let name = s.get(start..k)?;
-    while b.get(k)? != &b'"' {
-        k += 1;
-    }
-    let (end, escaped) = close_quote(b.get(k + 1..)?)?;
-    let value = s.get(k + 1..k + 1 + end)?;
-    Some(((name, value, escaped), s.get(k + end + 2..)?))
 }
 
 impl<'a> Iterator for Labels<'a> {

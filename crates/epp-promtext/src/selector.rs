@@ -109,6 +109,9 @@ fn spec_matchers(mut i: &str) -> SResult<'_, Vec<(String, String)>> {
             return Ok((r, out));
         }
         let (r, m) = spec_matcher(i)?;
+        if out.iter().any(|(k, _)| *k == m.0) {
+            return bad(i, "a label not already matched in this selector");
+        }
         out.push(m);
         let (r, _) = ws(r)?;
         i = match (r.strip_prefix(','), r.starts_with('}')) {
@@ -454,6 +457,16 @@ mod tests {
         assert_eq!(err("m[x]").at, 1);
         assert_eq!(err("m{x=1} z").at, 7);
         assert_eq!(err("m{x=1").at, 5);
+        let dup = err("vllm:x{a=\"1\", b=2, a=\"1\"}");
+        assert_eq!(
+            (dup.at, dup.expected),
+            (19, "a label not already matched in this selector")
+        );
+        assert_eq!(
+            dup.to_string(),
+            "invalid metric selector \"vllm:x{a=\\\"1\\\", b=2, a=\\\"1\\\"}\": expected a label \
+             not already matched in this selector at offset 19"
+        );
         let round = Selector::parse(r#"m{x="q\"v\\w\nz",y="1"}"#).unwrap();
         assert_eq!(round.matchers[0].1, "q\"v\\w\nz");
         assert_eq!(Selector::parse(&round.to_string()).unwrap(), round);
