@@ -1,8 +1,9 @@
 //! Properties (seeded proptest): rendered expositions parse back to what was
 //! rendered, in every view; and a bounded fuzz run on every test run —
-//! arbitrary bytes, near-valid lines and mutated real pages never make the
-//! parser panic, and errors point inside the page. The long campaign is the
-//! cargo-fuzz target in `fuzz/`.
+//! arbitrary bytes, near-valid lines and mutated real pages go through the
+//! cargo-fuzz target's own checks (`fuzz/fuzz_targets/check.rs`: never panic,
+//! errors point inside the page, borrows stay in the page, the scan agrees
+//! with the full parse). The long campaign is that target under cargo-fuzz.
 
 use std::fmt::Write as _;
 
@@ -10,6 +11,9 @@ use epp_promtext::{
     Line, MetricType, Mode, Selector, SelectorSet, families, lines, parse_sample, samples,
 };
 use proptest::{prelude::*, test_runner::RngSeed};
+
+#[path = "../fuzz/fuzz_targets/check.rs"]
+mod fuzz_check;
 
 #[derive(Debug, Clone)]
 struct Series {
@@ -245,6 +249,7 @@ proptest! {
 // === bounded fuzzing: never panic, errors point inside the page ===
 
 fn check_everything(page: &str) {
+    fuzz_check::check(page.as_bytes());
     let n_lines = u32::try_from(page.split('\n').count()).unwrap_or(u32::MAX);
     for item in lines(page) {
         match item {
@@ -280,6 +285,20 @@ fn fixture(name: &str) -> String {
         env!("CARGO_MANIFEST_DIR")
     ))
     .expect("fixture file")
+}
+
+#[test]
+fn fuzz_checks_hold_on_every_fixture() {
+    let dir = format!("{}/tests/fixtures", env!("CARGO_MANIFEST_DIR"));
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).expect("fixtures dir") {
+        let path = entry.expect("dir entry").path();
+        if path.extension().is_some_and(|e| e == "txt") {
+            fuzz_check::check(&std::fs::read(&path).expect("fixture"));
+            n += 1;
+        }
+    }
+    assert!(n >= 9, "only {n} fixtures found");
 }
 
 #[derive(Debug, Clone)]
