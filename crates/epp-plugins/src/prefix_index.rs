@@ -1,23 +1,26 @@
 //! The approximate prefix index: which endpoint was sent which prompt blocks,
-//! bounded per endpoint, in about 35 bytes per (block, endpoint) entry.
+//! bounded per endpoint, in 35–46 bytes per (block, endpoint) entry.
 //!
 //! Layout (the reference keeps a map of maps and a linked-list LRU per server,
 //! ~490 bytes per block):
-//! - one slab of 32-byte entries `{hash, endpoint, lru prev/next, chain
-//!   prev/next}`,
-//!   allocated in chunks of 4,096 so growing never copies and never leaves more
-//!   than one chunk of slack;
+//! - one slab of 24-byte entries `{hash, endpoint, lru prev/next, chain
+//!   next}`, allocated in chunks of 4,096 so growing never copies and never
+//!   leaves more than one chunk of slack;
 //! - one open-addressing table of 8-byte slots `{entry index, low 32 bits of
 //!   the hash}` (load ≤ 3/4, linear probing, backward-shift deletion), keyed
 //!   by the block hash itself — block hashes are already uniformly mixed, so
 //!   the low bits are the home slot; keeping them in the slot lets probes,
 //!   deletions and growth run without reading any entry;
-//! - entries holding the same hash on different endpoints form a doubly-linked
-//!   chain from the table slot, the endpoint that touched the block last at
-//!   its head; each endpoint's entries form a doubly-linked LRU list.
+//! - entries holding the same hash on different endpoints form a singly-linked
+//!   chain from the table slot (chains are as long as the number of endpoints
+//!   holding a block, so unlinking walks one); each endpoint's entries form a
+//!   doubly-linked LRU list in which a recorded prompt is one run, head first.
 //!
-//! Once every endpoint's LRU is full, recording evicts one entry per new one
-//! and reuses its slot: the index then allocates nothing.
+//! Recording touches the table only for blocks the endpoint did not hold and
+//! for the blocks it evicts: held blocks are reached through the run's links
+//! (see `Inner::record_run`). Once every endpoint's LRU is full, recording
+//! evicts one entry per new one and reuses its slot: the index then allocates
+//! nothing.
 
 use std::sync::{Arc, Weak};
 
@@ -39,8 +42,6 @@ struct Entry {
     next: u32,
     /// Next entry with the same hash (another endpoint).
     chain: u32,
-    /// Previous entry with the same hash; `NIL` at the chain's head.
-    chain_prev: u32,
 }
 
 const EMPTY: Entry = Entry {
@@ -49,7 +50,6 @@ const EMPTY: Entry = Entry {
     prev: NIL,
     next: NIL,
     chain: NIL,
-    chain_prev: NIL,
 };
 
 /// A table slot: the chain head's entry and the hash's low bits (the table
@@ -173,39 +173,14 @@ impl PrefixIndex {
         {
             inner.lrus[id.index()].endpoint = Arc::downgrade(e);
         }
-        inner.warm(hashes);
-        if inner.lrus[id.index()].len as usize + hashes.len() > capacity as usize {
-            inner.warm_tail(ep, hashes.len());
-        }
-        for &h in hashes.iter().rev() {
-            if let Some(idx) = inner.touch_entry(h, ep) {
-                inner.unlink_lru(idx);
-                inner.push_front(idx);
-                continue;
-            }
-            while inner.lrus[id.index()].len >= capacity {
-                inner.evict_tail(ep);
-            }
-            let Some(idx) = inner.alloc_entry() else {
-                return;
-            };
-            *inner.entry_mut(idx) = Entry {
-                hash: h,
-                endpoint: ep,
-                ..EMPTY
-            };
-            if !inner.link_chain(idx) {
-                let free = inner.free;
-                *inner.entry_mut(idx) = Entry {
-                    next: free,
-                    ..EMPTY
-                };
-                inner.free = idx;
-                return;
-            }
-            inner.push_front(idx);
-        }
-        while inner.lrus[id.index()].len > capacity {
+        // Blocks past the capacity would be evicted again at once.
+        let hashes = &hashes[..hashes.len().min(capacity as usize)];
+        // Out of entries or table slots (2^32): record what fitted, then
+        // still enforce the capacity.
+        let _ = inner.record_run(ep, hashes);
+        let over = inner.lrus[id.index()].len.saturating_sub(capacity);
+        inner.warm_tail(ep, over as usize);
+        for _ in 0..over {
             inner.evict_tail(ep);
         }
         inner.since_sweep += 1;
@@ -319,6 +294,47 @@ impl PrefixIndex {
     }
 }
 
+#[cfg(test)]
+impl PrefixIndex {
+    /// Checks the structure: every endpoint's list is consistently linked
+    /// with its length, every listed entry is findable through its hash's
+    /// chain, and every chained entry is listed.
+    fn check(&self) {
+        let inner = self.inner.read();
+        let mut listed = 0;
+        for (ep, lru) in inner.lrus.iter().enumerate() {
+            let (mut idx, mut prev, mut n) = (lru.head, NIL, 0);
+            while idx != NIL {
+                let e = inner.entry(idx);
+                assert_eq!(e.prev, prev, "endpoint {ep}: back link");
+                assert_eq!(e.endpoint as usize, ep, "endpoint {ep}: owner");
+                assert_eq!(
+                    inner.held(e.hash, e.endpoint),
+                    Some(idx),
+                    "endpoint {ep}: chained"
+                );
+                prev = idx;
+                idx = e.next;
+                n += 1;
+                assert!(n <= lru.len, "endpoint {ep}: list longer than its length");
+            }
+            assert_eq!(lru.tail, prev, "endpoint {ep}: tail");
+            assert_eq!(n, lru.len, "endpoint {ep}: length");
+            listed += n as usize;
+        }
+        let mut chained = 0;
+        for slot in inner.table.iter().filter(|s| s.idx != NIL) {
+            let mut idx = slot.idx;
+            while idx != NIL {
+                assert_eq!(fingerprint(inner.entry(idx).hash), slot.fp);
+                chained += 1;
+                idx = inner.entry(idx).chain;
+            }
+        }
+        assert_eq!(listed, chained, "every entry is both listed and chained");
+    }
+}
+
 // === impl Inner ===
 
 impl Inner {
@@ -364,9 +380,11 @@ impl Inner {
         let mask = self.mask();
         let mut acc = 0u64;
         for &h in hashes {
-            let idx = self.table[h as usize & mask].idx;
-            if idx != NIL {
-                acc ^= self.entry(idx).hash;
+            // The home slot's entry only if it may hold this hash: reading a
+            // colliding one would be a wasted miss.
+            let slot = self.table[h as usize & mask];
+            if slot.idx != NIL && slot.fp == fingerprint(h) {
+                acc ^= self.entry(slot.idx).hash;
             }
         }
         std::hint::black_box(acc);
@@ -392,31 +410,108 @@ impl Inner {
         std::hint::black_box(acc);
     }
 
-    /// The entry holding `hash` for endpoint `ep`, moved to the head of its
-    /// chain (the endpoint that touches a block is likely to touch it next).
-    fn touch_entry(&mut self, hash: u64, ep: u32) -> Option<u32> {
+    /// The entry holding `hash` for endpoint `ep`.
+    fn held(&self, hash: u64, ep: u32) -> Option<u32> {
         let slot = self.find_slot(hash)?;
-        let head = self.table[slot].idx;
-        let mut idx = head;
+        let mut idx = self.table[slot].idx;
         while idx != NIL {
-            let e = *self.entry(idx);
+            let e = self.entry(idx);
             if e.endpoint == ep {
-                if idx != head {
-                    // Unlink (not the head, so it has a predecessor) and relink first.
-                    self.entry_mut(e.chain_prev).chain = e.chain;
-                    if e.chain != NIL {
-                        self.entry_mut(e.chain).chain_prev = e.chain_prev;
-                    }
-                    let me = self.entry_mut(idx);
-                    me.chain = head;
-                    me.chain_prev = NIL;
-                    self.entry_mut(head).chain_prev = idx;
-                    self.table[slot].idx = idx;
-                }
                 return Some(idx);
             }
             idx = e.chain;
         }
+        None
+    }
+
+    /// Makes `hashes` the `hashes.len()` most recent blocks of `ep`, in
+    /// prompt order (the head most recent), without evicting. None when the
+    /// index is out of entries or table slots.
+    ///
+    /// Cost is what makes this the hot path: an endpoint that was sent this
+    /// prefix before holds its blocks as one run of its LRU list (a record
+    /// leaves them so, and later records move other runs, not split this
+    /// one). So the held part is found by a binary search over the blocks
+    /// (`log2(blocks)` lookups), walked towards the head through the list's
+    /// `prev` links (entries allocated together, checked against the block
+    /// hash; a table lookup only where the run was broken), and moved to the
+    /// front; only the blocks the endpoint never held touch the table, each
+    /// linked right after its predecessor.
+    fn record_run(&mut self, ep: u32, hashes: &[u64]) -> Option<()> {
+        // Blocks held contiguously from the first (holding block `i` implies
+        // holding the blocks before it; see `match_prefix`).
+        let (mut lo, mut hi, mut last_held) = (0, hashes.len(), NIL);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.held(hashes[mid], ep) {
+                Some(idx) => {
+                    last_held = idx;
+                    lo = mid + 1;
+                }
+                None => hi = mid,
+            }
+        }
+        let held = lo;
+        self.warm(&hashes[held..]);
+        // Held blocks, deepest first, each moved to the front.
+        let mut cur = last_held;
+        for i in (0..held).rev() {
+            let idx = if cur != NIL && self.entry(cur).hash == hashes[i] {
+                cur
+            } else if let Some(idx) = self.held(hashes[i], ep) {
+                idx
+            } else {
+                // Not prefix-closed after all (hashes that are not chained).
+                let idx = self.new_entry(hashes[i], ep)?;
+                self.push_front(idx);
+                cur = NIL;
+                continue;
+            };
+            cur = self.entry(idx).prev;
+            self.unlink_lru(idx);
+            self.push_front(idx);
+        }
+        // New blocks, each right behind its predecessor.
+        // The deepest held block, found by the search and still linked.
+        let mut last = last_held;
+        for &h in &hashes[held..] {
+            let idx = match self.held(h, ep) {
+                // A repeated block of this prompt (not chained hashes).
+                Some(idx) if idx == last => continue,
+                Some(idx) => {
+                    self.unlink_lru(idx);
+                    idx
+                }
+                None => self.new_entry(h, ep)?,
+            };
+            if last == NIL {
+                self.push_front(idx);
+            } else {
+                self.insert_after(last, idx);
+            }
+            last = idx;
+        }
+        Some(())
+    }
+
+    /// A fresh entry for `hash` on `ep`, linked into its hash chain but not
+    /// into the endpoint's LRU list.
+    fn new_entry(&mut self, hash: u64, ep: u32) -> Option<u32> {
+        let idx = self.alloc_entry()?;
+        *self.entry_mut(idx) = Entry {
+            hash,
+            endpoint: ep,
+            ..EMPTY
+        };
+        if self.link_chain(idx) {
+            return Some(idx);
+        }
+        let free = self.free;
+        *self.entry_mut(idx) = Entry {
+            next: free,
+            ..EMPTY
+        };
+        self.free = idx;
         None
     }
 
@@ -442,11 +537,9 @@ impl Inner {
     /// slots: not reachable in practice, but never loop on a full table).
     fn link_chain(&mut self, idx: u32) -> bool {
         let hash = self.entry(idx).hash;
-        self.entry_mut(idx).chain_prev = NIL;
         if let Some(slot) = self.find_slot(hash) {
             let head = self.table[slot].idx;
             self.entry_mut(idx).chain = head;
-            self.entry_mut(head).chain_prev = idx;
             self.table[slot].idx = idx;
             return true;
         }
@@ -490,26 +583,28 @@ impl Inner {
     /// no endpoint holds it any more.
     fn unlink_chain(&mut self, idx: u32) {
         let Entry {
-            hash,
-            chain: next,
-            chain_prev: prev,
-            ..
+            hash, chain: next, ..
         } = *self.entry(idx);
-        if prev != NIL {
-            self.entry_mut(prev).chain = next;
-            if next != NIL {
-                self.entry_mut(next).chain_prev = prev;
-            }
-            return;
-        }
         let Some(slot) = self.find_slot(hash) else {
             return;
         };
-        if next != NIL {
-            self.entry_mut(next).chain_prev = NIL;
-            self.table[slot].idx = next;
-        } else {
-            self.remove_slot(slot);
+        let head = self.table[slot].idx;
+        if head == idx {
+            if next != NIL {
+                self.table[slot].idx = next;
+            } else {
+                self.remove_slot(slot);
+            }
+            return;
+        }
+        let mut prev = head;
+        while prev != NIL {
+            let after = self.entry(prev).chain;
+            if after == idx {
+                self.entry_mut(prev).chain = next;
+                return;
+            }
+            prev = after;
         }
     }
 
@@ -549,6 +644,24 @@ impl Inner {
             self.lrus[ep].tail = idx;
         }
         self.lrus[ep].head = idx;
+        self.lrus[ep].len += 1;
+    }
+
+    /// Links `idx` into its endpoint's list right behind `after` (same endpoint).
+    fn insert_after(&mut self, after: u32, idx: u32) {
+        let ep = self.entry(idx).endpoint as usize;
+        let next = self.entry(after).next;
+        {
+            let e = self.entry_mut(idx);
+            e.prev = after;
+            e.next = next;
+        }
+        self.entry_mut(after).next = idx;
+        if next != NIL {
+            self.entry_mut(next).prev = idx;
+        } else {
+            self.lrus[ep].tail = idx;
+        }
         self.lrus[ep].len += 1;
     }
 

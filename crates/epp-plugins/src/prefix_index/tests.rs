@@ -165,3 +165,28 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Any hashes at all — repeated within a prompt, not chained, shared
+    /// across endpoints, with capacities changing between records — keep
+    /// the lists and chains consistent and every endpoint within capacity.
+    #[test]
+    fn arbitrary_hashes_keep_the_structure_sound(
+        ops in prop::collection::vec((0u32..4, prop::collection::vec(0u64..24, 0..24), 1usize..16, 0u8..10), 1..60),
+    ) {
+        let index = PrefixIndex::default();
+        for (e, hashes, cap, op) in ops {
+            if op == 0 {
+                index.forget(EndpointId(e));
+            } else {
+                index.record(EndpointId(e), &hashes, cap);
+                prop_assert!(index.len_for(EndpointId(e)) <= cap);
+                // The first block, the most recent, is held.
+                let mut m = PrefixMatch::default();
+                index.match_prefix(&hashes[..hashes.len().min(1)], &mut m);
+                prop_assert_eq!(m.matched(EndpointId(e)), u32::from(!hashes.is_empty()));
+            }
+            index.check();
+        }
+    }
+}
