@@ -110,11 +110,12 @@ async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
 async fn run(args: Args) -> Result<()> {
     let config = load_config(&args)?;
     let built = config.build(&registry())?;
-    let scheduler = Arc::new(
-        built
-            .scheduler
-            .with_staleness_threshold(args.metrics_staleness_threshold),
-    );
+    let mut prom = prometheus_client::registry::Registry::default();
+    let scheduler = built
+        .scheduler
+        .with_staleness_threshold(args.metrics_staleness_threshold);
+    let plugin_durations = metrics::PluginDurations::register(&mut prom, &scheduler.call_sites());
+    let scheduler = Arc::new(scheduler.with_observer(Arc::new(plugin_durations)));
 
     let shutdown = CancellationToken::new();
     let store = Arc::new(epp_datalayer::EndpointStore::new());
@@ -138,7 +139,6 @@ async fn run(args: Args) -> Result<()> {
         shutdown.child_token(),
     )?;
 
-    let mut prom = prometheus_client::registry::Registry::default();
     let pool = Arc::new(metrics::PoolGauges::register(
         &mut prom,
         &args.pool_name,

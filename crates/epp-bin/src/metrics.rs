@@ -4,13 +4,17 @@
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use epp_core::EndpointSource;
+use epp_core::{CallSite, EndpointSource, SchedulerObserver};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{family::Family, gauge::Gauge},
+    metrics::{
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
     registry::Registry,
 };
 use tokio::net::TcpListener;
@@ -25,6 +29,56 @@ struct PoolLabels {
 struct PodLabels {
     name: String,
     model_server_pod: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabels {
+    extension_point: &'static str,
+    plugin_type: String,
+    plugin_name: String,
+}
+
+/// `inference_extension_plugin_duration_seconds`: one histogram per
+/// (extension point, plugin), resolved once per call site so observing a
+/// call is an index and a histogram update.
+#[derive(Debug)]
+pub(crate) struct PluginDurations {
+    sites: Vec<Histogram>,
+}
+
+impl PluginDurations {
+    pub(crate) fn register(registry: &mut Registry, sites: &[CallSite]) -> Self {
+        // 1 µs … ~0.5 s.
+        let family =
+            Family::<PluginLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_001, 2.0, 20))
+            });
+        registry.register(
+            "inference_extension_plugin_duration_seconds",
+            "Time spent in each plugin call, per extension point and plugin",
+            family.clone(),
+        );
+        let sites = sites
+            .iter()
+            .map(|s| {
+                let labels = PluginLabels {
+                    extension_point: s.point.as_str(),
+                    plugin_type: s.plugin.plugin().type_name().to_owned(),
+                    plugin_name: s.plugin.plugin().name().to_owned(),
+                };
+                family.get_or_create(&labels).clone()
+            })
+            .collect();
+        Self { sites }
+    }
+}
+
+impl SchedulerObserver for PluginDurations {
+    fn plugin_call(&self, site: usize, took: Duration) {
+        if let Some(h) = self.sites.get(site) {
+            h.observe(took.as_secs_f64());
+        }
+    }
 }
 
 /// Pool-level gauges (REFERENCE §7), refreshed from the endpoint set whenever

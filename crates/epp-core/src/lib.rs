@@ -64,6 +64,7 @@ mod cycle;
 mod endpoint;
 mod error;
 mod extract;
+mod observe;
 mod plugin;
 mod registry;
 mod request;
@@ -76,9 +77,10 @@ pub use endpoint::{
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{ExtractError, Extractor, MetricsSource};
+pub use observe::{CallSite, ExtensionPoint, SchedulerObserver};
 pub use plugin::{
     DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest, ProfileHandler, RequestOutcome,
-    ResponseHooks, SaturationDetector, Scorer,
+    ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};

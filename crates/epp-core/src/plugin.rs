@@ -164,6 +164,16 @@ pub trait ResponseHooks: Plugin {
         _headers: &[(String, String)],
     ) {
     }
+    /// Adds headers to the response the client receives (e.g. a session
+    /// token naming `endpoint`). Called once per response, right after
+    /// [`Self::response_headers`]; a hook with nothing to add does nothing.
+    fn add_response_headers(
+        &self,
+        _request: &InferenceRequest,
+        _endpoint: &Endpoint,
+        _out: &mut dyn ResponseHeaderSink,
+    ) {
+    }
     /// Token usage was read from the response body.
     fn response_usage(&self, _request: &InferenceRequest, _endpoint: &Endpoint, _usage: &Usage) {}
     /// The request finished.
@@ -173,6 +183,20 @@ pub trait ResponseHooks: Plugin {
         _endpoint: &Endpoint,
         _outcome: RequestOutcome,
     ) {
+    }
+}
+
+/// Receives headers a response hook sets on the client's response. The
+/// edge (ext_proc) turns them into a header mutation; nothing is allocated
+/// unless a hook sets something.
+pub trait ResponseHeaderSink {
+    /// Sets `name` (lower-case) to `value`, replacing what the model server sent.
+    fn set_header(&mut self, name: &str, value: &str);
+}
+
+impl ResponseHeaderSink for Vec<(String, String)> {
+    fn set_header(&mut self, name: &str, value: &str) {
+        self.push((name.to_owned(), value.to_owned()));
     }
 }
 

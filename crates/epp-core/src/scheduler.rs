@@ -10,7 +10,8 @@ use rand::{SeedableRng, rngs::SmallRng};
 
 use crate::{
     Candidate, CycleContext, CycleState, Endpoint, EndpointSnapshot, InferenceRequest, Plugin,
-    PluginRef, ProfileHandler, Result, SchedulingError,
+    PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink, Result, SchedulingError, Usage,
+    observe::{CallSite, ExtensionPoint, Laps, SchedulerObserver},
 };
 
 /// A scorer and its weight in a profile.
@@ -232,6 +233,7 @@ pub struct Scheduler {
     response: Vec<PluginRef>,
     saturation: Option<PluginRef>,
     staleness: Option<Duration>,
+    observer: Option<Arc<dyn SchedulerObserver>>,
 }
 
 impl Scheduler {
@@ -263,6 +265,7 @@ impl Scheduler {
             response: Vec::new(),
             saturation: None,
             staleness: None,
+            observer: None,
         })
     }
 
@@ -318,11 +321,144 @@ impl Scheduler {
         self
     }
 
-    /// Plugins with response hooks, for the edge to call as responses arrive.
+    /// Reports the duration of every plugin call to `observer`, by index into
+    /// [`Self::call_sites`]. Without an observer no clock is read for plugins.
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn SchedulerObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Every place a plugin is called from, in a fixed order; the index of a
+    /// site is what a [`SchedulerObserver`] receives. A plugin playing several
+    /// roles (or used in several profiles) has one site per call.
+    #[must_use]
+    pub fn call_sites(&self) -> Vec<CallSite> {
+        let site = |point, plugin: &PluginRef| CallSite {
+            point,
+            plugin: plugin.clone(),
+        };
+        let mut out = vec![site(
+            ExtensionPoint::ProfilePicker,
+            &PluginRef(Arc::clone(&self.handler)),
+        )];
+        out.extend(
+            self.saturation
+                .iter()
+                .map(|p| site(ExtensionPoint::SaturationDetector, p)),
+        );
+        out.extend(
+            self.producers
+                .iter()
+                .map(|p| site(ExtensionPoint::DataProducer, p)),
+        );
+        for profile in &self.profiles {
+            out.extend(
+                profile
+                    .filters
+                    .iter()
+                    .map(|p| site(ExtensionPoint::Filter, p)),
+            );
+            out.extend(
+                profile
+                    .scorers
+                    .iter()
+                    .map(|s| site(ExtensionPoint::Scorer, &s.plugin)),
+            );
+            out.extend(
+                profile
+                    .picker
+                    .iter()
+                    .map(|p| site(ExtensionPoint::Picker, p)),
+            );
+        }
+        out.extend(
+            self.pre_request
+                .iter()
+                .map(|p| site(ExtensionPoint::PreRequest, p)),
+        );
+        out.extend(
+            self.response
+                .iter()
+                .map(|p| site(ExtensionPoint::ResponseReceived, p)),
+        );
+        out.extend(
+            self.response
+                .iter()
+                .map(|p| site(ExtensionPoint::ResponseComplete, p)),
+        );
+        out
+    }
+
+    /// First call site of the data producers.
+    fn producer_sites(&self) -> usize {
+        1 + usize::from(self.saturation.is_some())
+    }
+
+    /// First call site of profile `pi` (of the pre-request hooks when `pi`
+    /// is the number of profiles).
+    fn profile_sites(&self, pi: usize) -> usize {
+        self.producer_sites()
+            + self.producers.len()
+            + self.profiles[..pi.min(self.profiles.len())]
+                .iter()
+                .map(|p| p.filters.len() + p.scorers.len() + 1)
+                .sum::<usize>()
+    }
+
+    /// Plugins with response hooks, for the edge to call as responses arrive
+    /// (prefer [`Self::response_received`] and [`Self::response_complete`],
+    /// which also time the calls).
     pub fn response_hooks(&self) -> impl Iterator<Item = &dyn crate::ResponseHooks> {
         self.response
             .iter()
             .filter_map(|p| p.plugin().as_response_hooks())
+    }
+
+    /// Runs every response hook for response headers from `endpoint`, letting
+    /// them add headers for the client to `out`.
+    pub fn response_received(
+        &self,
+        request: &InferenceRequest,
+        endpoint: &Endpoint,
+        status: u16,
+        headers: &[(String, String)],
+        out: &mut dyn ResponseHeaderSink,
+    ) {
+        if self.response.is_empty() {
+            return;
+        }
+        let first = self.profile_sites(self.profiles.len()) + self.pre_request.len();
+        let mut laps = Laps::now(self.observer.as_deref());
+        for (i, hook) in self.response_hooks().enumerate() {
+            hook.response_headers(request, endpoint, status, headers);
+            hook.add_response_headers(request, endpoint, out);
+            laps.lap(first + i);
+        }
+    }
+
+    /// Runs every response hook for the end of a request: the usage read
+    /// from the response (if any), then the outcome.
+    pub fn response_complete(
+        &self,
+        request: &InferenceRequest,
+        endpoint: &Endpoint,
+        usage: Option<&Usage>,
+        outcome: RequestOutcome,
+    ) {
+        if self.response.is_empty() {
+            return;
+        }
+        let first =
+            self.profile_sites(self.profiles.len()) + self.pre_request.len() + self.response.len();
+        let mut laps = Laps::now(self.observer.as_deref());
+        for (i, hook) in self.response_hooks().enumerate() {
+            if let Some(u) = usage {
+                hook.response_usage(request, endpoint, u);
+            }
+            hook.request_completed(request, endpoint, outcome);
+            laps.lap(first + i);
+        }
     }
 
     /// The profiles.
@@ -415,17 +551,25 @@ impl Scheduler {
             state,
         };
 
+        let mut laps = Laps::new(self.observer.as_deref(), now);
         if request.is_sheddable()
             && let Some(det) = &self.saturation
             && let Some(det) = det.plugin().as_saturation_detector()
-            && det.saturation(&cx, base) >= 1.0
         {
-            return Err(SchedulingError::Saturated);
+            laps.restart();
+            let saturation = det.saturation(&cx, base);
+            laps.lap(1);
+            if saturation >= 1.0 {
+                return Err(SchedulingError::Saturated);
+            }
         }
 
-        for p in &self.producers {
+        laps.restart();
+        let first_producer = self.producer_sites();
+        for (i, p) in self.producers.iter().enumerate() {
             if let Some(producer) = p.plugin().as_data_producer() {
                 producer.produce(&mut cx, base);
+                laps.lap(first_producer + i);
             }
         }
 
@@ -433,7 +577,13 @@ impl Scheduler {
             return Err(SchedulingError::Invalid("profile handler missing".into()));
         };
         let mut last_empty = None;
-        while let Some(pi) = handler.next_profile(&cx, &self.profiles, &result.runs[..*used_runs]) {
+        loop {
+            laps.restart();
+            let next = handler.next_profile(&cx, &self.profiles, &result.runs[..*used_runs]);
+            laps.lap(0);
+            let Some(pi) = next else {
+                break;
+            };
             let Some(profile) = self.profiles.get(pi) else {
                 break;
             };
@@ -443,7 +593,25 @@ impl Scheduler {
             let run = &mut result.runs[*used_runs];
             *used_runs += 1;
             run.profile = pi;
-            let scored = run_profile(profile, &mut cx, base, candidates, totals, partial, picks);
+            let sites = if laps.active() {
+                self.profile_sites(pi)
+            } else {
+                0
+            };
+            let mut timing = Timing {
+                laps: &mut laps,
+                first: sites,
+            };
+            let scored = run_profile(
+                profile,
+                &mut cx,
+                base,
+                candidates,
+                totals,
+                partial,
+                picks,
+                &mut timing,
+            );
             let scored: &[Candidate] = if scored { candidates } else { base };
             for &i in picks.iter() {
                 run.targets.push(Arc::clone(&scored[i].endpoint));
@@ -471,19 +639,37 @@ impl Scheduler {
             }
         }
 
-        for p in &self.pre_request {
+        laps.restart();
+        let first_pre = if laps.active() {
+            self.profile_sites(self.profiles.len())
+        } else {
+            0
+        };
+        for (i, p) in self.pre_request.iter().enumerate() {
             if let Some(hook) = p.plugin().as_pre_request() {
                 hook.pre_request(&cx, result);
+                laps.lap(first_pre + i);
             }
         }
         Ok(())
     }
 }
 
+/// The laps of one profile run and the call site of its first plugin
+/// (filters, then scorers, then the picker).
+struct Timing<'l, 'o> {
+    laps: &'l mut Laps<'o>,
+    first: usize,
+}
+
 /// One profile: filters → weighted, clamped scores → picker. Leaves the chosen
 /// indices in `picks` (distinct, in preference order) over `candidates` when
 /// it returns true, over `base` when false (a profile without filters scores
 /// `base` in place, saving two reference-count updates per candidate).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the scratch buffers are borrowed separately"
+)]
 fn run_profile(
     profile: &SchedulingProfile,
     cx: &mut CycleContext<'_>,
@@ -492,23 +678,26 @@ fn run_profile(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
+    timing: &mut Timing<'_, '_>,
 ) -> bool {
     picks.clear();
     candidates.clear();
+    timing.laps.restart();
     if profile.filters.is_empty() {
-        score_and_pick(profile, cx, base, totals, partial, picks);
+        score_and_pick(profile, cx, base, totals, partial, picks, timing);
         return false;
     }
     candidates.extend_from_slice(base);
-    for f in &profile.filters {
+    for (i, f) in profile.filters.iter().enumerate() {
         if let Some(filter) = f.plugin().as_filter() {
             filter.filter(cx, candidates);
+            timing.laps.lap(timing.first + i);
         }
         if candidates.is_empty() {
             return true;
         }
     }
-    score_and_pick(profile, cx, candidates, totals, partial, picks);
+    score_and_pick(profile, cx, candidates, totals, partial, picks, timing);
     true
 }
 
@@ -519,11 +708,13 @@ fn score_and_pick(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
+    timing: &mut Timing<'_, '_>,
 ) {
     let n = candidates.len();
     totals.clear();
     totals.resize(n, 0.0);
-    for ws in &profile.scorers {
+    let first_scorer = timing.first + profile.filters.len();
+    for (i, ws) in profile.scorers.iter().enumerate() {
         let Some(scorer) = ws.plugin.plugin().as_scorer() else {
             continue;
         };
@@ -535,9 +726,11 @@ fn score_and_pick(
             let s = if s.is_nan() { 0.0 } else { s.clamp(0.0, 1.0) };
             *t += ws.weight * s;
         }
+        timing.laps.lap(first_scorer + i);
     }
     if let Some(picker) = profile.picker.as_ref().and_then(|p| p.plugin().as_picker()) {
         picker.pick(cx, candidates, totals, picks);
+        timing.laps.lap(first_scorer + profile.scorers.len());
     }
     // Enforce the picker contract: in range and distinct, first wins.
     let mut w = 0;

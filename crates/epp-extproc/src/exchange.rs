@@ -474,8 +474,14 @@ impl Exchange {
         if let Some(r) = self.routed.as_mut() {
             r.status = Some(status);
             let streaming = sse || r.request.stream;
-            for hook in r.scheduler.response_hooks() {
-                hook.response_headers(&r.request, &r.endpoint, status, &pairs);
+            let mut added: Vec<(String, String)> = Vec::new();
+            r.scheduler
+                .response_received(&r.request, &r.endpoint, status, &pairs, &mut added);
+            if !added.is_empty() {
+                mutation = Some(HeaderMutation {
+                    set_headers: added.iter().map(|(k, v)| proto::set_header(k, v)).collect(),
+                    remove_headers: Vec::new(),
+                });
             }
             r.usage = Some(UsageReader::new(streaming, limit));
             if r.restorer.is_some() {
@@ -490,10 +496,10 @@ impl Exchange {
                 ) {
                     // The length changes with the model name; Envoy re-frames.
                     // (BUFFERED sets it with the body; NONE leaves the body.)
-                    mutation = Some(HeaderMutation {
-                        set_headers: Vec::new(),
-                        remove_headers: vec!["content-length".to_owned()],
-                    });
+                    mutation
+                        .get_or_insert_with(HeaderMutation::default)
+                        .remove_headers
+                        .push("content-length".to_owned());
                 }
             }
         }
@@ -565,12 +571,8 @@ impl Exchange {
             Some(status) if clean => RequestOutcome::Completed { status },
             _ => RequestOutcome::Aborted,
         };
-        for hook in r.scheduler.response_hooks() {
-            if let Some(u) = &usage {
-                hook.response_usage(&r.request, &r.endpoint, u);
-            }
-            hook.request_completed(&r.request, &r.endpoint, outcome);
-        }
+        r.scheduler
+            .response_complete(&r.request, &r.endpoint, usage.as_ref(), outcome);
         let elapsed = self.started.elapsed();
         self.shared
             .metrics

@@ -160,6 +160,14 @@ async fn metrics_use_the_reference_names() {
         "inference_objective_request_total{",
         "inference_extension_scheduler_e2e_duration_seconds_bucket{",
         "epp_metrics_scrapes_total{",
+        // One request: each plugin of the default profile ran once, the
+        // profile handler twice (run the profile, then "done").
+        "inference_extension_plugin_duration_seconds_count{extension_point=\"Scorer\",plugin_type=\"queue-scorer\",plugin_name=\"queue-scorer\"} 1",
+        "inference_extension_plugin_duration_seconds_count{extension_point=\"Scorer\",plugin_type=\"kv-cache-utilization-scorer\",plugin_name=\"kv-cache-utilization-scorer\"} 1",
+        "inference_extension_plugin_duration_seconds_count{extension_point=\"Scorer\",plugin_type=\"prefix-cache-scorer\",plugin_name=\"prefix-cache-scorer\"} 1",
+        "inference_extension_plugin_duration_seconds_count{extension_point=\"Picker\",plugin_type=\"max-score-picker\",plugin_name=\"max-score-picker\"} 1",
+        "inference_extension_plugin_duration_seconds_count{extension_point=\"ProfilePicker\",plugin_type=\"single-profile-handler\",plugin_name=\"single-profile-handler\"} 2",
+        "inference_extension_scheduler_e2e_duration_seconds_count 1",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }

@@ -234,3 +234,106 @@ fn seeded_scratch_reuses_result_buffers() {
         assert_eq!(ids(&result), vec![1, 0]);
     }
 }
+
+/// Records every reported call site.
+#[derive(Debug, Default)]
+struct Recorder(std::sync::Mutex<Vec<usize>>);
+impl crate::SchedulerObserver for Recorder {
+    fn plugin_call(&self, site: usize, _took: Duration) {
+        self.0.lock().unwrap().push(site);
+    }
+}
+
+/// Response hooks that add a header.
+#[derive(Debug)]
+struct Tagger;
+impl Plugin for Tagger {
+    fn type_name(&self) -> &str {
+        "tagger"
+    }
+    fn name(&self) -> &str {
+        "tag"
+    }
+    fn as_response_hooks(&self) -> Option<&dyn crate::ResponseHooks> {
+        Some(self)
+    }
+}
+impl crate::ResponseHooks for Tagger {
+    fn add_response_headers(
+        &self,
+        _: &InferenceRequest,
+        endpoint: &Endpoint,
+        out: &mut dyn crate::ResponseHeaderSink,
+    ) {
+        out.set_header("x-tag", endpoint.addr_str());
+    }
+}
+
+#[test]
+fn observer_sees_every_plugin_call_at_its_site() {
+    use crate::ExtensionPoint as E;
+    let filter = SchedulingProfile::new("p")
+        .with_filter(PluginRef::new(Arc::new(DropAll)))
+        .with_scorer(PluginRef::new(Arc::new(Fixed(vec![1.0]))), 1.0)
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    let recorder = Arc::new(Recorder::default());
+    let s = scheduler(vec![0.3, 0.6])
+        .with_saturation_detector(PluginRef::new(Arc::new(AlwaysSaturated)))
+        .unwrap()
+        .with_hooks([PluginRef::new(Arc::new(Tagger))])
+        .with_observer(recorder.clone());
+    let sites = s.call_sites();
+    let points: Vec<(E, &str)> = sites
+        .iter()
+        .map(|c| (c.point, c.plugin.plugin().name()))
+        .collect();
+    assert_eq!(
+        points,
+        vec![
+            (E::ProfilePicker, "single-profile-handler"),
+            (E::SaturationDetector, "sat"),
+            (E::Scorer, "fixed"),
+            (E::Picker, "all"),
+            (E::ResponseReceived, "tag"),
+            (E::ResponseComplete, "tag"),
+        ]
+    );
+    assert_eq!(E::ResponseReceived.as_str(), "ResponseReceived");
+
+    let snap = snapshot(2);
+    let req = InferenceRequest::builder("m").build();
+    let r = s.schedule(&req, &snap).unwrap();
+    // The handler is asked twice (run the profile; then "done").
+    assert_eq!(*recorder.0.lock().unwrap(), vec![0, 2, 3, 0]);
+
+    recorder.0.lock().unwrap().clear();
+    assert!(
+        s.schedule(&InferenceRequest::builder("m").priority(-1).build(), &snap)
+            .is_err()
+    );
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        vec![1],
+        "shed after the detector"
+    );
+
+    recorder.0.lock().unwrap().clear();
+    let endpoint = r.primary().unwrap();
+    let mut headers: Vec<(String, String)> = Vec::new();
+    s.response_received(&req, endpoint, 200, &[], &mut headers);
+    s.response_complete(&req, endpoint, None, crate::RequestOutcome::Aborted);
+    assert_eq!(
+        headers,
+        vec![("x-tag".to_owned(), "10.0.0.1:8001".to_owned())]
+    );
+    assert_eq!(*recorder.0.lock().unwrap(), vec![4, 5]);
+
+    // Filters come first within a profile; a second profile's sites follow.
+    let s = Scheduler::new(vec![filter], Arc::new(SingleProfileHandler::default()))
+        .unwrap()
+        .with_observer(recorder.clone());
+    recorder.0.lock().unwrap().clear();
+    assert!(s.schedule(&req, &snap).is_err(), "everything filtered");
+    assert_eq!(*recorder.0.lock().unwrap(), vec![0, 1, 0]);
+    assert_eq!(s.call_sites()[1].point, E::Filter);
+}
