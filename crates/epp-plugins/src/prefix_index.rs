@@ -213,15 +213,21 @@ impl PrefixIndex {
     /// length instead of one per block.
     pub fn match_prefix(&self, hashes: &[u64], m: &mut PrefixMatch) {
         let inner = self.inner.read();
-        let holders = |i: usize| -> usize {
-            inner.find_slot(hashes[i]).map_or(0, |slot| {
-                let mut n = 0;
+        // Whether more than `n` endpoints hold block `i`: walks at most
+        // `n + 1` chain entries (the first search, `n = 0`, reads none beyond
+        // the lookup's own).
+        let held_by_more = |i: usize, n: usize| -> bool {
+            inner.find_slot(hashes[i]).is_some_and(|slot| {
                 let mut idx = inner.table[slot].idx;
+                let mut seen = 0;
                 while idx != NIL {
-                    n += 1;
+                    seen += 1;
+                    if seen > n {
+                        return true;
+                    }
                     idx = inner.entry(idx).chain;
                 }
-                n
+                false
             })
         };
         // Endpoints assigned so far all hold every block below `end`.
@@ -231,7 +237,7 @@ impl PrefixIndex {
             let (mut lo, mut hi) = (0, end);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if holders(mid) > assigned {
+                if held_by_more(mid, assigned) {
                     lo = mid + 1;
                 } else {
                     hi = mid;
