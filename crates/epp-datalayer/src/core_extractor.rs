@@ -10,17 +10,23 @@ use epp_core::{
 };
 use epp_promtext::{Sample, Selector, SelectorSet};
 
-/// Endpoint labels naming the engine, in order of preference.
+/// Endpoint labels naming the engine, in order of preference, when
+/// `engineLabelKey` is not set.
 pub const ENGINE_LABELS: [&str; 2] = [
     "llm-d.ai/engine-type",
     "inference.networking.k8s.io/engine-type",
 ];
-/// Engine assumed when an endpoint has no engine label.
+/// Engine assumed when an endpoint has no engine label (`defaultEngine`).
 pub const DEFAULT_ENGINE: &str = "vllm";
 
-/// Metric specs of one engine (each a `family{label="value"}` selector; a
-/// comma-free `|` separates alternatives tried in order, for renamed metrics).
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+/// The metric specs of one engine, as the reference's `engineConfigs`
+/// entries spell them. Each spec is a `family{label="value"}` selector
+/// (values quoted or bare); an empty or absent spec is not scraped. Ours
+/// also accepts `a|b`: alternatives tried in order, for renamed metrics.
+///
+/// An entry replaces the whole built-in entry of the same name (fields it
+/// leaves out are not scraped), as in the reference.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EngineConfig {
     /// Engine name (`vllm`, `sglang`, `trtllm-serve`, `triton-tensorrt-llm`, or a new one).
@@ -37,16 +43,35 @@ pub struct EngineConfig {
     /// LoRA info series (`running_lora_adapters`, `waiting_lora_adapters`, `max_lora` labels).
     #[serde(default)]
     pub lora_spec: Option<String>,
-    /// Cache-config info series with block size and block count labels.
+    /// Cache-config info series whose labels hold block size and block count.
     #[serde(default)]
     pub cache_info_spec: Option<String>,
+    /// Label of `cacheInfoSpec` holding the block size (default `block_size`).
+    #[serde(default)]
+    pub cache_block_size_label_name: Option<String>,
+    /// Label of `cacheInfoSpec` holding the block count (default `num_gpu_blocks`).
+    #[serde(default)]
+    pub cache_num_blocks_label_name: Option<String>,
+    /// A gauge whose value is the block size (instead of `cacheInfoSpec`).
+    #[serde(default)]
+    pub cache_block_size_spec: Option<String>,
+    /// A gauge whose value is the block count (instead of `cacheInfoSpec`).
+    #[serde(default)]
+    pub cache_num_blocks_spec: Option<String>,
 }
 
-/// Parameters.
+/// Parameters, named as in the reference.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CoreMetricsParams {
-    /// Per-engine overrides of any spec, or new engines.
+    /// The endpoint label naming the engine. Unset: [`ENGINE_LABELS`], first found.
+    #[serde(default)]
+    pub engine_label_key: Option<String>,
+    /// Engine of endpoints without the label, or with an engine that has no
+    /// entry (default [`DEFAULT_ENGINE`]); must name a built-in or configured engine.
+    #[serde(default)]
+    pub default_engine: Option<String>,
+    /// Engines replacing the built-in entry of the same name, or new ones.
     #[serde(default)]
     pub engine_configs: Vec<EngineConfig>,
 }
@@ -67,38 +92,44 @@ struct Engine {
     set: SelectorSet,
     roles: Vec<Role>,
     /// Labels of the cache-info series holding block size and block count.
-    cache_labels: (&'static str, &'static str),
+    cache_labels: (String, String),
+    /// Whether any of queue, running or KV usage is scraped.
+    has_core: bool,
 }
 
-fn builtin(name: &str) -> Option<EngineConfig> {
+fn builtins() -> [EngineConfig; 4] {
     let spec = |s: &str| Some(s.to_owned());
-    Some(match name {
-        "vllm" => EngineConfig {
-            name: name.into(),
+    [
+        EngineConfig {
+            name: "vllm".into(),
             queued_requests_spec: spec("vllm:num_requests_waiting"),
             running_requests_spec: spec("vllm:num_requests_running"),
             kv_usage_spec: spec("vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc"),
             lora_spec: spec("vllm:lora_requests_info"),
             cache_info_spec: spec("vllm:cache_config_info"),
+            ..EngineConfig::default()
         },
-        "sglang" => EngineConfig {
-            name: name.into(),
+        EngineConfig {
+            name: "sglang".into(),
             queued_requests_spec: spec("sglang:num_queue_reqs"),
             running_requests_spec: spec("sglang:num_running_reqs"),
             kv_usage_spec: spec("sglang:token_usage"),
-            lora_spec: None,
             cache_info_spec: spec("sglang:cache_config_info"),
+            cache_block_size_label_name: spec("page_size"),
+            cache_num_blocks_label_name: spec("num_pages"),
+            ..EngineConfig::default()
         },
-        "trtllm-serve" => EngineConfig {
-            name: name.into(),
+        EngineConfig {
+            name: "trtllm-serve".into(),
             queued_requests_spec: spec("trtllm_num_requests_waiting"),
             running_requests_spec: spec("trtllm_num_requests_running"),
             kv_usage_spec: spec("trtllm_kv_cache_utilization"),
-            lora_spec: None,
-            cache_info_spec: None,
+            cache_block_size_spec: spec("trtllm_kv_cache_tokens_per_block"),
+            cache_num_blocks_spec: spec("trtllm_kv_cache_max_blocks"),
+            ..EngineConfig::default()
         },
-        "triton-tensorrt-llm" => EngineConfig {
-            name: name.into(),
+        EngineConfig {
+            name: "triton-tensorrt-llm".into(),
             queued_requests_spec: spec(
                 "nv_trt_llm_request_metrics{request_type=\"waiting\"}|nv_trt_llm_request_statistics{request_type=\"waiting\"}",
             ),
@@ -108,40 +139,35 @@ fn builtin(name: &str) -> Option<EngineConfig> {
             kv_usage_spec: spec(
                 "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"}|nv_trt_llm_kv_cache_block_statistics{kv_cache_block_type=\"fraction\"}",
             ),
-            lora_spec: None,
-            cache_info_spec: None,
+            cache_block_size_spec: spec(
+                "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"tokens_per\"}|nv_trt_llm_kv_cache_block_statistics{kv_cache_block_type=\"tokens_per\"}",
+            ),
+            cache_num_blocks_spec: spec(
+                "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\"}|nv_trt_llm_kv_cache_block_statistics{kv_cache_block_type=\"max\"}",
+            ),
+            ..EngineConfig::default()
         },
-        _ => return None,
-    })
+    ]
 }
 
-/// Geometry gauges of engines that print them as separate series.
-fn geometry_gauges(name: &str) -> &'static [(&'static str, bool)] {
-    match name {
-        "trtllm-serve" => &[
-            ("trtllm_kv_cache_tokens_per_block", true),
-            ("trtllm_kv_cache_max_blocks", false),
-        ],
-        "triton-tensorrt-llm" => &[
-            (
-                "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"tokens_per\"}",
-                true,
-            ),
-            (
-                "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\"}",
-                false,
-            ),
-            (
-                "nv_trt_llm_kv_cache_block_statistics{kv_cache_block_type=\"tokens_per\"}",
-                true,
-            ),
-            (
-                "nv_trt_llm_kv_cache_block_statistics{kv_cache_block_type=\"max\"}",
-                false,
-            ),
-        ],
-        _ => &[],
+/// Splits `a|b` at the bars outside double quotes.
+fn alternatives(spec: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in spec.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '|' if !quoted => {
+                out.push(&spec[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
     }
+    out.push(&spec[start..]);
+    out
 }
 
 impl Engine {
@@ -152,12 +178,14 @@ impl Engine {
                        spec: &Option<String>,
                        role: &dyn Fn(u8) -> Role|
          -> Result<(), BuildError> {
-            let Some(spec) = spec else { return Ok(()) };
-            for (i, alt) in spec.split('|').enumerate() {
+            let Some(spec) = spec.as_deref().filter(|s| !s.trim().is_empty()) else {
+                return Ok(());
+            };
+            for (i, alt) in alternatives(spec).into_iter().enumerate() {
                 let sel = Selector::parse(alt).map_err(|e| BuildError::InvalidValue {
                     plugin: plugin.into(),
                     field: format!("engineConfigs[{}].{field}", cfg.name),
-                    value: spec.clone(),
+                    value: spec.to_owned(),
                     reason: e.to_string(),
                 })?;
                 selectors.push(sel);
@@ -178,25 +206,29 @@ impl Engine {
         add("kvUsageSpec", &cfg.kv_usage_spec, &Role::Kv)?;
         add("loraSpec", &cfg.lora_spec, &|_| Role::Lora)?;
         add("cacheInfoSpec", &cfg.cache_info_spec, &|_| Role::CacheInfo)?;
-        for (spec, is_block_size) in geometry_gauges(&cfg.name) {
-            if let Ok(sel) = Selector::parse(spec) {
-                selectors.push(sel);
-                roles.push(if *is_block_size {
-                    Role::BlockSize
-                } else {
-                    Role::NumBlocks
-                });
-            }
-        }
-        let cache_labels = if cfg.name == "sglang" {
-            ("page_size", "num_pages")
-        } else {
-            ("block_size", "num_gpu_blocks")
+        add("cacheBlockSizeSpec", &cfg.cache_block_size_spec, &|_| {
+            Role::BlockSize
+        })?;
+        add("cacheNumBlocksSpec", &cfg.cache_num_blocks_spec, &|_| {
+            Role::NumBlocks
+        })?;
+        let label = |name: &Option<String>, default: &str| {
+            name.as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(default)
+                .to_owned()
         };
+        let has_core = roles
+            .iter()
+            .any(|r| matches!(r, Role::Waiting(_) | Role::Running(_) | Role::Kv(_)));
         Ok(Self {
             set: SelectorSet::new(selectors),
             roles,
-            cache_labels,
+            has_core,
+            cache_labels: (
+                label(&cfg.cache_block_size_label_name, "block_size"),
+                label(&cfg.cache_num_blocks_label_name, "num_gpu_blocks"),
+            ),
         })
     }
 }
@@ -206,6 +238,8 @@ impl Engine {
 pub struct CoreMetricsExtractor {
     name: String,
     engines: HashMap<String, Engine>,
+    engine_label_key: Option<String>,
+    default_engine: String,
 }
 
 impl CoreMetricsExtractor {
@@ -215,11 +249,67 @@ impl CoreMetricsExtractor {
     /// An extractor named `name`.
     ///
     /// # Errors
-    /// An unparsable spec in `engineConfigs`.
+    /// An unparsable spec, an entry without a name or named twice, or a
+    /// `defaultEngine` that names no engine.
     pub fn new(name: impl Into<String>, params: &CoreMetricsParams) -> Result<Self, BuildError> {
         let name = name.into();
-        let engines = Self::engines(&name, params)?;
-        Ok(Self { name, engines })
+        let bad = |field: String, value: &str, reason: &str| BuildError::InvalidValue {
+            plugin: name.clone(),
+            field,
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let mut configs: Vec<EngineConfig> = Vec::new();
+        for (i, cfg) in params.engine_configs.iter().enumerate() {
+            if cfg.name.trim().is_empty() {
+                return Err(bad(
+                    format!("engineConfigs[{i}].name"),
+                    &cfg.name,
+                    "an engine entry needs a name",
+                ));
+            }
+            if configs.iter().any(|c| c.name == cfg.name) {
+                return Err(bad(
+                    format!("engineConfigs[{i}].name"),
+                    &cfg.name,
+                    "this engine already has an entry; one entry per engine",
+                ));
+            }
+            configs.push(cfg.clone());
+        }
+        // Built-in engines the config does not replace.
+        for b in builtins() {
+            if !configs.iter().any(|c| c.name == b.name) {
+                configs.push(b);
+            }
+        }
+        let default_engine = params
+            .default_engine
+            .as_deref()
+            .filter(|d| !d.is_empty())
+            .unwrap_or(DEFAULT_ENGINE)
+            .to_owned();
+        if !configs.iter().any(|c| c.name == default_engine) {
+            let known: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
+            return Err(bad(
+                "defaultEngine".into(),
+                &default_engine,
+                &format!(
+                    "not found in engineConfigs or the built-in engines ({})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        let engines = configs
+            .iter()
+            .map(|c| Engine::build(c, &name).map(|e| (c.name.clone(), e)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            engines,
+            engine_label_key: params.engine_label_key.clone().filter(|k| !k.is_empty()),
+            default_engine,
+            name,
+        })
     }
 
     /// The extractor with the built-in engine table only.
@@ -227,42 +317,27 @@ impl CoreMetricsExtractor {
     pub fn builtin(name: impl Into<String>) -> Self {
         let name = name.into();
         // The built-in specs always parse (a unit test holds us to it).
-        let engines = Self::engines(&name, &CoreMetricsParams::default()).unwrap_or_default();
-        Self { name, engines }
+        Self::new(name.clone(), &CoreMetricsParams::default()).unwrap_or_else(|_| Self {
+            name,
+            engines: HashMap::new(),
+            engine_label_key: None,
+            default_engine: DEFAULT_ENGINE.to_owned(),
+        })
     }
 
-    fn engines(
-        name: &str,
-        params: &CoreMetricsParams,
-    ) -> Result<HashMap<String, Engine>, BuildError> {
-        let mut configs: HashMap<String, EngineConfig> =
-            ["vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"]
-                .into_iter()
-                .filter_map(|n| builtin(n).map(|c| (n.to_owned(), c)))
-                .collect();
-        for over in &params.engine_configs {
-            let base = configs
-                .entry(over.name.clone())
-                .or_insert_with(|| EngineConfig {
-                    name: over.name.clone(),
-                    ..Default::default()
-                });
-            for (dst, src) in [
-                (&mut base.queued_requests_spec, &over.queued_requests_spec),
-                (&mut base.running_requests_spec, &over.running_requests_spec),
-                (&mut base.kv_usage_spec, &over.kv_usage_spec),
-                (&mut base.lora_spec, &over.lora_spec),
-                (&mut base.cache_info_spec, &over.cache_info_spec),
-            ] {
-                if src.is_some() {
-                    dst.clone_from(src);
-                }
-            }
+    /// The engine of `endpoint`: its label's engine if configured, else the default.
+    fn engine_of<'s>(&'s self, endpoint: &'s Endpoint) -> (&'s str, Option<&'s Engine>) {
+        let labelled = match &self.engine_label_key {
+            Some(key) => endpoint.label(key),
+            None => ENGINE_LABELS.iter().find_map(|l| endpoint.label(l)),
+        };
+        if let Some(name) = labelled.filter(|n| !n.is_empty())
+            && let Some(engine) = self.engines.get(name)
+        {
+            return (name, Some(engine));
         }
-        configs
-            .iter()
-            .map(|(n, c)| Engine::build(c, name).map(|e| (n.clone(), e)))
-            .collect()
+        let name = self.default_engine.as_str();
+        (name, self.engines.get(name))
     }
 }
 
@@ -325,15 +400,9 @@ impl Extractor for CoreMetricsExtractor {
         page: &str,
         m: &mut EndpointMetrics,
     ) -> Result<(), ExtractError> {
-        let engine_name = ENGINE_LABELS
-            .iter()
-            .find_map(|l| endpoint.label(l))
-            .unwrap_or(DEFAULT_ENGINE);
-        let engine = self.engines.get(engine_name).ok_or_else(|| {
-            ExtractError(format!(
-                "unknown engine type {engine_name:?}; add it under engineConfigs"
-            ))
-        })?;
+        let (engine_name, engine) = self.engine_of(endpoint);
+        let engine = engine
+            .ok_or_else(|| ExtractError(format!("no metric specs for engine {engine_name:?}")))?;
         let (mut waiting, mut running, mut kv) = (Acc::default(), Acc::default(), Acc::default());
         let mut lora: Option<(f64, LoraInfo)> = None;
         let (mut block_size, mut num_blocks) = (None, None);
@@ -360,14 +429,14 @@ impl Extractor for CoreMetricsExtractor {
                 }
             }
             Role::CacheInfo => {
-                block_size = block_size.or_else(|| label_u64(s, engine.cache_labels.0));
-                num_blocks = num_blocks.or_else(|| label_u64(s, engine.cache_labels.1));
+                block_size = block_size.or_else(|| label_u64(s, &engine.cache_labels.0));
+                num_blocks = num_blocks.or_else(|| label_u64(s, &engine.cache_labels.1));
             }
             Role::BlockSize => block_size = block_size.or(Some(s.value as u64)),
             Role::NumBlocks => num_blocks = num_blocks.or(Some(s.value as u64)),
         });
         let (w, r, k) = (waiting.first(), running.first(), kv.first());
-        if w.is_none() && r.is_none() && k.is_none() {
+        if engine.has_core && w.is_none() && r.is_none() && k.is_none() {
             let why = report.first_error.map_or_else(
                 || format!("the page has none of the {engine_name} queue, running or KV-cache metrics"),
                 |e| format!("the page has none of the {engine_name} core metrics (first malformed line: {e})"),

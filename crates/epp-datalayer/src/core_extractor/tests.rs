@@ -103,22 +103,29 @@ fn other_engines() {
 }
 
 #[test]
-fn garbage_and_unknown_engines_are_errors() {
+fn garbage_is_an_error_and_unknown_engines_use_the_default() {
     let e = extract(None, "<html>502 Bad Gateway</html>").unwrap_err();
     assert!(e.0.contains("none of the vllm"), "{e}");
     let e = extract(None, "vllm:num_requests_waiting{engine=\"0\" 1\n").unwrap_err();
     assert!(e.0.contains("first malformed line: line 1"), "{e}");
-    let e = extract(Some("tgi"), VLLM_DP).unwrap_err();
-    assert!(e.0.contains("unknown engine type \"tgi\""), "{e}");
+    // As in the reference: an engine without an entry is read as the default.
+    let m = extract(Some("tgi"), VLLM_DP).unwrap();
+    assert_eq!(m.waiting, 7);
+}
+
+fn params(yaml: &str) -> CoreMetricsParams {
+    serde_yaml_ng::from_str(yaml).unwrap()
 }
 
 #[test]
-fn engine_configs_override_specs_and_add_engines() {
-    let params: CoreMetricsParams = serde_yaml_ng::from_str(
-        "engineConfigs:\n- name: vllm\n  queuedRequestsSpec: 'my_queue{pool=\"a\"}'\n- name: tgi\n  queuedRequestsSpec: tgi_queue_size\n",
+fn an_engine_entry_replaces_the_builtin_one_and_adds_engines() {
+    let x = CoreMetricsExtractor::new(
+        "core",
+        &params(
+            "engineConfigs:\n- name: vllm\n  queuedRequestsSpec: 'my_queue{pool=\"a\"}'\n- name: tgi\n  queuedRequestsSpec: tgi_queue_size\n",
+        ),
     )
     .unwrap();
-    let x = CoreMetricsExtractor::new("core", &params).unwrap();
     let mut m = EndpointMetrics::default();
     x.extract(
         &endpoint(None),
@@ -126,18 +133,146 @@ fn engine_configs_override_specs_and_add_engines() {
         &mut m,
     )
     .unwrap();
-    assert_eq!((m.waiting, m.running), (11, 1));
+    assert_eq!(
+        (m.waiting, m.running),
+        (11, 0),
+        "the entry replaces the built-in vllm one: running is not scraped"
+    );
     x.extract(&endpoint(Some("tgi")), "tgi_queue_size 4\n", &mut m)
         .unwrap();
     assert_eq!(m.waiting, 4);
-    let bad: CoreMetricsParams =
-        serde_yaml_ng::from_str("engineConfigs:\n- {name: vllm, kvUsageSpec: '9bad'}\n").unwrap();
-    assert!(
-        CoreMetricsExtractor::new("core", &bad)
+    // Engines the config does not name keep their built-in entries.
+    x.extract(
+        &endpoint(Some("sglang")),
+        "sglang:num_queue_reqs 6\nsglang:num_running_reqs 2\n",
+        &mut m,
+    )
+    .unwrap();
+    assert_eq!((m.waiting, m.running), (6, 2));
+}
+
+/// The reference's documented parameters load unchanged and mean the same.
+#[test]
+fn reference_parameters_load_unchanged() {
+    let x = CoreMetricsExtractor::new(
+        "core",
+        &params(
+            r#"
+engineLabelKey: "example.com/server"
+defaultEngine: "sglang"
+engineConfigs:
+  - name: vllm
+    queuedRequestsSpec:  "vllm:num_requests_waiting"
+    runningRequestsSpec: "vllm:num_requests_running"
+    kvUsageSpec:         "vllm:kv_cache_usage_perc"
+    loraSpec:            ""    # empty string disables LoRA extraction
+    cacheInfoSpec:       "vllm:cache_config_info"
+    cacheBlockSizeLabelName: "bs"
+    cacheNumBlocksLabelName: "nb"
+  - name: triton
+    queuedRequestsSpec: "nv_trt_llm_request_metrics{request_type=waiting}"
+    runningRequestsSpec: "nv_trt_llm_request_metrics{request_type=scheduled}"
+    kvUsageSpec: "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}"
+    cacheBlockSizeSpec: "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}"
+    cacheNumBlocksSpec: "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}"
+"#,
+        ),
+    )
+    .unwrap();
+    let labelled = |key: &str, engine: &str| {
+        Endpoint::with_labels(
+            epp_core::EndpointId(0),
+            "10.0.0.1:8000".parse().unwrap(),
+            BTreeMap::from([(key.to_owned(), engine.to_owned())]),
+        )
+    };
+    let mut m = EndpointMetrics::default();
+    let vllm = "vllm:num_requests_waiting 2\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.5\n\
+                vllm:lora_requests_info{running_lora_adapters=\"a\"} 1\nvllm:cache_config_info{bs=\"16\",nb=\"100\"} 1\n";
+    x.extract(&labelled("example.com/server", "vllm"), vllm, &mut m)
+        .unwrap();
+    assert_eq!((m.waiting, m.running), (2, 1));
+    assert!(m.lora.active.is_empty(), "loraSpec \"\" is not scraped");
+    assert_eq!(
+        m.cache,
+        Some(CacheGeometry {
+            block_size_tokens: 16,
+            num_blocks: 100
+        })
+    );
+    let triton = "nv_trt_llm_request_metrics{request_type=\"waiting\"} 3\nnv_trt_llm_request_metrics{request_type=\"scheduled\"} 4\n\
+                  nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"} 0.5\n\
+                  nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"tokens_per\"} 64\n\
+                  nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\"} 8\n";
+    let mut m = EndpointMetrics::default();
+    x.extract(&labelled("example.com/server", "triton"), triton, &mut m)
+        .unwrap();
+    assert_eq!((m.waiting, m.running), (3, 4));
+    assert_eq!(
+        m.cache,
+        Some(CacheGeometry {
+            block_size_tokens: 64,
+            num_blocks: 8
+        })
+    );
+    // Only the configured key names the engine; without it, defaultEngine.
+    let mut m = EndpointMetrics::default();
+    x.extract(
+        &endpoint(Some("vllm")),
+        "sglang:num_queue_reqs 9\nvllm:num_requests_waiting 1\n",
+        &mut m,
+    )
+    .unwrap();
+    assert_eq!(
+        m.waiting, 9,
+        "llm-d.ai/engine-type is ignored when engineLabelKey is set"
+    );
+}
+
+#[test]
+fn bad_parameters_are_clear_errors() {
+    let err = |yaml: &str| {
+        CoreMetricsExtractor::new("core", &params(yaml))
             .unwrap_err()
             .to_string()
-            .contains("kvUsageSpec")
+    };
+    let e = err("engineConfigs:\n- {name: vllm, kvUsageSpec: '9bad'}\n");
+    assert!(e.contains("engineConfigs[vllm].kvUsageSpec"), "{e}");
+    let e = err("engineConfigs:\n- {name: vllm, kvUsageSpec: 'kv{a=\"1\",a=\"2\"}'}\n");
+    assert!(e.contains("not already matched"), "{e}");
+    let e = err("defaultEngine: tgi\n");
+    assert!(
+        e.contains("defaultEngine") && e.contains("not found in engineConfigs"),
+        "{e}"
     );
+    let e = err(
+        "engineConfigs:\n- {name: x, queuedRequestsSpec: a}\n- {name: x, queuedRequestsSpec: b}\n",
+    );
+    assert!(
+        e.contains("engineConfigs[1].name") && e.contains("already has an entry"),
+        "{e}"
+    );
+    let e = err("engineConfigs:\n- {name: '', queuedRequestsSpec: a}\n");
+    assert!(e.contains("needs a name"), "{e}");
+    let e =
+        serde_yaml_ng::from_str::<CoreMetricsParams>("engineConfigs:\n- {queuedRequestsSpec: a}\n")
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("missing field `name`"), "{e}");
+    assert!(
+        serde_yaml_ng::from_str::<CoreMetricsParams>("engineConfigs:\n- {name: a, queueSpec: b}\n")
+            .is_err()
+    );
+    // A bar inside a quoted value is not an alternative.
+    let x = CoreMetricsExtractor::new(
+        "core",
+        &params("engineConfigs:\n- {name: vllm, queuedRequestsSpec: 'q{a=\"x|y\"}|q2'}\n"),
+    )
+    .unwrap();
+    let mut m = EndpointMetrics::default();
+    x.extract(&endpoint(None), "q{a=\"x|y\"} 5\n", &mut m)
+        .unwrap();
+    assert_eq!(m.waiting, 5);
 }
 
 #[test]
