@@ -100,6 +100,26 @@ fn check_config(args: &Args) -> ExitCode {
     }
 }
 
+/// Where endpoints come from: `--endpoints`, then `--endpoints-file`
+/// (checked every refresh interval, at most every 50 ms), each owning its
+/// part of the endpoint store. (Kubernetes discovery would be one more.)
+fn discoveries(args: &Args) -> Result<Vec<Box<dyn epp_datalayer::Discovery>>> {
+    let mut out: Vec<Box<dyn epp_datalayer::Discovery>> = Vec::new();
+    if !args.endpoints.is_empty() {
+        let flag = epp_datalayer::StaticDiscovery::parse(&args.endpoints)
+            .context("invalid --endpoints")?
+            .named("flag:--endpoints");
+        out.push(Box::new(flag));
+    }
+    if let Some(file) = &args.endpoints_file {
+        let poll = args.refresh_metrics_interval.min(Duration::from_millis(50));
+        out.push(Box::new(
+            epp_datalayer::FileDiscovery::new(file.clone()).with_poll_interval(poll),
+        ));
+    }
+    Ok(out)
+}
+
 async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
     let addr = SocketAddr::new(args.bind_address, port);
     TcpListener::bind(addr)
@@ -121,13 +141,16 @@ async fn run(args: Args) -> Result<()> {
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 
-    let static_endpoints =
-        epp_datalayer::parse_endpoint_list(&args.endpoints).context("invalid --endpoints")?;
-    store.replace_source("flag:--endpoints", static_endpoints);
-    if let Some(file) = &args.endpoints_file {
-        epp_datalayer::FileDiscovery::new(file.clone())
-            .spawn(Arc::clone(&store), shutdown.child_token())
-            .with_context(|| format!("cannot watch --endpoints-file {}", file.display()))?;
+    for discovery in discoveries(&args)? {
+        discovery
+            .start(Arc::clone(&store), shutdown.child_token())
+            .with_context(|| {
+                format!(
+                    "cannot start endpoint discovery {}",
+                    discovery.source_name()
+                )
+            })?;
+        discovery.register_metrics(&mut prom);
     }
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),

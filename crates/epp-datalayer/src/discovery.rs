@@ -11,6 +11,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio_util::sync::CancellationToken;
 
 use crate::{EndpointSpec, EndpointStore, Error, Result, parse_endpoint_list};
@@ -32,11 +33,23 @@ pub fn parse_endpoints_file(text: &str, path: &str) -> Result<Vec<EndpointSpec>>
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let entries: Vec<FileEntry> =
-        serde_yaml_ng::from_str(text).map_err(|e| Error::EndpointsFile {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
+    let entries: Vec<FileEntry> = serde_yaml_ng::from_str(text).map_err(|e| {
+        let reason = e.to_string();
+        match e.location() {
+            // `file:line:column: why`, the form editors and terminals link.
+            Some(at) => {
+                let suffix = format!(" at line {} column {}", at.line(), at.column());
+                Error::EndpointsFile {
+                    path: format!("{path}:{}:{}", at.line(), at.column()),
+                    reason: reason.strip_suffix(&suffix).unwrap_or(&reason).to_owned(),
+                }
+            }
+            None => Error::EndpointsFile {
+                path: path.to_owned(),
+                reason,
+            },
+        }
+    })?;
     Ok(entries
         .into_iter()
         .map(|e| EndpointSpec {
@@ -60,6 +73,11 @@ pub trait Discovery: Send + Sync + fmt::Debug {
     /// # Errors
     /// When the first set cannot be obtained.
     fn start(&self, store: Arc<EndpointStore>, stop: CancellationToken) -> Result<()>;
+
+    /// Registers this discovery's own metrics (none by default).
+    fn register_metrics(&self, registry: &mut Registry) {
+        let _ = registry;
+    }
 }
 
 /// A fixed list of endpoints (`--endpoints ip:port,...`).
@@ -109,17 +127,45 @@ impl Discovery for StaticDiscovery {
 
 /// Watches a YAML endpoints file and keeps its part of the store in step.
 ///
-/// The file's modification time and length are checked every poll interval
-/// (default 50 ms, a `stat` call); the content is re-read when they change
-/// and at least once a second, so an edit that keeps both is still seen.
+/// The file's identity, modification time and length are checked every poll
+/// interval (default 50 ms, one `stat`); the content is re-read when they
+/// change and at least once a second, so an edit that keeps all three is
+/// still seen. Both in-place writes and editors that write a new file and
+/// rename it over the old one are followed.
+///
+/// A file can be read while it is being written. So a changed content is
+/// applied only once a second read, a short moment later, finds the same
+/// bytes; and only a file that parses replaces the endpoint set. An empty
+/// file (write `[]` to remove every endpoint), a missing one or invalid YAML
+/// keeps the last good set: the problem is logged once per change of state
+/// (with `file:line:column` for YAML errors) and counted in
+/// [`FileDiscovery::errors`].
 #[derive(Debug, Clone)]
 pub struct FileDiscovery {
     path: PathBuf,
     poll: Duration,
+    errors: Counter,
 }
 
 /// How often the content is re-read even when `stat` shows no change.
 const FULL_READ_EVERY: Duration = Duration::from_secs(1);
+
+/// What identifies one version of the file without reading it.
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+/// The watcher's view of the file.
+#[derive(Debug)]
+struct Watch {
+    /// The content the store holds (last good parse).
+    applied: String,
+    /// How many endpoints it lists.
+    applied_len: usize,
+    /// What a read found that differs from `applied`, waiting to be found
+    /// again before it is used (content, or why it could not be read).
+    pending: Option<Result<String, String>>,
+    /// The problem currently reported, if any (logged when it changes).
+    problem: Option<String>,
+}
 
 impl FileDiscovery {
     /// Watches `path`, checking every 50 ms.
@@ -128,73 +174,139 @@ impl FileDiscovery {
         Self {
             path,
             poll: Duration::from_millis(50),
+            errors: Counter::default(),
         }
     }
 
-    /// Sets how often the file is checked.
+    /// Sets how often the file is checked; a change is applied within two
+    /// intervals.
     #[must_use]
     pub fn with_poll_interval(mut self, poll: Duration) -> Self {
         self.poll = poll.max(Duration::from_millis(1));
         self
     }
 
-    fn load(&self) -> Result<Vec<EndpointSpec>> {
-        let shown = self.path.display().to_string();
-        let text = std::fs::read_to_string(&self.path).map_err(|e| Error::EndpointsFile {
-            path: shown.clone(),
-            reason: e.to_string(),
-        })?;
-        parse_endpoints_file(&text, &shown)
+    /// Versions of the file rejected so far (unreadable, empty or invalid),
+    /// each counted once however long it stays.
+    #[must_use]
+    pub fn errors(&self) -> u64 {
+        self.errors.get()
     }
 
-    fn stamp(&self) -> Option<(SystemTime, u64)> {
+    fn shown(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn read(&self) -> Result<String> {
+        std::fs::read_to_string(&self.path).map_err(|e| Error::EndpointsFile {
+            path: self.shown(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn stamp(&self) -> Stamp {
         let meta = std::fs::metadata(&self.path).ok()?;
-        Some((meta.modified().ok()?, meta.len()))
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Some((meta.modified().ok()?, meta.len(), inode))
     }
 
     /// Loads the file now (an error here is fatal to the caller) and then
-    /// reloads it whenever it changes, until `stop`. A later bad edit is
-    /// logged once and the previous endpoints kept; a deleted file too.
+    /// follows its changes until `stop` (see [`FileDiscovery`]).
     ///
     /// # Errors
     /// When the file cannot be read or parsed the first time.
     pub fn spawn(self, store: Arc<EndpointStore>, stop: CancellationToken) -> Result<()> {
         let source = self.source_name();
         let mut stamp = self.stamp();
-        let first = self.load()?;
-        store.replace_source(&source, first.clone());
+        let text = self.read()?;
+        let first = parse_endpoints_file(&text, &self.shown())?;
+        let mut watch = Watch {
+            applied_len: first.len(),
+            applied: text,
+            pending: None,
+            problem: None,
+        };
+        store.replace_source(&source, first);
+        // A second look at changed content, soon but not in the same instant.
+        let settle = (self.poll / 4).max(Duration::from_millis(1));
         tokio::spawn(async move {
-            let mut last: Result<Vec<EndpointSpec>> = Ok(first);
-            let mut tick = tokio::time::interval(self.poll);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_read = tokio::time::Instant::now();
+            let mut wait = self.poll;
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    _ = tick.tick() => {}
+                    () = tokio::time::sleep(wait) => {}
                 }
+                wait = self.poll;
                 let now_stamp = self.stamp();
-                if now_stamp == stamp && last_read.elapsed() < FULL_READ_EVERY {
+                if now_stamp == stamp
+                    && watch.pending.is_none()
+                    && last_read.elapsed() < FULL_READ_EVERY
+                {
                     continue;
                 }
                 stamp = now_stamp;
                 last_read = tokio::time::Instant::now();
-                let now = self.load();
-                match (&now, &last) {
-                    (Ok(a), Ok(b)) if a == b => continue,
-                    (Err(a), Err(b)) if a.to_string() == b.to_string() => continue,
-                    (Ok(specs), _) => {
-                        tracing::info!(file = %self.path.display(), endpoints = specs.len(), "endpoints file changed");
-                        store.replace_source(&source, specs.clone());
-                    }
-                    (Err(e), _) => {
-                        tracing::error!(error = %e, "endpoints file unreadable; keeping the previous endpoints");
-                    }
+                if self.step(&mut watch, &store, &source) {
+                    wait = settle;
                 }
-                last = now;
             }
         });
         Ok(())
+    }
+
+    /// One look at the file. Returns whether a change awaits a second look.
+    fn step(&self, watch: &mut Watch, store: &EndpointStore, source: &str) -> bool {
+        let seen = self.read().map_err(|e| e.to_string());
+        if seen.as_ref().is_ok_and(|text| *text == watch.applied) {
+            watch.pending = None;
+            self.report(watch, None);
+            return false;
+        }
+        if watch.pending.as_ref() != Some(&seen) {
+            // Half written, or being replaced: act only if it stays so.
+            watch.pending = Some(seen);
+            return true;
+        }
+        watch.pending = None;
+        let problem = match seen {
+            Err(why) => Some(why),
+            Ok(text) if text.trim().is_empty() => Some(format!(
+                "endpoints file {}: empty (write `[]` to remove every endpoint)",
+                self.shown()
+            )),
+            Ok(text) => match parse_endpoints_file(&text, &self.shown()) {
+                Ok(specs) => {
+                    tracing::info!(file = %self.path.display(), endpoints = specs.len(), "endpoints file changed");
+                    watch.applied_len = specs.len();
+                    store.replace_source(source, specs);
+                    watch.applied = text;
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            },
+        };
+        self.report(watch, problem);
+        false
+    }
+
+    /// Logs a change of state (a new problem, or recovery) once.
+    fn report(&self, watch: &mut Watch, problem: Option<String>) {
+        if problem == watch.problem {
+            return;
+        }
+        match &problem {
+            Some(why) => {
+                self.errors.inc();
+                let kept = watch.applied_len;
+                tracing::error!(error = %why, kept, "endpoints file rejected; keeping the last good endpoints");
+            }
+            None => tracing::info!(file = %self.path.display(), "endpoints file readable again"),
+        }
+        watch.problem = problem;
     }
 }
 
@@ -205,6 +317,14 @@ impl Discovery for FileDiscovery {
 
     fn start(&self, store: Arc<EndpointStore>, stop: CancellationToken) -> Result<()> {
         self.clone().spawn(store, stop)
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "epp_endpoints_file_errors",
+            "Versions of the endpoints file rejected (unreadable, empty or invalid YAML); the last good endpoints were kept",
+            self.errors.clone(),
+        );
     }
 }
 
@@ -225,5 +345,17 @@ mod tests {
             "{err}"
         );
         assert!(parse_endpoints_file("- {address: 1.1.1.1, port: 1, extra: 2}\n", "e").is_err());
+        let err = parse_endpoints_file(
+            "- {address: 10.0.0.1, port: 1}\n- {address: 10.0.0.2, port: x}\n",
+            "e.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("endpoints file e.yaml:2:"), "{err}");
+        assert!(
+            !err.contains(" at line "),
+            "the location is said once: {err}"
+        );
+        assert_eq!(parse_endpoints_file("[]", "e").unwrap(), Vec::new());
     }
 }

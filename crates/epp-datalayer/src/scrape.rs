@@ -17,8 +17,9 @@ use std::{
 
 use epp_core::{Endpoint, EndpointId, EndpointMetrics, EndpointSource, config::SourceWiring};
 use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{MetricType, counter::Counter, family::Family, gauge::ConstGauge},
     registry::Registry,
 };
 use rand::Rng;
@@ -140,13 +141,15 @@ impl DataLayer {
     }
 
     /// Registers the scrape counters
-    /// (`epp_metrics_scrapes_total{endpoint,outcome}`).
+    /// (`epp_metrics_scrapes_total{endpoint,outcome}`) and whether each
+    /// endpoint's latest scrape succeeded (`epp_metrics_scrape_up{endpoint}`).
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "epp_metrics_scrapes",
             "Scrapes of model-server metrics by endpoint and outcome (ok, connect_error, http_error, timeout, too_large, extract_error)",
             self.shared.scrapes.clone(),
         );
+        registry.register_collector(Box::new(UpCollector(Arc::clone(&self.shared))));
     }
 
     /// Scrape counters and the current error of every endpoint.
@@ -159,6 +162,35 @@ impl DataLayer {
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.supervisor.await;
+    }
+}
+
+/// `epp_metrics_scrape_up{endpoint}`, read from [`DataLayer::status`] at
+/// each scrape of the picker's metrics.
+#[derive(Debug)]
+struct UpCollector(Arc<Shared>);
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    endpoint: String,
+}
+
+impl Collector for UpCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let mut metric = encoder.encode_descriptor(
+            "epp_metrics_scrape_up",
+            "1 if the latest scrape of the endpoint's metrics succeeded, 0 if it failed or none has finished yet",
+            None,
+            MetricType::Gauge,
+        )?;
+        for s in self.0.status.snapshot() {
+            let labels = EndpointLabel {
+                endpoint: s.addr.to_string(),
+            };
+            let up = s.ok > 0 && s.last_error.is_none();
+            ConstGauge::new(i64::from(up)).encode(metric.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 

@@ -173,6 +173,72 @@ async fn metrics_use_the_reference_names() {
     }
 }
 
+/// The `epp` process with `--endpoints-file`: per-endpoint scrape status in
+/// its metrics, a bad edit kept out (counted, logged with its line), and an
+/// editor's write-then-rename followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_file_edits_reach_the_picker_and_bad_edits_are_kept_out() {
+    let dir = scratch_dir("endpoints-file");
+    let sims = start_sims(&dir, 2, &[]);
+    let file = dir.join("endpoints.yaml");
+    let entry = |s: &crate::common::Sim| format!("- {{address: 127.0.0.1, port: {}}}\n", s.port);
+    std::fs::write(&file, entry(&sims[0]) + &entry(&sims[1])).unwrap();
+    let epp = start_epp(
+        &dir,
+        &[
+            "--endpoints-file",
+            file.to_str().unwrap(),
+            "--pool-name",
+            "p",
+        ],
+    );
+    let metrics = || http::get_blocking(epp.metrics_port, "/metrics").unwrap().1;
+    let wait_for = |what: &str, cond: &dyn Fn(&str) -> bool| {
+        for _ in 0..400 {
+            if cond(&metrics()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("never: {what}\n{}", metrics());
+    };
+    let up =
+        |s: &crate::common::Sim| format!("epp_metrics_scrape_up{{endpoint=\"{}\"}} 1", s.addr());
+    wait_for("both endpoints scraped", &|m| {
+        m.contains("inference_pool_ready_pods{name=\"p\"} 2")
+            && m.contains(&up(&sims[0]))
+            && m.contains(&up(&sims[1]))
+    });
+    assert!(metrics().contains("epp_endpoints_file_errors_total 0"));
+
+    std::fs::write(&file, "- {address: 127.0.0.1, port: not-a-port}\n").unwrap();
+    wait_for("the bad edit counted", &|m| {
+        m.contains("epp_endpoints_file_errors_total 1")
+    });
+    assert!(
+        metrics().contains("inference_pool_ready_pods{name=\"p\"} 2"),
+        "endpoints kept"
+    );
+    // Logged with file:line:column (the log line may trail the counter).
+    let at = format!("{}:1:", file.display());
+    let log = || std::fs::read_to_string(dir.join("epp.stderr")).unwrap_or_default();
+    for _ in 0..200 {
+        if log().contains(&at) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(log().contains(&at), "no {at} in the log:\n{}", log());
+
+    let tmp = dir.join("endpoints.yaml.new");
+    std::fs::write(&tmp, entry(&sims[0])).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    wait_for("the removal applied", &|m| {
+        m.contains("inference_pool_ready_pods{name=\"p\"} 1") && !m.contains(&sims[1].addr())
+    });
+    assert!(metrics().contains(&up(&sims[0])));
+}
+
 #[test]
 fn check_config_validates_and_prints_the_effective_config() {
     let epp = workspace_bin("epp");

@@ -1,12 +1,22 @@
 //! Discovery from a watched file and a static list.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
-use epp_core::EndpointSource;
+use epp_core::{
+    EndpointSource, InferenceRequest, PluginRef, Scheduler, SchedulingProfile, SingleProfileHandler,
+};
 use epp_datalayer::{Discovery, EndpointStore, FileDiscovery, StaticDiscovery};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::eventually;
+use crate::{
+    common::eventually,
+    scrape::{Best, ShortQueue},
+};
 
 fn addrs(store: &EndpointStore) -> Vec<(u32, String)> {
     store
@@ -87,4 +97,190 @@ async fn static_lists_and_file_merge() {
         missing.to_string().contains("/nonexistent/endpoints.yaml"),
         "{missing}"
     );
+}
+
+// === A file read while it is being written ===
+
+/// Log lines written while the guard lives (this thread only).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock()).into_owned()
+    }
+    fn count(&self, needle: &str) -> usize {
+        self.text().matches(needle).count()
+    }
+}
+
+fn temp_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("epp-datalayer-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("endpoints.yaml")
+}
+
+/// Replaces `path` the way editors do: write a new file, rename it over.
+fn replace_by_rename(path: &Path, text: &str) {
+    let tmp = path.with_extension("yaml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+const POLL: Duration = Duration::from_millis(50);
+const THREE: &str = "- {address: 10.0.0.1, port: 8000}\n- {address: 10.0.0.2, port: 8000}\n- {address: 10.0.0.3, port: 8000}\n";
+
+fn ports(store: &EndpointStore) -> Vec<String> {
+    addrs(store).into_iter().map(|(_, a)| a).collect()
+}
+
+/// Paused tokio time: the watcher's polls happen at exact virtual instants,
+/// so "between its two looks" and "within two intervals" are deterministic.
+#[tokio::test(start_paused = true)]
+async fn a_file_being_written_never_drops_the_endpoints() {
+    let (logs, _guard) = Logs::capture();
+    let path = temp_file("partial");
+    std::fs::write(&path, THREE).unwrap();
+    let store = Arc::new(EndpointStore::new());
+    let stop = CancellationToken::new();
+    let discovery = FileDiscovery::new(path.clone()).with_poll_interval(POLL);
+    discovery.start(Arc::clone(&store), stop.clone()).unwrap();
+    assert_eq!(store.snapshot().len(), 3);
+
+    // Written in two steps; the first step alone is valid YAML with fewer
+    // endpoints. The watcher reads it once, then sees it change: never applied.
+    let generation = *store.subscribe().borrow();
+    std::fs::write(&path, "- {address: 10.0.0.1, port: 8000}\n").unwrap();
+    tokio::time::sleep(POLL + POLL / 8).await;
+    assert_eq!(
+        store.snapshot().len(),
+        3,
+        "a half-written file is not applied"
+    );
+    std::fs::write(
+        &path,
+        "- {address: 10.0.0.1, port: 8000}\n- {address: 10.0.0.2, port: 8000}\n",
+    )
+    .unwrap();
+    tokio::time::sleep(2 * POLL).await;
+    assert_eq!(ports(&store), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    assert_eq!(
+        *store.subscribe().borrow(),
+        generation + 1,
+        "one change published, the finished one"
+    );
+    assert_eq!(discovery.errors(), 0);
+
+    // Truncated to nothing and left so: the endpoints stay, logged once.
+    std::fs::write(&path, "").unwrap();
+    tokio::time::sleep(3 * POLL).await;
+    assert_eq!(
+        store.snapshot().len(),
+        2,
+        "an empty file keeps the last set"
+    );
+    assert_eq!(discovery.errors(), 1);
+    assert!(
+        logs.text()
+            .contains("empty (write `[]` to remove every endpoint)")
+    );
+
+    // Invalid YAML, left for seconds (the content is re-read every second):
+    // kept, counted and logged once, with file:line:column.
+    std::fs::write(
+        &path,
+        "- {address: 10.0.0.1, port: 8000}\n- {address: nope, port: 8000}\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(store.snapshot().len(), 2);
+    assert_eq!(discovery.errors(), 2);
+    assert_eq!(logs.count("endpoints file rejected"), 2, "{}", logs.text());
+    let shown = format!("{}:2:", path.display());
+    assert!(
+        logs.text().contains(&shown),
+        "no {shown} in:\n{}",
+        logs.text()
+    );
+
+    // An editor replaces the file (write + rename) to remove an endpoint:
+    // applied, and gone for scheduling within two poll intervals.
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
+        .with_picker(PluginRef::new(Arc::new(Best)));
+    let scheduler =
+        Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap();
+    let request = InferenceRequest::builder("m").prompt("hi").build();
+    let pick = || {
+        scheduler
+            .schedule(&request, &store.snapshot())
+            .ok()
+            .and_then(|r| r.primary().map(|e| e.addr_str().to_owned()))
+    };
+    // Equal scores: `Best` takes the last candidate, the one we remove.
+    assert_eq!(pick().as_deref(), Some("10.0.0.2:8000"));
+    replace_by_rename(&path, "- {address: 10.0.0.1, port: 8000}\n");
+    tokio::time::sleep(2 * POLL).await;
+    assert_eq!(ports(&store), ["10.0.0.1:8000"]);
+    assert_eq!(pick().as_deref(), Some("10.0.0.1:8000"));
+    assert_eq!(logs.count("endpoints file readable again"), 1);
+    assert_eq!(discovery.errors(), 2);
+
+    // Removing every endpoint takes an explicit empty list.
+    std::fs::write(&path, "[]\n").unwrap();
+    tokio::time::sleep(2 * POLL).await;
+    assert_eq!(store.snapshot().len(), 0);
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_file_briefly_missing_during_a_replace_is_not_an_error() {
+    let (logs, _guard) = Logs::capture();
+    let path = temp_file("missing");
+    std::fs::write(&path, THREE).unwrap();
+    let store = Arc::new(EndpointStore::new());
+    let stop = CancellationToken::new();
+    let discovery = FileDiscovery::new(path.clone()).with_poll_interval(POLL);
+    discovery.start(Arc::clone(&store), stop.clone()).unwrap();
+    // Gone for one look (as with editors that move the old file away first).
+    std::fs::remove_file(&path).unwrap();
+    tokio::time::sleep(POLL + POLL / 8).await;
+    std::fs::write(&path, THREE).unwrap();
+    tokio::time::sleep(3 * POLL).await;
+    assert_eq!((store.snapshot().len(), discovery.errors()), (3, 0));
+    // Gone for good: reported once, endpoints kept.
+    std::fs::remove_file(&path).unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!((store.snapshot().len(), discovery.errors()), (3, 1));
+    assert_eq!(logs.count("endpoints file rejected"), 1, "{}", logs.text());
+    std::fs::write(&path, THREE).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        logs.count("endpoints file readable again"),
+        1,
+        "{}",
+        logs.text()
+    );
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

@@ -234,7 +234,7 @@ async fn https_with_and_without_certificate_checks() {
 // === Staleness reaches scheduling ===
 
 #[derive(Debug)]
-struct ShortQueue;
+pub(crate) struct ShortQueue;
 impl Plugin for ShortQueue {
     fn type_name(&self) -> &str {
         "short-queue"
@@ -254,7 +254,7 @@ impl Scorer for ShortQueue {
     }
 }
 #[derive(Debug)]
-struct Best;
+pub(crate) struct Best;
 impl Plugin for Best {
     fn type_name(&self) -> &str {
         "best"
@@ -316,5 +316,44 @@ async fn a_server_that_stops_answering_stops_being_picked() {
     })
     .await;
     assert_eq!(metrics_of(&store, &idle).waiting, 0, "still reporting idle");
+    dl.stop().await;
+}
+
+fn encoded(dl: &DataLayer) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    dl.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+#[tokio::test]
+async fn scrape_up_follows_the_latest_scrape() {
+    let server = BadServer::start(Mode::Hang).await;
+    let store = store_of(&[&server]);
+    let dl = DataLayer::start(
+        Arc::clone(&store),
+        &[wiring("{}")],
+        opts(10, 100),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let line = |up: u8| {
+        format!(
+            "epp_metrics_scrape_up{{endpoint=\"{}\"}} {up}\n",
+            server.addr
+        )
+    };
+    assert!(encoded(&dl).contains(&line(0)), "none finished yet");
+    server.set(Mode::Page(vllm_page(1, 1, 0.1)));
+    eventually("up", || async { encoded(&dl).contains(&line(1)) }).await;
+    server.set(Mode::Status500);
+    eventually("down", || async { encoded(&dl).contains(&line(0)) }).await;
+    assert!(status_of(&dl, &server).last_error.is_some());
+    store.remove("test", server.addr);
+    eventually("gone with the endpoint", || async {
+        !encoded(&dl).contains("epp_metrics_scrape_up{")
+    })
+    .await;
     dl.stop().await;
 }
