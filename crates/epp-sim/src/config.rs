@@ -87,6 +87,10 @@ pub struct SimConfig {
     /// Name reported in the `x-inference-pod` response header.
     #[arg(long, default_value = "sim")]
     pub pod_name: String,
+    /// Keep the last N generation requests as received (method, path,
+    /// headers, body) for `GET /admin/requests` (tests). 0 = record nothing.
+    #[arg(long, default_value_t = 0)]
+    pub record_requests: usize,
     /// Fraction of requests answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
     pub error_rate: f64,

@@ -2,16 +2,17 @@
 //! listing, health, metrics, the registration endpoints other routers probe,
 //! and an admin API for tests.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use axum::{
     Json, Router,
     body::Bytes,
-    extract::State,
+    extract::{Request, State},
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::{
@@ -19,12 +20,70 @@ use crate::{
     openai::{chat_completions, completions, error},
 };
 
+/// Generation requests as received, newest last (`--record-requests`).
+#[derive(Debug, Default)]
+struct Recorded {
+    capacity: usize,
+    requests: Mutex<VecDeque<Value>>,
+}
+
+/// Records a generation request exactly as it arrived, then serves it.
+async fn record(
+    State(rec): State<Arc<Recorded>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let headers: Vec<Value> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| json!([k.as_str(), String::from_utf8_lossy(v.as_bytes())]))
+        .collect();
+    let entry = json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&bytes),
+    });
+    {
+        let mut q = rec.requests.lock();
+        if q.len() == rec.capacity {
+            q.pop_front();
+        }
+        q.push_back(entry);
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
 /// The router for one simulated server.
 pub fn router(sim: Arc<Sim>) -> Router {
     let pod = HeaderValue::from_str(&sim.cfg.pod_name).unwrap_or(HeaderValue::from_static("sim"));
-    Router::new()
+    let recorded = Arc::new(Recorded {
+        capacity: sim.cfg.record_requests,
+        requests: Mutex::new(VecDeque::new()),
+    });
+    let mut generation = Router::new()
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", post(chat_completions));
+    if recorded.capacity > 0 {
+        generation = generation.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&recorded),
+            record,
+        ));
+    }
+    Router::new()
+        .merge(generation)
+        .route(
+            "/admin/requests",
+            get(move || {
+                let rec = Arc::clone(&recorded);
+                async move { Json(Value::Array(rec.requests.lock().iter().cloned().collect())) }
+            }),
+        )
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/readiness", get(health))
