@@ -77,6 +77,10 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) log_json: bool,
 
+    /// Largest request body accepted, in bytes; a larger one gets 413. 0 = no limit.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub(crate) max_request_body_bytes: usize,
+
     /// How long in-flight streams may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace_period: Duration,

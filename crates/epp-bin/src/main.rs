@@ -11,7 +11,10 @@ use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use epp_core::{EndpointSource, Registry, config::EndpointPickerConfig};
+use epp_core::{
+    EndpointSource, Registry,
+    config::{BuiltConfig, EndpointPickerConfig},
+};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -120,6 +123,18 @@ fn discoveries(args: &Args) -> Result<Vec<Box<dyn epp_datalayer::Discovery>>> {
     Ok(out)
 }
 
+/// The ext_proc settings from flags and the config's objectives and rewrite rules.
+fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOptions {
+    let model_rewrite = (!built.model_rewrites.is_empty())
+        .then(|| Arc::new(built.model_rewrites.clone()) as Arc<dyn epp_extproc::ModelRewrite>);
+    epp_extproc::ExtProcOptions {
+        max_body_bytes: args.max_request_body_bytes,
+        objectives: built.objectives.clone(),
+        model_rewrite,
+        ..epp_extproc::ExtProcOptions::default()
+    }
+}
+
 async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
     let addr = SocketAddr::new(args.bind_address, port);
     TcpListener::bind(addr)
@@ -130,6 +145,7 @@ async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
 async fn run(args: Args) -> Result<()> {
     let config = load_config(&args)?;
     let built = config.build(&registry())?;
+    let options = extproc_options(&args, &built);
     let mut prom = prometheus_client::registry::Registry::default();
     let scheduler = built
         .scheduler
@@ -168,11 +184,8 @@ async fn run(args: Args) -> Result<()> {
         args.metrics_staleness_threshold,
     ));
     data_layer.register_metrics(&mut prom);
-    let ext_proc = epp_extproc::ExtProcService::new(
-        Arc::clone(&scheduler),
-        Arc::clone(&source),
-        epp_extproc::ExtProcOptions::default(),
-    );
+    let ext_proc =
+        epp_extproc::ExtProcService::new(Arc::clone(&scheduler), Arc::clone(&source), options);
     ext_proc.register_metrics(&mut prom);
 
     let grpc_listener = bind(&args, args.grpc_port, "ext_proc").await?;

@@ -45,6 +45,14 @@ pub trait ModelRewrite: Send + Sync + fmt::Debug {
     fn rewrite(&self, model: &str, headers: &[(String, String)]) -> Option<String>;
 }
 
+/// Weighted rewrite rules from the config (`modelRewrites`), drawn with the
+/// thread's random generator.
+impl ModelRewrite for epp_core::config::ModelRewriteRules {
+    fn rewrite(&self, model: &str, _headers: &[(String, String)]) -> Option<String> {
+        self.choose(model, &mut rand::rng()).map(str::to_owned)
+    }
+}
+
 /// Settings of [`crate::ExtProcService`]. Build with struct-update syntax:
 /// `ExtProcOptions { max_body_bytes: 1 << 20, ..ExtProcOptions::default() }`.
 #[derive(Clone, Debug)]

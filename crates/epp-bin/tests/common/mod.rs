@@ -413,3 +413,46 @@ impl Stack {
         pod.strip_prefix("sim-")?.parse().ok()
     }
 }
+
+/// Sets a simulator's admin knobs (`POST /admin/state`).
+pub async fn sim_admin(port: u16, state: serde_json::Value) {
+    let r = http::post_json(port, "/admin/state", &state).await.unwrap();
+    assert_eq!(r.status, 200, "admin call failed: {}", r.text());
+}
+
+/// The requests a simulator started with `--record-requests` received,
+/// oldest first (`method`, `path`, `headers` as pairs, `body`).
+pub fn sim_requests(port: u16) -> Vec<serde_json::Value> {
+    let (status, body) = http::get_blocking(port, "/admin/requests").unwrap();
+    assert_eq!(status, 200, "{body}");
+    // get_blocking does not de-chunk; the JSON array is the one line that parses.
+    let json = body
+        .lines()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .unwrap_or_else(|| panic!("no JSON in {body:?}"));
+    json.as_array().cloned().unwrap_or_default()
+}
+
+/// A recorded request's header value.
+pub fn recorded_header<'a>(req: &'a serde_json::Value, name: &str) -> Option<&'a str> {
+    req["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0].as_str() == Some(name))
+        .and_then(|h| h[1].as_str())
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, at most `tries` times.
+pub async fn poll<T, F, Fut>(what: &str, tries: usize, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..tries {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gave up waiting for {what}");
+}

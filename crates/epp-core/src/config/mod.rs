@@ -20,11 +20,16 @@
 //! ```
 
 mod locate;
+mod objectives;
 mod raw;
 
 use std::{collections::HashMap, fmt, sync::Arc};
 
 use locate::Locations;
+pub use objectives::{
+    ModelMatchDecl, ModelNameMatch, ModelRewriteDecl, ModelRewriteRules, ObjectiveDecl,
+    RewriteRuleDecl, RewriteTargetDecl,
+};
 use raw::{DataLayerDecl, RawConfig};
 pub use raw::{
     FlowControlConfig, PluginDecl, PluginRefDecl, ProfileDecl, ProfilePluginDecl, SourceDecl,
@@ -118,6 +123,10 @@ pub struct BuiltConfig {
     pub feature_gates: Vec<String>,
     /// Flow-control settings, when given.
     pub flow_control: Option<FlowControlConfig>,
+    /// Objective name (`x-gateway-inference-objective`) → priority.
+    pub objectives: HashMap<String, i32>,
+    /// Model rewrite rules (empty when none are declared).
+    pub model_rewrites: ModelRewriteRules,
     /// The effective config with every default filled in, as YAML.
     pub effective_yaml: String,
 }
@@ -215,6 +224,11 @@ impl EndpointPickerConfig {
                 ));
             }
         }
+
+        let objectives = objectives::build_objectives(&raw.objectives)
+            .map_err(|(field, message)| self.err(field, message))?;
+        let model_rewrites = ModelRewriteRules::build(&raw.model_rewrites)
+            .map_err(|(field, message)| self.err(field, message))?;
 
         // Phase 1: every declared plugin, by name.
         let mut decls = raw.plugins.clone();
@@ -551,6 +565,8 @@ impl EndpointPickerConfig {
             data_layer,
             feature_gates: raw.feature_gates.clone(),
             flow_control: raw.flow_control.clone(),
+            objectives,
+            model_rewrites,
             effective_yaml,
         })
     }

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::objectives::{ModelRewriteDecl, ObjectiveDecl};
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct RawConfig {
@@ -25,6 +27,10 @@ pub(crate) struct RawConfig {
     pub(crate) parser: Option<PluginRefDecl>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) flow_control: Option<FlowControlConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) objectives: Vec<ObjectiveDecl>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) model_rewrites: Vec<ModelRewriteDecl>,
 }
 
 /// A plugin declaration: `type`, optional `name`, optional `parameters`.

@@ -201,3 +201,56 @@ fn the_default_config_parses() {
         .is_ok()
     );
 }
+
+#[test]
+fn objectives_and_model_rewrites_are_validated_with_locations() {
+    let text = "objectives:\n- {name: batch, priority: -1}\n- name: live\n  priority: 5\nmodelRewrites:\n- name: canary\n  rules:\n  - matches:\n    - model: {type: Exact, value: chat}\n    targets:\n    - {modelRewrite: chat-v1, weight: 3}\n    - {modelRewrite: chat-v2, weight: 1}\n";
+    let built = EndpointPickerConfig::parse(text, "f")
+        .unwrap()
+        .build(&registry())
+        .unwrap();
+    assert_eq!(built.objectives["batch"], -1);
+    assert_eq!(built.objectives["live"], 5);
+    assert!(!built.model_rewrites.is_empty());
+    let y = &built.effective_yaml;
+    assert!(y.contains("modelRewrite: chat-v1"), "{y}");
+    assert!(y.contains("name: batch"), "{y}");
+
+    let cases: &[(&str, &str)] = &[
+        (
+            "objectives:\n- {name: a}\n- {name: a}\n",
+            "f.yaml:3:4: objectives[1].name: duplicate objective \"a\"",
+        ),
+        (
+            "objectives:\n- {name: a, priorty: 1}\n",
+            "f.yaml:2:13: objectives[0]: unknown field `priorty`",
+        ),
+        (
+            "modelRewrites:\n- rules:\n  - matches:\n    - model: {type: Regex, value: x}\n    targets: [{modelRewrite: a}]\n",
+            "f.yaml:4:15: modelRewrites[0].rules[0].matches[0].model.type: unsupported match type \"Regex\"",
+        ),
+        (
+            "modelRewrites:\n- rules:\n  - targets:\n    - {modelRewrite: a, weight: 2}\n    - {modelRewrite: b}\n",
+            "f.yaml:3:5: modelRewrites[0].rules[0].targets: set a weight on every target",
+        ),
+        (
+            "modelRewrites:\n- rules:\n  - targets: [{modelRewrite: a, weight: -2}]\n",
+            "f.yaml:3:",
+        ),
+        (
+            "modelRewrites:\n- rules:\n  - targets: [{modelRewrite: a, wieght: 2}]\n",
+            "f.yaml:3:",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = error(text);
+        assert!(
+            got.starts_with(want),
+            "for\n{text}\ngot:  {got}\nwant: {want}"
+        );
+    }
+    assert!(
+        error("modelRewrites:\n- rules:\n  - targets: [{modelRewrite: a, wieght: 2}]\n")
+            .contains("unknown field `wieght`")
+    );
+}
