@@ -11,6 +11,7 @@ mod e2e {
     mod objectives;
     mod prefix;
     mod process;
+    mod rewrite;
     mod routing;
     mod streaming;
 }
