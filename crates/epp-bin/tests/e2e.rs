@@ -13,5 +13,6 @@ mod e2e {
     mod process;
     mod rewrite;
     mod routing;
+    mod session;
     mod streaming;
 }

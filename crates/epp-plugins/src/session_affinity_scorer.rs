@@ -1,6 +1,9 @@
 //! `session-affinity-scorer`: keep a session on the endpoint its token names.
 
-use epp_core::{Candidate, CycleContext, Plugin, Scorer};
+use epp_core::{
+    Candidate, CycleContext, Endpoint, InferenceRequest, Plugin, ResponseHeaderSink, ResponseHooks,
+    Scorer,
+};
 
 /// Header a client echoes to stay on its endpoint.
 pub const SESSION_HEADER: &str = "x-session-token";
@@ -28,6 +31,8 @@ pub fn session_token(addr: &str) -> String {
 
 /// `session-affinity-scorer`: the endpoint named by the request's
 /// `x-session-token` header (base64 of its `ip:port`) scores 1, others 0.
+/// Every response carries the `x-session-token` of the endpoint that served
+/// it, for the client to echo on its next request.
 #[derive(Debug, Clone)]
 pub struct SessionAffinityScorer {
     name: String,
@@ -53,6 +58,20 @@ impl Plugin for SessionAffinityScorer {
     }
     fn as_scorer(&self) -> Option<&dyn Scorer> {
         Some(self)
+    }
+    fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        Some(self)
+    }
+}
+
+impl ResponseHooks for SessionAffinityScorer {
+    fn add_response_headers(
+        &self,
+        _request: &InferenceRequest,
+        endpoint: &Endpoint,
+        out: &mut dyn ResponseHeaderSink,
+    ) {
+        out.set_header(SESSION_HEADER, &session_token(endpoint.addr_str()));
     }
 }
 
@@ -95,5 +114,17 @@ mod tests {
             out
         });
         assert_eq!(s, vec![0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn responses_carry_the_serving_endpoints_token() {
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        let req = InferenceRequest::builder("m").build();
+        let mut out: Vec<(String, String)> = Vec::new();
+        SessionAffinityScorer::new("s").add_response_headers(&req, &c[1].endpoint, &mut out);
+        assert_eq!(
+            out,
+            vec![(SESSION_HEADER.to_owned(), session_token("10.0.0.1:8001"))]
+        );
     }
 }
