@@ -69,7 +69,8 @@ pub(crate) struct Args {
     #[arg(long, default_value = "default")]
     pub(crate) pool_namespace: String,
 
-    /// Verbosity: -v info details, -vv debug (one line per request), -vvv trace.
+    /// Verbosity: -v one debug line per request (decision and scores), -vv debug of
+    /// every library, -vvv trace (prompts included).
     #[arg(short = 'v', action = ArgAction::Count)]
     pub(crate) verbose: u8,
 

@@ -48,9 +48,13 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(args: &Args) {
+    // -v: epp's own debug lines (one per request: the decision and its
+    // scores); -vv: every library's debug; -vvv: trace, prompts included.
     let default = match args.verbose {
         0 => "info",
-        1 => "info,epp=debug",
+        1 => {
+            "info,epp=debug,epp_core=debug,epp_extproc=debug,epp_plugins=debug,epp_datalayer=debug"
+        }
         2 => "debug,h2=info,hyper=info,tower=info",
         _ => "trace",
     };

@@ -8,6 +8,7 @@ mod common;
 mod e2e {
     mod custom_metric;
     mod errors;
+    mod logs;
     mod objectives;
     mod prefix;
     mod process;

@@ -586,7 +586,7 @@ impl Exchange {
                 "ModelServerError",
             );
         }
-        tracing::debug!(
+        tracing::trace!(
             request_id = %r.request.request_id,
             endpoint = %r.endpoint.addr_str(),
             outcome = ?outcome,
