@@ -12,6 +12,7 @@ mod e2e {
     mod objectives;
     mod prefix;
     mod process;
+    mod request_path;
     mod rewrite;
     mod routing;
     mod session;
