@@ -16,5 +16,6 @@ mod e2e {
     mod rewrite;
     mod routing;
     mod session;
+    mod shutdown;
     mod streaming;
 }

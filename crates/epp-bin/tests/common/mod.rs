@@ -143,6 +143,19 @@ impl Proc {
         self.child.id()
     }
 
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    /// Whether the process has exited, with its exit code.
+    pub fn exited(&mut self) -> Option<Option<i32>> {
+        self.child.try_wait().ok().flatten().map(|s| s.code())
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for exit; returns the exit code.
     pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
         let _ = Command::new("kill")
