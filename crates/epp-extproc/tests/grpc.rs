@@ -2,6 +2,7 @@
 //! loopback port, playing Envoy's part message by message.
 
 mod grpc {
+    mod edges;
     pub(crate) mod harness;
     mod request_path;
     mod response_path;

@@ -1,0 +1,101 @@
+//! Protocol edges not covered elsewhere: a reset in the middle of a request
+//! body, and one body chunk larger than gRPC's default 4 MiB message limit.
+
+use epp_extproc::ExtProcOptions;
+
+use super::harness::*;
+
+#[tokio::test]
+async fn reset_mid_request_body_holds_nothing_and_the_server_carries_on() {
+    let fx = start(&[0, 0], ExtProcOptions::default()).await;
+    let envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &pairs(&post("/v1/completions")),
+            false,
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        ))
+        .await;
+    envoy
+        .send(request_body(br#"{"model":"m","prompt":"half a bo"#, false))
+        .await;
+    drop(envoy); // the client went away before the body ended
+    // Nothing was routed, so nothing is held and no outcome is reported.
+    assert_eq!(fx.inflight(), vec![0, 0]);
+
+    // The next stream is served normally, and releases what it takes.
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &pairs(&post("/v1/completions")),
+            false,
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        ))
+        .await;
+    envoy
+        .send(request_body(br#"{"model":"m","prompt":"whole"}"#, true))
+        .await;
+    let r = envoy.recv().await;
+    assert!(destination(&r).is_some(), "{r:?}");
+    envoy.recv().await; // the body streamed back
+    assert_eq!(fx.inflight().iter().sum::<u32>(), 1);
+    drop(envoy);
+    fx.eventually("released", |f| f.inflight() == vec![0, 0])
+        .await;
+    assert_eq!(
+        fx.recorder.0.lock().unwrap().outcomes,
+        vec![epp_core::RequestOutcome::Aborted],
+        "only the routed request has an outcome"
+    );
+}
+
+#[tokio::test]
+async fn a_chunk_above_the_grpc_default_limit_is_accepted_and_rechunked() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &pairs(&post("/v1/completions")),
+            false,
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        ))
+        .await;
+    let prompt = "y".repeat(5 << 20);
+    let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#).into_bytes();
+    envoy.send(request_body(&body, true)).await;
+    let r = envoy.recv().await;
+    assert!(destination(&r).is_some(), "{r:?}");
+    let mut echoed = Vec::with_capacity(body.len());
+    loop {
+        let (chunk, eos) = streamed(&envoy.recv().await);
+        assert!(chunk.len() <= 62_000, "chunk of {}", chunk.len());
+        echoed.extend(chunk);
+        if eos {
+            break;
+        }
+    }
+    assert!(echoed == body, "byte-for-byte");
+
+    // Above the configured body limit, the same single chunk is a 413.
+    let options = ExtProcOptions {
+        max_body_bytes: 1 << 20,
+        ..ExtProcOptions::default()
+    };
+    fx.service.set_options(options);
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &pairs(&post("/v1/completions")),
+            false,
+            BUFFERED,
+            NONE,
+        ))
+        .await;
+    envoy.recv().await; // headers answered in BUFFERED mode
+    envoy.send(request_body(&body, true)).await;
+    let (status, _) = immediate(&envoy.recv().await);
+    assert_eq!(status, 413);
+}
