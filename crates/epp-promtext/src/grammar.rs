@@ -254,6 +254,11 @@ pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
     let b = body.as_bytes();
     let at = |k: usize| body.get(k..).unwrap_or_default();
     let mut spans = Spans::default();
+    // Labels validated so far (all recorded in `spans` while equal to its
+    // len), and a one-word filter of their names (a bit per length and first
+    // byte): only a name whose bit is set is compared with the earlier ones.
+    let mut seen = 0usize;
+    let mut filter = 0u64;
     let mut k = 0;
     loop {
         k = skip_blanks(b, k);
@@ -266,9 +271,14 @@ pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
             return failure(at(k), ErrorKind::ExpectedLabelName);
         }
         let name_end = k + n;
-        if seen_before(body, &spans, &b[name_start..name_end], name_start) {
+        let bit = 1u64 << ((n * 7 + usize::from(b[name_start])) & 63);
+        if filter & bit != 0
+            && seen_before(body, &spans, seen, &b[name_start..name_end], name_start)
+        {
             return failure(at(name_start), ErrorKind::DuplicateLabel);
         }
+        filter |= bit;
+        seen += 1;
         k = skip_blanks(b, name_end);
         if b.get(k) != Some(&b'=') {
             return failure(at(k), ErrorKind::ExpectedEquals);
@@ -309,14 +319,18 @@ pub(crate) fn label_set_spans(i: &str) -> PResult<'_, (&str, Spans)> {
 /// handful of labels, so comparing against each earlier name is cheaper
 /// than any set structure.
 #[inline]
-fn seen_before(body: &str, spans: &Spans, name: &[u8], before: usize) -> bool {
+fn seen_before(body: &str, spans: &Spans, seen: usize, name: &[u8], before: usize) -> bool {
     let b = body.as_bytes();
     let recorded = &spans.at[..usize::from(spans.len)];
-    if recorded
-        .iter()
-        .any(|&[s, e, ..]| b.get(usize::from(s)..usize::from(e)) == Some(name))
-    {
-        return true;
+    for &[s, e, ..] in recorded {
+        let (s, e) = (usize::from(s), usize::from(e));
+        // Lengths differ for most pairs; compare bytes only when they match.
+        if e.checked_sub(s) == Some(name.len()) && b.get(s..e) == Some(name) {
+            return true;
+        }
+    }
+    if seen == recorded.len() {
+        return false;
     }
     let mut rest = match recorded.last() {
         Some(&[.., value_end]) => body.get(usize::from(value_end) + 1..before),
@@ -574,6 +588,12 @@ mod tests {
             assert_eq!(kind(label_set(&set)).0, ErrorKind::DuplicateLabel, "{set}");
         }
         assert_eq!(label_set(&many("g")).map(|(r, _)| r), Ok(""));
+        // "Zx" shares "a"'s filter bit: compared, and found distinct.
+        assert_eq!(label_set("{a=\"1\",Zx=\"2\"}").map(|(r, _)| r), Ok(""));
+        assert_eq!(
+            kind(label_set("{a=\"1\",Zx=\"2\",a=\"3\"}")).0,
+            ErrorKind::DuplicateLabel
+        );
         assert_eq!(
             label_set("{ab=\"1\",a=\"2\",b=\"3\"}").map(|(r, _)| r),
             Ok("")
