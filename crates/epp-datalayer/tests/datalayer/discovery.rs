@@ -10,11 +10,10 @@ use epp_core::{
     EndpointSource, InferenceRequest, PluginRef, Scheduler, SchedulingProfile, SingleProfileHandler,
 };
 use epp_datalayer::{Discovery, EndpointStore, FileDiscovery, StaticDiscovery};
-use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    common::eventually,
+    common::{Logs, eventually},
     scrape::{Best, ShortQueue},
 };
 
@@ -100,38 +99,6 @@ async fn static_lists_and_file_merge() {
 }
 
 // === A file read while it is being written ===
-
-/// Log lines written while the guard lives (this thread only).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let logs = Self::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock()).into_owned()
-    }
-    fn count(&self, needle: &str) -> usize {
-        self.text().matches(needle).count()
-    }
-}
 
 fn temp_file(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("epp-datalayer-{}-{name}", std::process::id()));

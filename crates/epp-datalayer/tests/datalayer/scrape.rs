@@ -11,7 +11,7 @@ use epp_core::{
 use epp_datalayer::{DataLayer, DataLayerOptions, EndpointSpec, EndpointStore, ScrapeStatus};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{BadServer, Mode, eventually, vllm_page, wiring};
+use crate::common::{BadServer, Logs, Mode, eventually, vllm_page, wiring};
 
 fn opts(refresh_ms: u64, timeout_ms: u64) -> DataLayerOptions {
     DataLayerOptions {
@@ -65,17 +65,28 @@ async fn scrapes_over_one_kept_alive_connection() {
 /// scrape timeout short enough for the slow ones.
 #[tokio::test]
 async fn failures_keep_values_age_and_recover() {
-    let cases: Vec<(Mode, &str)> = vec![
-        (Mode::Status500, "HTTP 500"),
-        (Mode::Garbage, "none of the vllm"),
-        (Mode::Hang, "timed out"),
-        (Mode::Huge(50 << 20), "larger than the size cap"),
-        (Mode::HugeAnnounced(50 << 20), "larger than the size cap"),
+    let (logs, _guard) = Logs::capture();
+    let cases: Vec<(Mode, &str, &str)> = vec![
+        (Mode::Status500, "HTTP 500", "http_error"),
+        (Mode::Garbage, "none of the vllm", "extract_error"),
+        (Mode::Hang, "timed out", "timeout"),
+        (
+            Mode::Huge(50 << 20),
+            "larger than the size cap",
+            "too_large",
+        ),
+        (
+            Mode::HugeAnnounced(50 << 20),
+            "larger than the size cap",
+            "too_large",
+        ),
         (
             Mode::Drip(vllm_page(1, 1, 0.1), Duration::from_millis(20)),
             "timed out",
+            "timeout",
         ),
     ];
+    let n_cases = cases.len();
     let server = BadServer::start(Mode::Page(vllm_page(3, 2, 0.5))).await;
     let store = store_of(&[&server]);
     let dl = DataLayer::start(
@@ -85,7 +96,7 @@ async fn failures_keep_values_age_and_recover() {
         CancellationToken::new(),
     )
     .unwrap();
-    for (round, (mode, expected)) in cases.into_iter().enumerate() {
+    for (round, (mode, expected, outcome)) in cases.into_iter().enumerate() {
         let waiting = u32::try_from(round).unwrap() + 3;
         server.set(Mode::Page(vllm_page(waiting, 2, 0.5)));
         eventually("a good scrape", || async {
@@ -96,6 +107,7 @@ async fn failures_keep_values_age_and_recover() {
 
         server.set(mode.clone());
         let before = status_of(&dl, &server).failed;
+        let counted_before = scrapes_counted(&dl, &server, outcome);
         eventually(&format!("{mode:?} fails twice"), || async {
             let s = status_of(&dl, &server);
             s.failed >= before + 2
@@ -115,7 +127,18 @@ async fn failures_keep_values_age_and_recover() {
             m.updated_at, stamp,
             "{mode:?}: a failed scrape does not refresh the age"
         );
+        assert!(
+            scrapes_counted(&dl, &server, outcome) >= counted_before + 3,
+            "{mode:?}: counted as {outcome} in the picker's metrics"
+        );
     }
+    // Logged once per change of state, not per failed scrape.
+    assert_eq!(
+        logs.count("metrics scrape failing"),
+        n_cases,
+        "{}",
+        logs.text()
+    );
     server.set(Mode::Page(vllm_page(42, 0, 0.0)));
     eventually("recovery", || async {
         metrics_of(&store, &server).waiting == 42
@@ -356,4 +379,16 @@ async fn scrape_up_follows_the_latest_scrape() {
     })
     .await;
     dl.stop().await;
+}
+
+/// `epp_metrics_scrapes_total{endpoint, outcome}` as the picker exports it.
+fn scrapes_counted(dl: &DataLayer, server: &BadServer, outcome: &str) -> u64 {
+    let key = format!(
+        "epp_metrics_scrapes_total{{endpoint=\"{}\",outcome=\"{outcome}\"}} ",
+        server.addr
+    );
+    encoded(dl)
+        .lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .map_or(0, |v| v.trim().parse().unwrap())
 }
