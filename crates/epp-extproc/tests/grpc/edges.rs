@@ -99,3 +99,60 @@ async fn a_chunk_above_the_grpc_default_limit_is_accepted_and_rechunked() {
     let (status, _) = immediate(&envoy.recv().await);
     assert_eq!(status, 413);
 }
+
+#[tokio::test]
+async fn response_trailers_pass_and_complete_the_request() {
+    use epp_extproc::pb::envoy::service::ext_proc::v3::{
+        HttpTrailers, ProcessingRequest, processing_request::Request, processing_response::Response,
+    };
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &pairs(&post("/v1/completions")),
+            false,
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        ))
+        .await;
+    envoy
+        .send(request_body(br#"{"model":"m","prompt":"p"}"#, true))
+        .await;
+    envoy.recv().await;
+    envoy.recv().await;
+    envoy
+        .send(response_headers(&[(":status", "200")], false))
+        .await;
+    envoy.recv().await;
+    // The body does not end the stream: trailers do (gRPC-style upstreams).
+    envoy
+        .send(response_body(br#"{"usage":{"prompt_tokens":1}}"#, false))
+        .await;
+    let (chunk, eos) = streamed(&envoy.recv().await);
+    assert_eq!(chunk, br#"{"usage":{"prompt_tokens":1}}"#);
+    assert!(!eos);
+    assert_eq!(fx.inflight(), vec![1], "not complete before the trailers");
+    envoy
+        .send(ProcessingRequest {
+            request: Some(Request::ResponseTrailers(HttpTrailers {
+                trailers: Some(header_map(&[("grpc-status", "0")])),
+            })),
+            ..ProcessingRequest::default()
+        })
+        .await;
+    let r = envoy.recv().await;
+    match r.response {
+        Some(Response::ResponseTrailers(t)) => {
+            assert!(
+                t.header_mutation.is_none(),
+                "trailers pass unchanged: {t:?}"
+            );
+        }
+        other => panic!("expected a trailers reply, got {other:?}"),
+    }
+    assert_eq!(fx.inflight(), vec![0]);
+    assert_eq!(
+        fx.recorder.0.lock().unwrap().outcomes,
+        vec![epp_core::RequestOutcome::Completed { status: 200 }]
+    );
+}
