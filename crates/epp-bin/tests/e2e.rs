@@ -18,4 +18,5 @@ mod e2e {
     mod session;
     mod shutdown;
     mod streaming;
+    mod trailers;
 }

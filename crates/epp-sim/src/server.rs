@@ -59,6 +59,48 @@ async fn record(
         .await
 }
 
+/// Request header asking for a trailer on the response (tests of gateways
+/// that must pass trailers): the response ends with trailer
+/// `x-sim-trailer` carrying the header's value.
+const TRAILER_REQUEST: &str = "x-sim-trailer";
+
+/// Adds the trailer a request asked for with `x-sim-trailer`.
+async fn trailer(req: Request, next: axum::middleware::Next) -> Response {
+    let Some(value) = req.headers().get(TRAILER_REQUEST).cloned() else {
+        return next.run(req).await;
+    };
+    let response = next.run(req).await;
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(header::TRAILER, HeaderValue::from_static(TRAILER_REQUEST));
+    let mut trailers = axum::http::HeaderMap::new();
+    trailers.insert(TRAILER_REQUEST, value);
+    let body = http_body_util::BodyExt::with_trailers(body, std::future::ready(Some(Ok(trailers))));
+    Response::from_parts(parts, axum::body::Body::new(UnsizedBody(body)))
+}
+
+/// A body that does not announce its size, so it is sent chunked (trailers
+/// need chunked framing).
+struct UnsizedBody<B>(B);
+
+impl<B: http_body::Body + Unpin> http_body::Body for UnsizedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+}
+
 /// The router for one simulated server.
 pub fn router(sim: Arc<Sim>) -> Router {
     let pod = HeaderValue::from_str(&sim.cfg.pod_name).unwrap_or(HeaderValue::from_static("sim"));
@@ -68,7 +110,8 @@ pub fn router(sim: Arc<Sim>) -> Router {
     });
     let mut generation = Router::new()
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions));
+        .route("/v1/chat/completions", post(chat_completions))
+        .layer(axum::middleware::from_fn(trailer));
     if recorded.capacity > 0 {
         generation = generation.layer(axum::middleware::from_fn_with_state(
             Arc::clone(&recorded),

@@ -20,6 +20,8 @@ pub struct Response {
     pub body: Bytes,
     /// (time since the request was sent, chunk).
     pub chunks: Vec<(Duration, Bytes)>,
+    /// Trailers, if the response had any.
+    pub trailers: Vec<(String, String)>,
     /// Time to the response headers.
     pub ttfb: Duration,
     pub total: Duration,
@@ -85,12 +87,25 @@ pub async fn send(
         .collect();
     let mut body = resp.into_body();
     let mut chunks = Vec::new();
+    let mut trailers = Vec::new();
     let mut all = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(std::io::Error::other)?;
-        if let Ok(data) = frame.into_data() {
-            all.extend_from_slice(&data);
-            chunks.push((start.elapsed(), data));
+        match frame.into_data() {
+            Ok(data) => {
+                all.extend_from_slice(&data);
+                chunks.push((start.elapsed(), data));
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers.extend(t.iter().map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    }));
+                }
+            }
         }
     }
     Ok(Response {
@@ -98,6 +113,7 @@ pub async fn send(
         headers,
         body: Bytes::from(all),
         chunks,
+        trailers,
         ttfb,
         total: start.elapsed(),
     })
