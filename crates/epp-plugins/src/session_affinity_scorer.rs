@@ -80,12 +80,43 @@ impl Scorer for SessionAffinityScorer {
         let Some(token) = cx.request.header(SESSION_HEADER) else {
             return;
         };
+        // Decoded once, on the stack: no allocation per candidate.
+        let mut buf = [0u8; 64];
+        let Some(addr) = decode_token(token, &mut buf) else {
+            return;
+        };
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            if session_token(c.endpoint.addr_str()) == token {
+            if c.endpoint.addr_str().as_bytes() == addr {
                 *s = 1.0;
             }
         }
     }
+}
+
+/// Decodes a standard base64 token into `buf`; `None` if it is not base64
+/// or longer than any endpoint address.
+fn decode_token<'b>(token: &str, buf: &'b mut [u8; 64]) -> Option<&'b [u8]> {
+    let digits = token.trim_end_matches('=').as_bytes();
+    let (mut bits, mut n, mut len) = (0u32, 0u32, 0usize);
+    for &c in digits {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(v);
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            *buf.get_mut(len)? = (bits >> n) as u8;
+            len += 1;
+            bits &= (1 << n) - 1;
+        }
+    }
+    Some(&buf[..len])
 }
 
 #[cfg(test)]
@@ -100,6 +131,19 @@ mod tests {
         assert_eq!(session_token("10.0.0.1:8000"), "MTAuMC4wLjE6ODAwMA==");
         assert_eq!(session_token("abc"), "YWJj");
         assert_eq!(session_token("ab"), "YWI=");
+    }
+
+    #[test]
+    fn tokens_decode_back_and_garbage_is_refused() {
+        let mut buf = [0u8; 64];
+        for addr in ["10.0.0.1:8000", "a", "ab", "[fd00::1]:65535"] {
+            assert_eq!(
+                decode_token(&session_token(addr), &mut buf),
+                Some(addr.as_bytes())
+            );
+        }
+        assert_eq!(decode_token("not base64!", &mut buf), None);
+        assert_eq!(decode_token(&"QUFB".repeat(30), &mut buf), None, "too long");
     }
 
     #[test]
