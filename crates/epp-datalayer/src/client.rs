@@ -256,11 +256,18 @@ async fn connect(target: &Target) -> Result<Conn, FetchError> {
     }
 }
 
+/// hyper's read buffer per connection. Fixed rather than hyper's adaptive
+/// one (which grows towards ~400 KB on 100 KB pages and was re-allocated, and
+/// its fresh pages faulted in, scrape after scrape); below glibc's mmap
+/// threshold, so it stays in the heap and is reused.
+const READ_BUF: usize = 64 << 10;
+
 async fn handshake<IO>(io: IO) -> Result<Conn, FetchError>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (send, conn) = http1::Builder::new()
+        .read_buf_exact_size(Some(READ_BUF))
         .handshake(io)
         .await
         .map_err(|e| FetchError::Connect(format!("HTTP handshake: {e}")))?;
