@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Turns a routing benchmark's results.jsonl into tables (report.md) and a plot
+of TTFT p90 against request rate per contender (ttft_p90.png).
+
+Usage: python report.py RUN_DIR [--plot-out PATH] [--md-out PATH]
+Every figure is the mean over the repeats of one point; the "spread" column is
+(max - min) / mean of TTFT p90 over those repeats, the run-to-run noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+ORDER = ["epp", "round-robin", "sglang-cache-aware", "sglang-power-of-two", "vllm-cache-aware"]
+LABELS = {
+    "epp": "Envoy + epp (default)",
+    "round-robin": "Envoy round-robin",
+    "sglang-cache-aware": "sglang-router cache_aware",
+    "sglang-power-of-two": "sglang-router power_of_two",
+    "vllm-cache-aware": "vllm-router cache_aware",
+}
+STYLE = {
+    "epp": dict(color="#d62728", marker="o", linewidth=2.5),
+    "round-robin": dict(color="#7f7f7f", marker="s", linestyle="--"),
+    "sglang-cache-aware": dict(color="#1f77b4", marker="^"),
+    "sglang-power-of-two": dict(color="#17becf", marker="v", linestyle=":"),
+    "vllm-cache-aware": dict(color="#2ca02c", marker="D"),
+}
+
+
+def load(run_dir: Path) -> tuple[dict, list[dict]]:
+    meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    return meta, rows
+
+
+def avg(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return mean(values) if values else None
+
+
+def fmt(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def group(rows: list[dict]) -> dict:
+    """workload -> contender -> rate -> [rows]"""
+    g: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        g[r["workload"]][r["contender"]][r["rate"]].append(r)
+    return g
+
+
+def table(workload: str, by_contender: dict) -> str:
+    out = [
+        "| req/s | contender | runs | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | spread p90 | TPOT p50 ms "
+        "| out tok/s | hit rate | busiest server | errors |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rates = sorted({rate for c in by_contender.values() for rate in c})
+    for rate in rates:
+        for c in sorted(by_contender, key=lambda c: ORDER.index(c) if c in ORDER else 99):
+            runs = by_contender[c].get(rate)
+            if not runs:
+                continue
+            p90s = [r["ttft_p90_ms"] for r in runs if r["ttft_p90_ms"] is not None]
+            spread = (max(p90s) - min(p90s)) / mean(p90s) if len(p90s) > 1 and mean(p90s) > 0 else None
+            shares = []
+            for r in runs:
+                total = sum(r["served_per_sim"])
+                if total:
+                    shares.append(max(r["served_per_sim"]) / total)
+            errors = sum(r["errors"] for r in runs)
+            out.append(
+                f"| {rate:g} | {LABELS.get(c, c)} | {len(runs)} | {fmt(avg([r['ttft_p50_ms'] for r in runs]))} "
+                f"| {fmt(avg(p90s))} | {fmt(avg([r['ttft_p99_ms'] for r in runs]))} "
+                f"| {fmt(spread * 100 if spread is not None else None)}{'%' if spread is not None else ''} "
+                f"| {fmt(avg([r['tpot_p50_ms'] for r in runs]), 1)} "
+                f"| {fmt(avg([r['output_tokens_per_s'] for r in runs]))} "
+                f"| {fmt(avg([r['hit_rate'] for r in runs]), 3)} "
+                f"| {fmt(avg(shares) * 100 if shares else None)}{'%' if shares else ''} | {errors} |"
+            )
+    return "\n".join(out)
+
+
+def plot(g: dict, meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in ["shared-prefix", "no-sharing", "lora-mix"] if w in g] + [
+        w for w in g if w not in ("shared-prefix", "no-sharing", "lora-mix")
+    ]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6.2 * len(workloads), 5.2), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        for c in sorted(g[w], key=lambda c: ORDER.index(c) if c in ORDER else 99):
+            rates = sorted(g[w][c])
+            ys, lo, hi, xs = [], [], [], []
+            for rate in rates:
+                p90s = [r["ttft_p90_ms"] for r in g[w][c][rate] if r["ttft_p90_ms"] is not None]
+                if not p90s:
+                    continue
+                m = mean(p90s)
+                xs.append(rate)
+                ys.append(m)
+                lo.append(m - min(p90s))
+                hi.append(max(p90s) - m)
+            if xs:
+                ax.errorbar(xs, ys, yerr=[lo, hi], label=LABELS.get(c, c), capsize=3, **STYLE.get(c, {}))
+        ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s, poisson)")
+        ax.set_ylabel("TTFT p90 (ms, log scale)")
+        ax.set_title(w)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"TTFT p90 vs request rate, 4 simulated vLLM servers (epp-sim); mean of runs, bars = min..max\n"
+        f"{meta.get('cpus', '?')}-core {meta.get('cpu_model', '')}, git {meta.get('git', '?')}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--plot-out", type=Path)
+    ap.add_argument("--md-out", type=Path)
+    args = ap.parse_args()
+    meta, rows = load(args.run_dir)
+    if not rows:
+        sys.exit(f"no results in {args.run_dir}/results.jsonl")
+    g = group(rows)
+    md = [f"Run {args.run_dir.name}: `{meta.get('command', '?')}` (git {meta.get('git', '?')}, "
+          f"{meta.get('cpus', '?')} cores, {meta.get('cpu_model', '?')}).", ""]
+    for w in g:
+        desc = meta.get("workloads", {}).get(w, {}).get("description", "")
+        md += [f"### {w}", "", desc, "", table(w, g[w]), ""]
+    text = "\n".join(md)
+    (args.md_out or args.run_dir / "report.md").write_text(text)
+    print(text)
+    try:
+        plot(g, meta, args.plot_out or args.run_dir / "ttft_p90.png")
+    except ImportError as e:
+        print(f"no plot: {e} (scripts/setup-routing-bench.sh installs matplotlib)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

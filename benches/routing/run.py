@@ -1,0 +1,569 @@
+#!/usr/bin/env python3
+"""Routing-quality benchmark: the same workloads through each router on the
+same simulated fleet, one contender at a time, on fresh simulators.
+
+Contenders: Envoy + epp (default config), Envoy round-robin, sglang-router
+(cache_aware and power_of_two) and vllm-router (cache_aware). Client:
+inference-perf (poisson arrivals, one stage per request rate). Prefix-cache hit
+rates and the spread of requests over servers come from the simulators' own
+/metrics, polled during the run and cut at inference-perf's stage times.
+
+Run it through benches/routing/run.sh (installs the tools, builds release
+binaries). Direct use:
+
+    .venv/bin/python benches/routing/run.py --out DIR [--workloads a,b]
+        [--contenders a,b] [--repeats N] [--quick] [--bin-dir target/release]
+
+Writes DIR/results.jsonl (one line per workload x contender x repeat x rate)
+and, through report.py, DIR/report.md and DIR/ttft_p90.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+N_SIMS = 4
+ADAPTERS = [f"adapter-{i}" for i in range(8)]
+WARMUP_RATE, WARMUP_SECS = 8, 8
+
+# The simulated fleet (docs/BENCHMARKS.md explains the choice): small batches
+# and a 20 ms decode step put the saturation of cache-affine routing at a rate
+# this 2-core machine can offer (~40 req/s); 2,048 KV blocks of 16 tokens hold
+# about five tenants' ~5,500-token prefixes per server.
+SIM_ARGS = [
+    "--max-num-seqs", "8",
+    "--itl-ms", "20",
+    "--ttft-ms", "10",
+    "--prefill-us-per-token", "20",
+    "--num-gpu-blocks", "2048",
+    "--block-size", "16",
+    "--seed", "1",
+]
+
+
+@dataclass
+class Workload:
+    name: str
+    description: str
+    rates: list[float]
+    stage_secs: int
+    data: dict
+    sim_args: list[str] = field(default_factory=list)
+    lora: bool = False
+
+
+WORKLOADS = {
+    "shared-prefix": Workload(
+        name="shared-prefix",
+        description="16 tenants x ~6,000-token shared system prompt (client tokens; ~5,500 by the "
+        "simulator's 4-byte rule) + 32-token question, 32 output tokens, streamed completions",
+        rates=[8, 16, 24, 32, 40],
+        stage_secs=12,
+        data={
+            "type": "shared_prefix",
+            "shared_prefix": {
+                "num_groups": 16,
+                "num_prompts_per_group": 12,
+                "system_prompt_len": 6000,
+                "question_len": 32,
+                "output_len": 32,
+                "seed": 1,
+            },
+        },
+    ),
+    "no-sharing": Workload(
+        name="no-sharing",
+        description="random prompts, lengths 64-4,000 tokens (lognormal-ish, mean 1,000), outputs "
+        "8-64 tokens (mean 32), nothing shared, streamed completions",
+        rates=[8, 16, 24],
+        stage_secs=10,
+        data={
+            "type": "random",
+            "input_distribution": {"min": 64, "max": 4000, "mean": 1000, "std_dev": 800},
+            "output_distribution": {"min": 8, "max": 64, "mean": 32, "std_dev": 16},
+        },
+    ),
+    "lora-mix": Workload(
+        name="lora-mix",
+        description="as no-sharing, but each request names one of 8 LoRA adapters (uniform); each "
+        "server holds 2 resident adapters and loads one in 50 ms",
+        rates=[8, 16, 24],
+        stage_secs=10,
+        data={
+            "type": "random",
+            "input_distribution": {"min": 64, "max": 4000, "mean": 1000, "std_dev": 800},
+            "output_distribution": {"min": 8, "max": 64, "mean": 32, "std_dev": 16},
+        },
+        sim_args=["--lora-modules", ",".join(ADAPTERS), "--max-loras", "2", "--lora-load-ms", "50"],
+        lora=True,
+    ),
+}
+
+CONTENDERS = [
+    "epp",
+    "round-robin",
+    "sglang-cache-aware",
+    "sglang-power-of-two",
+    "vllm-cache-aware",
+]
+
+LABELS = {
+    "epp": "Envoy + epp (default config)",
+    "round-robin": "Envoy round-robin",
+    "sglang-cache-aware": "sglang-router cache_aware",
+    "sglang-power-of-two": "sglang-router power_of_two",
+    "vllm-cache-aware": "vllm-router cache_aware",
+}
+
+# Nothing may leave the machine: routers that load a tokenizer must find it
+# locally, and a stray download goes to a dead proxy instead of hanging.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def http_post(url: str, body: dict, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+    except OSError as e:
+        return 0, {}, str(e).encode()
+
+
+def wait_until(what: str, check, timeout: float = 60.0, proc: "Proc | None" = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and proc.popen.poll() is not None:
+            raise RuntimeError(f"{what}: process exited ({proc.popen.returncode}); see {proc.log}")
+        time.sleep(0.1)
+    raise RuntimeError(f"{what}: not ready after {timeout:.0f}s" + (f"; see {proc.log}" if proc else ""))
+
+
+class Proc:
+    """A process this benchmark started, in its own process group, stopped on exit."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict | None = None):
+        self.name = name
+        self.log = log_path
+        full_env = dict(os.environ)
+        full_env.update(OFFLINE_ENV)
+        if env:
+            full_env.update(env)
+        self._file = open(log_path, "wb")
+        self.popen = subprocess.Popen(
+            cmd, stdout=self._file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=full_env, start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.popen.wait()
+        self._file.close()
+
+
+class Fleet:
+    """N simulators plus one contender in front of them."""
+
+    def __init__(self, args: argparse.Namespace, workload: Workload, contender: str, run_dir: Path):
+        self.args = args
+        self.dir = run_dir
+        self.procs: list[Proc] = []
+        self.sim_ports: list[int] = []
+        try:
+            self._start_sims(workload)
+            self.url = self._start_contender(contender)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> Proc:
+        p = Proc(name, cmd, self.dir / f"{name}.log", env)
+        self.procs.append(p)
+        return p
+
+    def _start_sims(self, workload: Workload) -> None:
+        for i in range(N_SIMS):
+            port = free_port()
+            p = self._spawn(
+                f"sim-{i}",
+                [str(self.args.bin_dir / "epp-sim"), "--port", str(port), "--pod-name", f"sim-{i}",
+                 "--model", MODEL, "--model-path", str(self.args.tokenizer)]
+                + SIM_ARGS + workload.sim_args,
+            )
+            self.sim_ports.append(port)
+            wait_until(f"sim-{i}", lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200,
+                       proc=p)
+
+    def _start_contender(self, contender: str) -> str:
+        port = free_port()
+        urls = [f"http://127.0.0.1:{p}" for p in self.sim_ports]
+        if contender == "epp":
+            grpc = free_port()
+            p = self._spawn("epp", [
+                str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
+                str(free_port()), "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1",
+                "--secure-serving=false", "--endpoints",
+                ",".join(f"127.0.0.1:{p}" for p in self.sim_ports),
+            ], env={"RUST_LOG": "warn"})
+            wait_until("epp", lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)
+            config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
+            config = config.replace("port_value: 9002", f"port_value: {grpc}")
+            return self._start_envoy(config, port)
+        if contender == "round-robin":
+            template = (ROOT / "examples/envoy/envoy-round-robin.yaml").read_text()
+            begin = template.index("        # ENDPOINTS-BEGIN")
+            end = template.index("        # ENDPOINTS-END")
+            endpoints = "".join(
+                "        - endpoint: { address: { socket_address: { address: 127.0.0.1, "
+                f"port_value: {p} }} }} }}\n"
+                for p in self.sim_ports
+            )
+            return self._start_envoy(template[:begin] + endpoints + template[end:], port)
+        if contender.startswith("sglang-"):
+            policy = {"sglang-cache-aware": "cache_aware", "sglang-power-of-two": "power_of_two"}[contender]
+            p = self._spawn("sglang-router", [
+                str(VENV / "bin/python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--prometheus-port", str(free_port()), "--policy", policy,
+                "--log-level", "warn", "--worker-urls", *urls,
+            ])
+            wait_until("sglang-router", lambda: http_get(f"http://127.0.0.1:{port}/readiness")[0] == 200,
+                       proc=p)
+            return f"http://127.0.0.1:{port}"
+        if contender == "vllm-cache-aware":
+            p = self._spawn("vllm-router", [
+                str(VENV / "bin/vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+                "--prometheus-port", str(free_port()), "--policy", "cache_aware",
+                "--log-level", "warning", "--worker-urls", *urls,
+            ])
+            wait_until("vllm-router", lambda: http_get(f"http://127.0.0.1:{port}/readiness")[0] == 200,
+                       proc=p)
+            return f"http://127.0.0.1:{port}"
+        raise ValueError(f"unknown contender {contender!r}; known: {', '.join(CONTENDERS)}")
+
+    def _start_envoy(self, config: str, port: int) -> str:
+        admin = free_port()
+        config = config.replace("port_value: 9901", f"port_value: {admin}")
+        config = config.replace("port_value: 10000", f"port_value: {port}")
+        path = self.dir / "envoy.yaml"
+        path.write_text(config)
+        envoy = VENV / "envoy"
+        if not envoy.exists():
+            raise RuntimeError(f"Envoy missing at {envoy}: run scripts/setup.sh --no-build")
+        p = self._spawn("envoy", [
+            str(envoy), "-c", str(path), "--concurrency", "1", "--disable-hot-restart",
+            "-l", "warning", "--base-id", str(port),
+        ])
+        wait_until("envoy", lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200, proc=p)
+        return f"http://127.0.0.1:{port}"
+
+    def sim_counters(self) -> list[dict[str, float]]:
+        """Per simulator: the counters this benchmark reads from /metrics."""
+        out = []
+        for port in self.sim_ports:
+            status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+            values: dict[str, float] = {}
+            if status == 200:
+                for line in body.decode(errors="replace").splitlines():
+                    m = METRIC_LINE.match(line)
+                    if m and m.group(1) in COUNTERS:
+                        values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
+            out.append(values)
+        return out
+
+
+COUNTERS = {
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:request_success_total",
+    "vllm:generation_tokens_total",
+}
+METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+class Poller(threading.Thread):
+    """Samples the simulators' counters every 0.5 s with a wall-clock stamp."""
+
+    def __init__(self, fleet: Fleet):
+        super().__init__(daemon=True)
+        self.fleet = fleet
+        self.samples: list[tuple[float, list[dict[str, float]]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.samples.append((time.time(), self.fleet.sim_counters()))
+            self.done.wait(0.5)
+        self.samples.append((time.time(), self.fleet.sim_counters()))
+
+    def window(self, start: float, end: float) -> list[dict[str, float]]:
+        """Per-simulator counter increase between the samples nearest `start` and `end`."""
+        def nearest(t: float):
+            return min(self.samples, key=lambda s: abs(s[0] - t))[1]
+        a, b = nearest(start), nearest(end)
+        return [{k: bv.get(k, 0.0) - av.get(k, 0.0) for k in COUNTERS} for av, bv in zip(a, b)]
+
+
+def check_routing(fleet: Fleet, workload: Workload) -> dict:
+    """Sends distinct short requests through the contender; every one must
+    succeed and reach a simulator, and together they must reach more than one."""
+    before = fleet.sim_counters()
+    pods = {}
+    for i in range(16):
+        model = ADAPTERS[i % len(ADAPTERS)] if workload.lora else MODEL
+        status, headers, body = http_post(f"{fleet.url}/v1/completions", {
+            "model": model, "prompt": f"routing check {i}: " + "word " * (8 + 37 * i), "max_tokens": 2,
+        })
+        if status != 200:
+            raise RuntimeError(f"routing check: {fleet.url} answered {status}: {body[:300]!r}")
+        pod = {k.lower(): v for k, v in headers.items()}.get("x-inference-pod", "?")
+        pods[pod] = pods.get(pod, 0) + 1
+    after = fleet.sim_counters()
+    served = [a.get("vllm:request_success_total", 0) - b.get("vllm:request_success_total", 0)
+              for a, b in zip(after, before)]
+    if sum(served) < 16:
+        raise RuntimeError(f"routing check: simulators counted {served} of 16 requests")
+    return {"pods": pods, "servers_used": sum(1 for s in served if s > 0)}
+
+
+def inference_perf_config(args, workload: Workload, url: str, out: Path, rates: list[float]) -> dict:
+    cfg = {
+        "api": {"type": "completion", "streaming": True},
+        "server": {"type": "vllm", "model_name": MODEL, "base_url": url, "ignore_eos": True},
+        "tokenizer": {"pretrained_model_name_or_path": str(args.tokenizer)},
+        "data": workload.data,
+        "load": {
+            "type": "poisson",
+            "interval": 2,
+            # Stage 0 warms the caches (every tenant seen at least once) and is not reported.
+            "stages": [{"rate": WARMUP_RATE, "duration": WARMUP_SECS}]
+            + [{"rate": r, "duration": workload.stage_secs if not args.quick else 6} for r in rates],
+            "num_workers": 2,
+            "worker_max_concurrency": 200,
+            "request_timeout": 30,
+            "stage_teardown_grace_seconds": 30,
+            "base_seed": 12345,
+        },
+        "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": False}},
+        "storage": {"local_storage": {"path": str(out)}},
+    }
+    if workload.lora:
+        # 8 adapters: 1/8 is exact in binary, so the splits sum to exactly 1.0.
+        cfg["load"]["lora_traffic_split"] = [{"name": a, "split": 1 / len(ADAPTERS)} for a in ADAPTERS]
+    return cfg
+
+
+def parse_stage_time(text: str, key: str) -> float:
+    m = re.search(rf"^\s+{key}: '([^']+)'", text, re.M)
+    if not m:
+        raise RuntimeError(f"no {key} time in inference-perf stage report")
+    return datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+
+
+def run_one(args, workload: Workload, contender: str, repeat: int, results) -> None:
+    run_dir = args.out / "runs" / f"{workload.name}-{contender}-{repeat}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log(f"{workload.name} / {contender} / run {repeat}: starting fleet")
+    fleet = Fleet(args, workload, contender, run_dir)
+    try:
+        check = check_routing(fleet, workload)
+        log(f"  routing check ok: {check['pods']}")
+        poller = Poller(fleet)
+        poller.start()
+        rates = workload.rates if not args.quick else workload.rates[:2]
+        ip_out = run_dir / "inference-perf"
+        cfg_path = run_dir / "inference-perf.yaml"
+        cfg_path.write_text(json.dumps(inference_perf_config(args, workload, fleet.url, ip_out, rates), indent=2))
+        ip = Proc("inference-perf", [str(args.inference_perf), "--config_file", str(cfg_path)],
+                  run_dir / "inference-perf.log")
+        try:
+            ip.popen.wait(timeout=60 + WARMUP_SECS + len(rates) * (workload.stage_secs + 40))
+        except subprocess.TimeoutExpired:
+            log("  inference-perf timed out; stopping it")
+        ip.stop()
+        poller.done.set()
+        poller.join()
+        if ip.popen.returncode != 0:
+            raise RuntimeError(f"inference-perf exited {ip.popen.returncode}; see {ip.log}")
+        for i, rate in enumerate(rates, start=1):
+            stage = json.loads((ip_out / f"stage_{i}_lifecycle_metrics.json").read_text())
+            times = (ip_out / f"inference-perf.partial.stage_{i}.yaml").read_text()
+            start = parse_stage_time(times, "start")
+            # Requests still in flight at the stage's end finish during its teardown: count the
+            # simulators' work up to the next stage's start.
+            if i < len(rates):
+                end = parse_stage_time((ip_out / f"inference-perf.partial.stage_{i + 1}.yaml").read_text(), "start")
+            else:
+                end = poller.samples[-1][0]
+            sims = poller.window(start, end)
+            r = record(workload, contender, repeat, rate, stage, sims, check)
+            results.write(json.dumps(r) + "\n")
+            results.flush()
+            log(f"  {rate:>5} req/s: TTFT p90 {r['ttft_p90_ms']:.0f} ms, hit rate {r['hit_rate']:.3f}, "
+                f"ok {r['ok']}, errors {r['errors']}, sent at {r['offered_rate'] or 0:.1f} req/s")
+    finally:
+        fleet.stop()
+
+
+def record(workload, contender, repeat, rate, stage, sims, check) -> dict:
+    ok = stage.get("successes", {})
+    lat = ok.get("latency", {})
+
+    def pct(metric: str, p: str) -> float | None:
+        v = lat.get(metric, {}).get(p)
+        return None if v is None else v * 1000.0
+
+    hits = sum(s["vllm:prefix_cache_hits_total"] for s in sims)
+    queries = sum(s["vllm:prefix_cache_queries_total"] for s in sims)
+    served = [s["vllm:request_success_total"] for s in sims]
+    return {
+        "workload": workload.name,
+        "contender": contender,
+        "repeat": repeat,
+        "rate": rate,
+        "achieved_rate": ok.get("throughput", {}).get("requests_per_sec") or 0.0,
+        "offered_rate": stage.get("load_summary", {}).get("achieved_rate"),
+        "ok": ok.get("count", 0),
+        "errors": stage.get("failures", {}).get("count", 0),
+        "ttft_p50_ms": pct("time_to_first_token", "median"),
+        "ttft_p90_ms": pct("time_to_first_token", "p90"),
+        "ttft_p99_ms": pct("time_to_first_token", "p99"),
+        "tpot_p50_ms": pct("time_per_output_token", "median"),
+        "tpot_p90_ms": pct("time_per_output_token", "p90"),
+        "output_tokens_per_s": ok.get("throughput", {}).get("output_tokens_per_sec"),
+        "hit_rate": hits / queries if queries else None,
+        "served_per_sim": served,
+        "routing_check": check,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "target/routing-bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="two rates, 6 s stages, one run: a smoke test")
+    ap.add_argument("--bin-dir", type=Path, default=ROOT / "target/release")
+    ap.add_argument("--tokenizer", type=Path, default=VENV / "bench-tokenizer")
+    ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
+    args = ap.parse_args()
+    if args.quick:
+        args.repeats = 1
+    workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
+    contenders = args.contenders.split(",")
+    for c in contenders:
+        if c not in CONTENDERS:
+            sys.exit(f"unknown contender {c!r}; known: {', '.join(CONTENDERS)}")
+    for path, what in [(args.bin_dir / "epp", "epp (cargo build --release)"),
+                       (args.bin_dir / "epp-sim", "epp-sim (cargo build --release)"),
+                       (args.tokenizer / "tokenizer.json", "tokenizer (scripts/setup-routing-bench.sh)"),
+                       (args.inference_perf, "inference-perf (scripts/setup-routing-bench.sh)")]:
+        if not path.exists():
+            sys.exit(f"missing {path}: {what}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "meta.json").write_text(json.dumps({
+        "started": datetime.now().isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip(),
+        "sim_args": SIM_ARGS,
+        "workloads": {w.name: {"description": w.description, "rates": w.rates, "stage_secs": w.stage_secs,
+                               "sim_args": w.sim_args} for w in workloads},
+        "command": " ".join(sys.argv),
+        "quick": args.quick,
+    }, indent=2))
+    failures = []
+    with open(args.out / "results.jsonl", "a") as results:
+        for workload in workloads:
+            for repeat in range(1, args.repeats + 1):
+                # Alternate the order so slow drift of a shared machine does not favour one contender.
+                order = contenders if repeat % 2 else list(reversed(contenders))
+                for contender in order:
+                    try:
+                        run_one(args, workload, contender, repeat, results)
+                    except Exception as e:  # one contender failing must not lose the others' results
+                        log(f"  FAILED: {e}")
+                        failures.append(f"{workload.name}/{contender}/{repeat}: {e}")
+    subprocess.run([sys.executable, str(Path(__file__).with_name("report.py")), str(args.out)], check=False)
+    if failures:
+        log("failures:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The routing-quality benchmark in one command (see docs/BENCHMARKS.md):
+# installs the peer routers and inference-perf, builds release binaries, then
+# runs every workload through every contender on fresh simulators.
+#   benches/routing/run.sh                 # full run (~40 min on 2 cores)
+#   benches/routing/run.sh --quick         # smoke test: two rates, one run
+#   benches/routing/run.sh --workloads shared-prefix --repeats 3
+# Results: target/routing-bench/<time>/{results.jsonl,report.md,ttft_p90.png}
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+scripts/setup-routing-bench.sh
+cargo build --release --quiet -p epp-bin -p epp-sim --bins
+exec .venv/bin/python benches/routing/run.py "$@"
