@@ -67,6 +67,8 @@ class Workload:
     data: dict
     sim_args: list[str] = field(default_factory=list)
     lora: bool = False
+    # inference-perf, or the Rust load generator (crates/epp-bin/benches/routing.rs).
+    client: str = "inference-perf"
 
 
 WORKLOADS = {
@@ -113,6 +115,9 @@ WORKLOADS = {
         },
         sim_args=["--lora-modules", ",".join(ADAPTERS), "--max-loras", "2", "--lora-load-ms", "50"],
         lora=True,
+        # inference-perf refuses adapters the router's /v1/models does not list, and
+        # sglang-router 0.3 lists only the base model there (it routes adapters fine).
+        client="rust",
     ),
 }
 
@@ -434,6 +439,19 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
         poller = Poller(fleet)
         poller.start()
         rates = workload.rates if not args.quick else workload.rates[:2]
+        client = args.client or workload.client
+        if client == "rust":
+            stages = run_rust_client(args, workload, fleet.url, run_dir, rates)
+            poller.done.set()
+            poller.join()
+            for i, rate in enumerate(rates, start=1):
+                st = stages[i]
+                end = stages[i + 1]["start"] if i < len(rates) else poller.samples[-1][0]
+                r = record_rust(workload, contender, repeat, rate, st, poller.window(st["start"], end), check)
+                results.write(json.dumps(r) + "\n")
+                results.flush()
+                log_point(r)
+            return
         ip_out = run_dir / "inference-perf"
         cfg_path = run_dir / "inference-perf.yaml"
         cfg_path.write_text(json.dumps(inference_perf_config(args, workload, fleet.url, ip_out, rates), indent=2))
@@ -462,10 +480,80 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
             r = record(workload, contender, repeat, rate, stage, sims, check)
             results.write(json.dumps(r) + "\n")
             results.flush()
-            log(f"  {rate:>5} req/s: TTFT p90 {r['ttft_p90_ms']:.0f} ms, hit rate {r['hit_rate']:.3f}, "
-                f"ok {r['ok']}, errors {r['errors']}, sent at {r['offered_rate'] or 0:.1f} req/s")
+            log_point(r)
     finally:
         fleet.stop()
+
+
+def log_point(r: dict) -> None:
+    p90 = r["ttft_p90_ms"]
+    hit = r["hit_rate"]
+    log(f"  {r['rate']:>5} req/s: TTFT p90 {p90 if p90 is not None else float('nan'):.0f} ms, "
+        f"hit rate {hit if hit is not None else float('nan'):.3f}, ok {r['ok']}, errors {r['errors']}, "
+        f"sent at {r['offered_rate'] or 0:.1f} req/s ({r['client']})")
+
+
+def rust_client_path() -> Path:
+    """Builds (if needed) the Rust load generator and returns its executable."""
+    out = subprocess.run(
+        ["cargo", "bench", "--no-run", "--message-format=json", "-q", "-p", "epp-bin", "--bench", "routing"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "routing" \
+                and msg.get("executable"):
+            return Path(msg["executable"])
+    raise RuntimeError("cargo did not report the routing bench executable")
+
+
+def run_rust_client(args, workload: Workload, url: str, run_dir: Path, rates: list[float]) -> dict[int, dict]:
+    out = run_dir / "rust-client.jsonl"
+    secs = workload.stage_secs if not args.quick else 6
+    p = Proc("rust-client", [
+        str(args.rust_client), "--url", url, "--workload", workload.name,
+        "--rates", ",".join(f"{r:g}" for r in rates), "--secs", str(secs),
+        "--warmup-rate", str(WARMUP_RATE), "--warmup-secs", str(WARMUP_SECS), "--seed", "1",
+        "--timeout", "30", "--out", str(out),
+    ], run_dir / "rust-client.log")
+    try:
+        p.popen.wait(timeout=60 + WARMUP_SECS + len(rates) * (secs + 40))
+    except subprocess.TimeoutExpired:
+        log("  rust client timed out; stopping it")
+    p.stop()
+    if p.popen.returncode != 0:
+        raise RuntimeError(f"rust client exited {p.popen.returncode}; see {p.log}")
+    stages = {s["stage"]: s for s in map(json.loads, out.read_text().splitlines())}
+    if len(stages) != len(rates) + 1:
+        raise RuntimeError(f"rust client wrote {len(stages)} stages, expected {len(rates) + 1}")
+    return stages
+
+
+def sims_fields(sims: list[dict]) -> dict:
+    hits = sum(s["vllm:prefix_cache_hits_total"] for s in sims)
+    queries = sum(s["vllm:prefix_cache_queries_total"] for s in sims)
+    return {
+        "hit_rate": hits / queries if queries else None,
+        "served_per_sim": [s["vllm:request_success_total"] for s in sims],
+    }
+
+
+def record_rust(workload, contender, repeat, rate, st, sims, check) -> dict:
+    return {
+        "workload": workload.name,
+        "contender": contender,
+        "repeat": repeat,
+        "rate": rate,
+        "client": "rust",
+        "achieved_rate": st["requests_per_s"],
+        "offered_rate": st["sent_rate"],
+        "ok": st["ok"],
+        "errors": st["errors"],
+        **{k: st[k] for k in ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms",
+                              "output_tokens_per_s"]},
+        **sims_fields(sims),
+        "routing_check": check,
+    }
 
 
 def record(workload, contender, repeat, rate, stage, sims, check) -> dict:
@@ -476,14 +564,12 @@ def record(workload, contender, repeat, rate, stage, sims, check) -> dict:
         v = lat.get(metric, {}).get(p)
         return None if v is None else v * 1000.0
 
-    hits = sum(s["vllm:prefix_cache_hits_total"] for s in sims)
-    queries = sum(s["vllm:prefix_cache_queries_total"] for s in sims)
-    served = [s["vllm:request_success_total"] for s in sims]
     return {
         "workload": workload.name,
         "contender": contender,
         "repeat": repeat,
         "rate": rate,
+        "client": "inference-perf",
         "achieved_rate": ok.get("throughput", {}).get("requests_per_sec") or 0.0,
         "offered_rate": stage.get("load_summary", {}).get("achieved_rate"),
         "ok": ok.get("count", 0),
@@ -494,8 +580,7 @@ def record(workload, contender, repeat, rate, stage, sims, check) -> dict:
         "tpot_p50_ms": pct("time_per_output_token", "median"),
         "tpot_p90_ms": pct("time_per_output_token", "p90"),
         "output_tokens_per_s": ok.get("throughput", {}).get("output_tokens_per_sec"),
-        "hit_rate": hits / queries if queries else None,
-        "served_per_sim": served,
+        **sims_fields(sims),
         "routing_check": check,
     }
 
@@ -510,6 +595,8 @@ def main() -> None:
     ap.add_argument("--bin-dir", type=Path, default=ROOT / "target/release")
     ap.add_argument("--tokenizer", type=Path, default=VENV / "bench-tokenizer")
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
+    ap.add_argument("--client", choices=["inference-perf", "rust"],
+                    help="one client for every workload (default: inference-perf, Rust for the LoRA mix)")
     args = ap.parse_args()
     if args.quick:
         args.repeats = 1
@@ -525,6 +612,8 @@ def main() -> None:
         if not path.exists():
             sys.exit(f"missing {path}: {what}")
     args.out.mkdir(parents=True, exist_ok=True)
+    if any((args.client or w.client) == "rust" for w in workloads):
+        args.rust_client = rust_client_path()
     (args.out / "meta.json").write_text(json.dumps({
         "started": datetime.now().isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
@@ -533,7 +622,8 @@ def main() -> None:
                               capture_output=True, text=True).stdout.strip(),
         "sim_args": SIM_ARGS,
         "workloads": {w.name: {"description": w.description, "rates": w.rates, "stage_secs": w.stage_secs,
-                               "sim_args": w.sim_args} for w in workloads},
+                               "sim_args": w.sim_args, "client": args.client or w.client}
+                      for w in workloads},
         "command": " ".join(sys.argv),
         "quick": args.quick,
     }, indent=2))

@@ -1,187 +1,361 @@
-//! Routing quality on a simulated fleet: the same open-loop workload through
-//! Envoy + epp (default config) and through Envoy round-robin, on fresh
-//! simulators per point, sweeping the request rate.
+//! The routing benchmark's own load generator (Rust), for what inference-perf
+//! cannot do here: the LoRA mix (inference-perf insists every adapter is listed
+//! by the router's `/v1/models`, which sglang-router does not do) and rates
+//! beyond what a Python client sustains on a shared 2-core machine.
+//!
+//! The benchmark itself is `benches/routing/run.sh`; it calls this as
 //!
 //! ```sh
-//! cargo build --release --workspace --bins
-//! cargo bench -p epp-bin --bench routing              # full sweep
-//! cargo bench -p epp-bin --bench routing -- --quick   # one short point
+//! cargo bench -p epp-bin --bench routing -- --url http://127.0.0.1:PORT \
+//!     --workload lora-mix --rates 8,16,24 --secs 10 --warmup-secs 8 --seed 1 --out stages.jsonl
 //! ```
 //!
-//! Workload "shared prefix": 16 tenants, each with a ~6,000-token system
-//! prompt, asking short questions (streamed chat, 16 output tokens). Four
-//! simulators with room for about five tenants' prefixes each, so a router
-//! that spreads a tenant over all servers thrashes their caches.
+//! Open loop: Poisson arrivals at each rate in turn (a warm-up stage first, not
+//! reported), streamed `/v1/completions`, one connection per request. Each stage
+//! waits for its requests (at most `--timeout` seconds each) and writes one
+//! JSON line: wall-clock start and end, TTFT p50/p90/p99, time per output token
+//! p50/p90, output tokens/s, requests sent/ok/failed and the rate actually sent.
+//! Prompts are words of exactly 4 bytes, so the simulator's 4-byte token rule
+//! counts what the workload asks for.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+#[expect(
+    dead_code,
+    unreachable_pub,
+    reason = "the e2e tests' HTTP client, of which this uses only the POST"
+)]
+#[path = "../tests/common/http.rs"]
+mod http;
 
 use std::{
+    io::Write,
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use common::{
-    BodyMode, http, scratch_dir, start_envoy, start_envoy_round_robin, start_epp, start_sims,
-};
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const ADAPTERS: usize = 8;
 
-const SIM_ARGS: [&str; 10] = [
-    "--max-num-seqs",
-    "16",
-    "--num-gpu-blocks",
-    "2048",
-    "--prefill-us-per-token",
-    "20",
-    "--itl-ms",
-    "5",
-    "--seed",
-    "1",
-];
+/// xorshift64*: deterministic, seedable, enough for arrival times and lengths.
+struct Rng(u64);
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
-}
-
-/// Sum of a counter over simulators' /metrics.
-fn counter(ports: &[u16], name: &str) -> f64 {
-    ports
-        .iter()
-        .filter_map(|&p| http::get_blocking(p, "/metrics").ok())
-        .flat_map(|(_, text)| {
-            text.lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
-}
-
-struct Point {
-    ttft: Vec<Duration>,
-    errors: usize,
-    tokens: u64,
-    elapsed: Duration,
-}
-
-async fn run(port: u16, rate: f64, secs: f64, seed: u64) -> Point {
-    let prompts: Arc<Vec<String>> = Arc::new(
-        (0..16)
-            .map(|t| {
-                format!(
-                    "You are the assistant of tenant {t}. Follow the house style guide carefully. "
-                )
-                .repeat(300)
-            })
-            .collect(),
-    );
-    let start = Instant::now();
-    let n = (rate * secs) as u64;
-    let mut tasks = Vec::new();
-    // Deterministic exponential inter-arrival times (Poisson arrivals).
-    let mut x = seed | 1;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    };
-    let mut at = 0.0;
-    for i in 0..n {
-        at += -(1.0 - next()).ln() / rate;
-        let tenant = (next() * 16.0) as usize % 16;
-        tokio::time::sleep_until((start + Duration::from_secs_f64(at)).into()).await;
-        let prompts = Arc::clone(&prompts);
-        tasks.push(tokio::spawn(async move {
-            let body = serde_json::json!({
-                "model": "meta-llama/Llama-3.1-8B-Instruct",
-                "messages": [
-                    {"role": "system", "content": prompts[tenant]},
-                    {"role": "user", "content": format!("Question {i}: summarise your instructions.")}
-                ],
-                "max_tokens": 16,
-                "stream": true,
-            });
-            let r = http::post_json(port, "/v1/chat/completions", &body).await;
-            match r {
-                Ok(r) if r.status == 200 => Some(r.chunks.first().map_or(r.total, |c| c.0)),
-                _ => None,
-            }
-        }));
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-    let mut p = Point {
-        ttft: Vec::new(),
-        errors: 0,
-        tokens: 0,
-        elapsed: Duration::ZERO,
-    };
-    for t in tasks {
-        match t.await.unwrap() {
-            Some(d) => {
-                p.ttft.push(d);
-                p.tokens += 16;
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.unit() * n as f64) as usize % n.max(1)
+    }
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f64 {
+        let u = self.unit().max(1e-12);
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * self.unit()).cos()
+    }
+    /// A length from N(mean, sd) clamped to [min, max].
+    fn length(&mut self, min: u64, max: u64, mean: f64, sd: f64) -> u64 {
+        (mean + sd * self.normal()).round().clamp(min as f64, max as f64) as u64
+    }
+    /// `tokens` 4-byte words (3 letters and a space).
+    fn words(&mut self, tokens: u64) -> String {
+        let mut s = String::with_capacity(tokens as usize * 4);
+        for _ in 0..tokens {
+            for _ in 0..3 {
+                s.push((b'a' + self.below(26) as u8) as char);
             }
-            None => p.errors += 1,
+            s.push(' ');
+        }
+        s
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    SharedPrefix,
+    NoSharing,
+    LoraMix,
+}
+
+/// One request: model, prompt, output tokens.
+struct Req {
+    model: String,
+    prompt: String,
+    max_tokens: u64,
+}
+
+struct Gen {
+    workload: Workload,
+    rng: Rng,
+    prefixes: Vec<String>,
+}
+
+impl Gen {
+    fn new(workload: Workload, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        // 16 tenants, ~6,000-token system prompts (as in the inference-perf workload).
+        let prefixes = if workload == Workload::SharedPrefix {
+            (0..16).map(|_| rng.words(6000)).collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            workload,
+            rng,
+            prefixes,
         }
     }
-    p.elapsed = start.elapsed();
-    p.ttft.sort();
-    p
+
+    fn next(&mut self) -> Req {
+        match self.workload {
+            Workload::SharedPrefix => {
+                let tenant = self.rng.below(self.prefixes.len());
+                Req {
+                    model: MODEL.to_owned(),
+                    prompt: format!("{}{}", self.prefixes[tenant], self.rng.words(32)),
+                    max_tokens: 32,
+                }
+            }
+            Workload::NoSharing | Workload::LoraMix => {
+                let prompt_tokens = self.rng.length(64, 4000, 1000.0, 800.0);
+                let max_tokens = self.rng.length(8, 64, 32.0, 16.0);
+                let model = if self.workload == Workload::LoraMix {
+                    format!("adapter-{}", self.rng.below(ADAPTERS))
+                } else {
+                    MODEL.to_owned()
+                };
+                Req {
+                    model,
+                    prompt: self.rng.words(prompt_tokens),
+                    max_tokens,
+                }
+            }
+        }
+    }
+}
+
+/// What one request observed.
+struct Obs {
+    ttft: Duration,
+    total: Duration,
+    tokens: u64,
+}
+
+async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<Obs> {
+    let body = serde_json::json!({
+        "model": req.model,
+        "prompt": req.prompt,
+        "max_tokens": req.max_tokens,
+        "stream": true,
+    });
+    let r = tokio::time::timeout(timeout, http::post_json(port, &path, &body))
+        .await
+        .ok()?
+        .ok()?;
+    if r.status != 200 {
+        return None;
+    }
+    // Tokens = SSE events carrying text; the first such chunk's arrival is the TTFT.
+    let mut tokens = 0;
+    let mut ttft = None;
+    for (at, chunk) in &r.chunks {
+        let text = String::from_utf8_lossy(chunk);
+        for line in text.lines() {
+            let Some(json) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
+                continue;
+            };
+            let has_text = v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty());
+            if has_text {
+                tokens += 1;
+                ttft.get_or_insert(*at);
+            }
+        }
+    }
+    Some(Obs {
+        ttft: ttft?,
+        total: r.total,
+        tokens,
+    })
+}
+
+fn pct(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+struct Args {
+    port: u16,
+    path: String,
+    workload: Workload,
+    rates: Vec<f64>,
+    secs: f64,
+    warmup_secs: f64,
+    warmup_rate: f64,
+    seed: u64,
+    timeout: Duration,
+    out: Option<String>,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let get = |name: &str| {
+        argv.iter()
+            .position(|a| a == name)
+            .and_then(|i| argv.get(i + 1))
+            .cloned()
+    };
+    let Some(url) = get("--url") else {
+        return Ok(None);
+    };
+    let rest = url
+        .strip_prefix("http://127.0.0.1:")
+        .ok_or("--url must be http://127.0.0.1:PORT (loopback only)")?;
+    let port = rest
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|e| format!("--url port: {e}"))?;
+    let workload = match get("--workload").as_deref() {
+        Some("shared-prefix") => Workload::SharedPrefix,
+        Some("no-sharing") => Workload::NoSharing,
+        Some("lora-mix") => Workload::LoraMix,
+        other => return Err(format!("--workload shared-prefix|no-sharing|lora-mix, got {other:?}")),
+    };
+    let num = |name: &str, default: f64| -> Result<f64, String> {
+        get(name).map_or(Ok(default), |v| {
+            v.parse().map_err(|e| format!("{name} {v:?}: {e}"))
+        })
+    };
+    let rates = get("--rates")
+        .ok_or("--rates R1,R2,... required")?
+        .split(',')
+        .map(|r| r.parse::<f64>().map_err(|e| format!("--rates {r:?}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err("rates must be positive".into());
+    }
+    Ok(Some(Args {
+        port,
+        path: "/v1/completions".into(),
+        workload,
+        rates,
+        secs: num("--secs", 10.0)?,
+        warmup_secs: num("--warmup-secs", 8.0)?,
+        warmup_rate: num("--warmup-rate", 8.0)?,
+        seed: num("--seed", 1.0)? as u64,
+        timeout: Duration::from_secs_f64(num("--timeout", 30.0)?),
+        out: get("--out"),
+    }))
 }
 
 #[tokio::main]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let (rates, secs): (&[f64], f64) = if quick {
-        (&[8.0], 8.0)
-    } else {
-        (&[4.0, 8.0, 16.0, 24.0, 32.0], 20.0)
-    };
-    println!(
-        "\nshared-prefix workload: 16 tenants x ~6,000-token system prompts, 4 simulators, streamed chat"
-    );
-    println!(
-        "{:<22} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7}",
-        "contender", "req/s", "TTFT p50", "TTFT p90", "TTFT p99", "out tok/s", "hit rate", "errors"
-    );
-    for &rate in rates {
-        for contender in ["envoy + epp", "envoy round-robin"] {
-            let dir = scratch_dir("routing");
-            let sims = start_sims(&dir, 4, &SIM_ARGS);
-            let ports: Vec<u16> = sims.iter().map(|s| s.port).collect();
-            let endpoints = sims
-                .iter()
-                .map(common::Sim::addr)
-                .collect::<Vec<_>>()
-                .join(",");
-            let (_epp, envoy) = if contender == "envoy + epp" {
-                let epp = start_epp(&dir, &["--endpoints", &endpoints]);
-                let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
-                (Some(epp), envoy)
-            } else {
-                (None, start_envoy_round_robin(&dir, &ports))
-            };
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let p = run(envoy.port, rate, secs, 7).await;
-            let hits = counter(&ports, "vllm:prefix_cache_hits_total");
-            let queries = counter(&ports, "vllm:prefix_cache_queries_total");
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            // `cargo bench --workspace` runs every bench without arguments.
             println!(
-                "{contender:<22} {rate:>6.1} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>9.0} {:>10.3} {:>7}",
-                pct(&p.ttft, 50.0),
-                pct(&p.ttft, 90.0),
-                pct(&p.ttft, 99.0),
-                p.tokens as f64 / p.elapsed.as_secs_f64(),
-                if queries > 0.0 {
-                    hits / queries
-                } else {
-                    f64::NAN
-                },
-                p.errors
+                "routing: the load generator of benches/routing/run.sh (the routing benchmark); \
+                 run that, or pass --url http://127.0.0.1:PORT --workload W --rates R1,R2"
             );
+            return;
         }
+        Err(e) => {
+            eprintln!("routing: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(p) => Box::new(std::fs::File::create(p).expect("cannot create --out file")),
+        None => Box::new(std::io::stdout()),
+    };
+    let path: Arc<str> = Arc::from(args.path.as_str());
+    let mut requests = Gen::new(args.workload, args.seed);
+    let mut arrivals = Rng::new(args.seed ^ 0xA5A5);
+    let stages = std::iter::once((0usize, args.warmup_rate, args.warmup_secs))
+        .filter(|s| s.2 > 0.0)
+        .chain(
+            args.rates
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| (i + 1, r, args.secs)),
+        );
+    for (index, rate, secs) in stages {
+        let start_wall = unix_now();
+        let start = Instant::now();
+        let n = (rate * secs).round() as u64;
+        let mut tasks = Vec::with_capacity(n as usize);
+        let mut at = 0.0;
+        for _ in 0..n {
+            at += -(1.0 - arrivals.unit()).ln() / rate;
+            let req = requests.next();
+            tokio::time::sleep_until((start + Duration::from_secs_f64(at)).into()).await;
+            tasks.push(tokio::spawn(one(
+                args.port,
+                Arc::clone(&path),
+                req,
+                args.timeout,
+            )));
+        }
+        let send_time = start.elapsed().as_secs_f64();
+        let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
+        let (mut errors, mut tokens) = (0u64, 0u64);
+        for t in tasks {
+            match t.await.ok().flatten() {
+                Some(o) => {
+                    ttft.push(o.ttft.as_secs_f64() * 1000.0);
+                    if o.tokens > 1 {
+                        tpot.push(
+                            (o.total - o.ttft).as_secs_f64() * 1000.0 / (o.tokens - 1) as f64,
+                        );
+                    }
+                    tokens += o.tokens;
+                }
+                None => errors += 1,
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        ttft.sort_by(f64::total_cmp);
+        tpot.sort_by(f64::total_cmp);
+        let line = serde_json::json!({
+            "stage": index,
+            "rate": rate,
+            "start": start_wall,
+            "end": unix_now(),
+            "sent": n,
+            "sent_rate": n as f64 / send_time.max(1e-9),
+            "ok": ttft.len(),
+            "errors": errors,
+            "ttft_p50_ms": pct(&ttft, 50.0),
+            "ttft_p90_ms": pct(&ttft, 90.0),
+            "ttft_p99_ms": pct(&ttft, 99.0),
+            "tpot_p50_ms": pct(&tpot, 50.0),
+            "tpot_p90_ms": pct(&tpot, 90.0),
+            "output_tokens_per_s": tokens as f64 / elapsed,
+            "requests_per_s": ttft.len() as f64 / elapsed,
+        });
+        writeln!(out, "{line}").expect("cannot write results");
+        out.flush().expect("cannot write results");
     }
 }

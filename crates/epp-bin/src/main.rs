@@ -244,8 +244,10 @@ async fn run(args: Args) -> Result<()> {
             serve_stop.clone().cancelled_owned(),
         ))
     } else {
+        // `Server::tcp_nodelay` applies only to listeners tonic binds itself: set it
+        // here, or replies to Envoy wait on its delayed ACKs (~40 ms per request).
         tokio::spawn(router.serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             serve_stop.clone().cancelled_owned(),
         ))
     };
