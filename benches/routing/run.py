@@ -77,7 +77,7 @@ WORKLOADS = {
         description="16 tenants x ~6,000-token shared system prompt (client tokens; ~5,500 by the "
         "simulator's 4-byte rule) + 32-token question, 32 output tokens, streamed completions",
         rates=[8, 16, 24, 32, 40],
-        stage_secs=12,
+        stage_secs=10,
         data={
             "type": "shared_prefix",
             "shared_prefix": {
@@ -106,7 +106,7 @@ WORKLOADS = {
         name="lora-mix",
         description="as no-sharing, but each request names one of 8 LoRA adapters (uniform); each "
         "server holds 2 resident adapters and loads one in 50 ms",
-        rates=[8, 16, 24],
+        rates=[4, 8, 12],
         stage_secs=10,
         data={
             "type": "random",
