@@ -63,7 +63,9 @@ impl Rng {
     }
     /// A length from N(mean, sd) clamped to [min, max].
     fn length(&mut self, min: u64, max: u64, mean: f64, sd: f64) -> u64 {
-        (mean + sd * self.normal()).round().clamp(min as f64, max as f64) as u64
+        (mean + sd * self.normal())
+            .round()
+            .clamp(min as f64, max as f64) as u64
     }
     /// `tokens` 4-byte words (3 letters and a space).
     fn words(&mut self, tokens: u64) -> String {
@@ -240,7 +242,11 @@ fn parse_args() -> Result<Option<Args>, String> {
         Some("shared-prefix") => Workload::SharedPrefix,
         Some("no-sharing") => Workload::NoSharing,
         Some("lora-mix") => Workload::LoraMix,
-        other => return Err(format!("--workload shared-prefix|no-sharing|lora-mix, got {other:?}")),
+        other => {
+            return Err(format!(
+                "--workload shared-prefix|no-sharing|lora-mix, got {other:?}"
+            ));
+        }
     };
     let num = |name: &str, default: f64| -> Result<f64, String> {
         get(name).map_or(Ok(default), |v| {
