@@ -6,6 +6,8 @@
 //! equivalent spellings (string content vs. text parts, key order inside
 //! tools) produce the same text.
 
+use std::borrow::Cow;
+
 use epp_core::{ApiKind, CHARS_PER_TOKEN};
 use serde_json::{Value, value::RawValue};
 
@@ -27,11 +29,7 @@ pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
         }
         ApiKind::ChatCompletions => {
             tools(f.tools, &mut out);
-            if let Some(Value::Array(msgs)) = value(f.messages) {
-                for m in &msgs {
-                    message(m, &mut out);
-                }
-            }
+            messages(f.messages, &mut out);
         }
         ApiKind::Responses => {
             tools(f.tools, &mut out);
@@ -55,11 +53,7 @@ pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
             if let Some(v) = value(f.system) {
                 turn("system", &v, &mut out);
             }
-            if let Some(Value::Array(msgs)) = value(f.messages) {
-                for m in &msgs {
-                    message(m, &mut out);
-                }
-            }
+            messages(f.messages, &mut out);
         }
         // A kind added to epp-core later: hash whatever prompt-like field exists.
         _ => {
@@ -118,6 +112,97 @@ fn tools(raw: Option<&RawValue>, out: &mut String) {
         out.push_str("tools:\n");
         canonical_line(&v, out);
     }
+}
+
+/// A message's fields as borrowed JSON, read without building a `Value`.
+#[derive(serde::Deserialize)]
+struct RawMessage<'a> {
+    #[serde(borrow, default)]
+    role: Option<&'a RawValue>,
+    /// `null` kept apart from a missing field: it still ends the turn.
+    #[serde(borrow, default, deserialize_with = "present")]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
+}
+
+/// A `messages` array, rendered as [`message`] renders each one. String
+/// content — nearly all of a long prompt — is read straight from the body
+/// (borrowed unless it has escapes) instead of into a `Value` first, which
+/// copied it and scanned it once more. A message the fast path cannot read
+/// exactly (a repeated key, say) goes through `Value`.
+fn messages(raw: Option<&RawValue>, out: &mut String) {
+    let Some(raw) = raw else { return };
+    if let Ok(items) = serde_json::from_str::<Vec<RawMessage<'_>>>(raw.get()) {
+        let mark = out.len();
+        if items.iter().all(|m| fast_message(m, out)) {
+            return;
+        }
+        out.truncate(mark);
+    }
+    // Not an array of plain objects (null, a repeated key, ...): as before.
+    if let Some(Value::Array(msgs)) = value(Some(raw)) {
+        for m in &msgs {
+            message(m, out);
+        }
+    }
+}
+
+/// A JSON string, borrowed from the body unless it has escapes.
+fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    // The body is valid JSON: a string without a backslash is its own text
+    // between the quotes (a byte search, not another JSON scan).
+    if text.len() >= 2 && memchr::memchr(b'\\', text.as_bytes()).is_none() {
+        return text.get(1..text.len() - 1).map(Cow::Borrowed);
+    }
+    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
+}
+
+/// Renders `m` like [`message`]; false (and nothing written) when a field
+/// is not what the fast path reads.
+fn fast_message(m: &RawMessage<'_>, out: &mut String) -> bool {
+    let role: Cow<'_, str> = match m.role {
+        Some(r) if r.get().starts_with('"') => match json_str(r) {
+            Some(role) => role,
+            None => return false,
+        },
+        // A role that is missing, null or not a string reads as "user".
+        _ => "user".into(),
+    };
+    let content = match m.content {
+        Some(c) if c.get().starts_with('"') => match json_str(c) {
+            Some(text) => Some(Some(text)),
+            None => return false,
+        },
+        Some(_) => Some(None),
+        None => None,
+    };
+    out.push_str(&role);
+    out.push_str(":\n");
+    match (content, m.content) {
+        (Some(Some(text)), _) => {
+            out.push_str(&text);
+            out.push('\n');
+        }
+        (Some(None), Some(c)) => {
+            let v = serde_json::from_str::<Value>(c.get()).unwrap_or(Value::Null);
+            content_text(&v, out);
+            out.push('\n');
+        }
+        _ => {}
+    }
+    if let Some(calls) = m.tool_calls
+        && let Ok(calls) = serde_json::from_str::<Value>(calls.get())
+        && !calls.is_null()
+    {
+        canonical_line(&calls, out);
+    }
+    true
 }
 
 /// One chat / Anthropic message: `role:\n<content>\n`, then tool calls.
@@ -264,6 +349,37 @@ mod tests {
 
     fn prompt(api: ApiKind, body: &str) -> String {
         parse_body(api, body.as_bytes()).unwrap().prompt
+    }
+
+    /// The borrowed fast path renders every message exactly as the `Value`
+    /// path does, including the shapes it hands over to it.
+    #[test]
+    fn fast_messages_match_the_value_rendering() {
+        let cases = [
+            r#"[{"role":"user","content":"plain"}]"#,
+            r#"[{"role":"system","content":"a\nb \"q\" \u00e9"},{"role":"user","content":"x"}]"#,
+            r#"[{"role":"assistant","content":null,"tool_calls":[{"b":1,"a":2}]}]"#,
+            r#"[{"role":"assistant"},{"content":"no role"},{"role":7,"content":"odd role"}]"#,
+            r#"[{"role":"user","content":[{"type":"text","text":"t1"},{"type":"image_url","image_url":{"url":"u"}}]}]"#,
+            r#"[{"role":"user","content":"first","content":"second"}]"#,
+            r#"[{"role":"tool","content":"r","tool_calls":null,"name":"f"}]"#,
+            r#"["just a string", 5, null, {"role":"user","content":{"k":"v"}}]"#,
+            r#"[]"#,
+            r#"{"not":"an array"}"#,
+            r#"null"#,
+        ];
+        for case in cases {
+            let raw: &RawValue = serde_json::from_str(case).unwrap();
+            let mut fast = String::new();
+            messages(Some(raw), &mut fast);
+            let mut slow = String::new();
+            if let Some(Value::Array(msgs)) = value(Some(raw)) {
+                for m in &msgs {
+                    message(m, &mut slow);
+                }
+            }
+            assert_eq!(fast, slow, "{case}");
+        }
     }
 
     #[test]
