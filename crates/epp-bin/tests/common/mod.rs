@@ -82,6 +82,8 @@ pub struct Proc {
     pub name: String,
     child: Child,
     pub log: PathBuf,
+    /// The thread copying stderr to `log.stderr`; it ends at the pipe's EOF.
+    stderr_copier: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -112,7 +114,7 @@ impl Proc {
             }
         });
         let err_log = log.with_extension("stderr");
-        std::thread::spawn(move || {
+        let stderr_copier = std::thread::spawn(move || {
             let mut file = std::fs::File::create(&err_log).unwrap();
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -123,6 +125,7 @@ impl Proc {
             name: name.to_owned(),
             child,
             log,
+            stderr_copier: Some(stderr_copier),
         };
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(line) => (proc, line),
@@ -170,6 +173,20 @@ impl Proc {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// Terminates the process (SIGTERM, then SIGKILL after `timeout`) and
+    /// returns its complete stderr: the copier has seen the pipe's EOF, so
+    /// nothing the process wrote is still on its way to the file.
+    pub fn stop_and_collect_stderr(&mut self, timeout: Duration) -> String {
+        if self.terminate(timeout).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if let Some(copier) = self.stderr_copier.take() {
+            copier.join().unwrap();
+        }
+        std::fs::read_to_string(self.log.with_extension("stderr")).unwrap()
     }
 }
 
@@ -335,6 +352,7 @@ pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
         name: "envoy".into(),
         child,
         log: log.clone(),
+        stderr_copier: None,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let admin_port = loop {

@@ -3,6 +3,7 @@
 //! ever appears at trace level (`-vvv`).
 
 use std::process::Command;
+use std::time::Duration;
 
 use crate::common::{
     BodyMode, Proc, http, poll, scratch_dir, start_envoy, start_sims, workspace_bin,
@@ -109,7 +110,7 @@ async fn v_logs_one_json_line_per_request_without_the_prompt() {
 async fn vvv_traces_the_prompt_and_default_logs_no_requests() {
     let dir = scratch_dir("logs-levels");
     let sims = start_sims(&dir, 1, &[]);
-    let (quiet, quiet_port) = epp(&dir.join(""), &sims[0].addr(), &[]);
+    let (mut quiet, quiet_port) = epp(&dir.join(""), &sims[0].addr(), &[]);
     let trace_dir = dir.join("trace");
     std::fs::create_dir_all(&trace_dir).unwrap();
     let (loud, loud_port) = epp(&trace_dir, &sims[0].addr(), &["-vvv"]);
@@ -121,7 +122,9 @@ async fn vvv_traces_the_prompt_and_default_logs_no_requests() {
     let text = log_with(&loud, "SECRET-PROMPT-T").await;
     assert!(text.contains("TRACE"), "{text}");
     // The default level logs no request: the quiet log has no request id.
-    // (Checked after the traced request, which was sent later.)
-    let quiet_text = std::fs::read_to_string(quiet.log.with_extension("stderr")).unwrap();
+    // Read only once the quiet epp has exited and its whole stderr is copied;
+    // its shutdown line (info level) proves the file is not just empty.
+    let quiet_text = quiet.stop_and_collect_stderr(Duration::from_secs(10));
+    assert!(quiet_text.contains("shutting down"), "{quiet_text}");
     assert!(!quiet_text.contains("req-q"), "{quiet_text}");
 }
