@@ -29,6 +29,11 @@ pub struct PrefixCacheParams {
     /// Blocks of a prompt considered at most. Default 256.
     #[serde(default = "default_max_blocks")]
     pub max_prefix_blocks_to_match: usize,
+    /// llm-d's cap in tokens; when set (> 0) it replaces
+    /// `maxPrefixBlocksToMatch` with `maxPrefixTokensToMatch / blockSizeTokens`
+    /// blocks. Default 0 = unset.
+    #[serde(default)]
+    pub max_prefix_tokens_to_match: usize,
     /// Blocks remembered per endpoint. Default 31250.
     #[serde(default = "default_capacity")]
     pub lru_capacity_per_server: usize,
@@ -55,6 +60,7 @@ impl Default for PrefixCacheParams {
         Self {
             block_size_tokens: default_block(),
             max_prefix_blocks_to_match: default_max_blocks(),
+            max_prefix_tokens_to_match: 0,
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
         }
@@ -62,11 +68,12 @@ impl Default for PrefixCacheParams {
 }
 
 impl PrefixCacheParams {
-    /// Checks ranges.
+    /// Checks ranges and resolves `maxPrefixTokensToMatch` into blocks.
     ///
     /// # Errors
-    /// Any size zero, or a block larger than 1 MiB of text.
-    pub fn validated(self, plugin: &str) -> Result<Self, BuildError> {
+    /// Any size zero, a block larger than 1 MiB of text, or a token cap
+    /// smaller than one block.
+    pub fn validated(mut self, plugin: &str) -> Result<Self, BuildError> {
         let bad = |field: &str, v: usize, reason: &str| BuildError::InvalidValue {
             plugin: plugin.to_owned(),
             field: field.into(),
@@ -88,6 +95,17 @@ impl PrefixCacheParams {
                 self.block_size_tokens,
                 "must be at most 262144",
             ));
+        }
+        let tokens = self.max_prefix_tokens_to_match;
+        if tokens > 0 {
+            if tokens < self.block_size_tokens {
+                return Err(bad(
+                    "maxPrefixTokensToMatch",
+                    tokens,
+                    "must be at least blockSizeTokens (one block)",
+                ));
+            }
+            self.max_prefix_blocks_to_match = tokens / self.block_size_tokens;
         }
         Ok(self)
     }
@@ -348,5 +366,23 @@ mod tests {
         let err = zero.validated("p").unwrap_err();
         assert!(err.to_string().contains("blockSizeTokens = 0"), "{err}");
         assert!(PrefixCacheParams::default().validated("p").is_ok());
+    }
+
+    #[test]
+    fn token_cap_replaces_the_block_cap() {
+        let p = PrefixCacheParams {
+            max_prefix_tokens_to_match: 16_384,
+            block_size_tokens: 64,
+            ..Default::default()
+        };
+        assert_eq!(p.validated("p").unwrap().max_prefix_blocks_to_match, 256);
+        let unset = PrefixCacheParams::default().validated("p").unwrap();
+        assert_eq!(unset.max_prefix_blocks_to_match, 256);
+        let below_one_block = PrefixCacheParams {
+            max_prefix_tokens_to_match: 15,
+            ..Default::default()
+        };
+        let err = below_one_block.validated("p").unwrap_err().to_string();
+        assert!(err.contains("maxPrefixTokensToMatch = 15"), "{err}");
     }
 }
