@@ -69,6 +69,30 @@ pub struct LabelSelectorFilter {
     name: String,
     type_name: &'static str,
     selector: LabelSelectorParams,
+    /// Also keep endpoints without the `llm-d.ai/role` label (decode-filter).
+    keep_without_role: bool,
+}
+
+/// Roles llm-d's `decode-filter` keeps (besides endpoints with no role).
+const DECODE_ROLES: [&str; 4] = ["decode", "prefill-decode", "both", "encode-prefill-decode"];
+/// Roles llm-d's `prefill-filter` keeps; endpoints with no role are dropped.
+const PREFILL_ROLES: [&str; 5] = [
+    "prefill",
+    "encode-prefill",
+    "prefill-decode",
+    "both",
+    "encode-prefill-decode",
+];
+
+fn role_in(roles: &[&str]) -> LabelSelectorParams {
+    LabelSelectorParams {
+        match_labels: BTreeMap::new(),
+        match_expressions: vec![LabelExpression {
+            key: ROLE_LABEL.into(),
+            operator: Operator::In,
+            values: roles.iter().map(|r| (*r).to_owned()).collect(),
+        }],
+    }
 }
 
 impl LabelSelectorFilter {
@@ -100,42 +124,32 @@ impl LabelSelectorFilter {
             name,
             type_name: Self::TYPE,
             selector,
+            keep_without_role: false,
         })
     }
 
-    /// `decode-filter`: endpoints whose role is `decode` or `both`, or unset.
+    /// `decode-filter`: endpoints whose role (label `llm-d.ai/role`) is
+    /// `decode`, `prefill-decode`, `both` or `encode-prefill-decode`, or that
+    /// have no role, as in llm-d.
     #[must_use]
     pub fn decode(name: impl Into<String>) -> Self {
-        let selector = LabelSelectorParams {
-            match_labels: BTreeMap::new(),
-            match_expressions: vec![LabelExpression {
-                key: ROLE_LABEL.into(),
-                operator: Operator::NotIn,
-                values: vec!["prefill".into()],
-            }],
-        };
         Self {
             name: name.into(),
             type_name: "decode-filter",
-            selector,
+            selector: role_in(&DECODE_ROLES),
+            keep_without_role: true,
         }
     }
 
-    /// `prefill-filter`: endpoints whose role is `prefill` or `both`.
+    /// `prefill-filter`: endpoints whose role is `prefill`, `encode-prefill`,
+    /// `prefill-decode`, `both` or `encode-prefill-decode` (no role: dropped).
     #[must_use]
     pub fn prefill(name: impl Into<String>) -> Self {
-        let selector = LabelSelectorParams {
-            match_labels: BTreeMap::new(),
-            match_expressions: vec![LabelExpression {
-                key: ROLE_LABEL.into(),
-                operator: Operator::In,
-                values: vec!["prefill".into(), "both".into()],
-            }],
-        };
         Self {
             name: name.into(),
             type_name: "prefill-filter",
-            selector,
+            selector: role_in(&PREFILL_ROLES),
+            keep_without_role: false,
         }
     }
 }
@@ -154,7 +168,10 @@ impl Plugin for LabelSelectorFilter {
 
 impl Filter for LabelSelectorFilter {
     fn filter(&self, _cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
-        candidates.retain(|c| self.selector.matches(c));
+        candidates.retain(|c| {
+            (self.keep_without_role && c.endpoint.label(ROLE_LABEL).is_none())
+                || self.selector.matches(c)
+        });
     }
 }
 
@@ -200,6 +217,19 @@ mod tests {
         let c = cands(&[Some("prefill"), Some("decode"), Some("both"), None]);
         assert_eq!(kept(&LabelSelectorFilter::decode("d"), &c), vec![1, 2, 3]);
         assert_eq!(kept(&LabelSelectorFilter::prefill("p"), &c), vec![0, 2]);
+        // llm-d's combined roles: E/P/D workers.
+        let epd = cands(&[
+            Some("encode"),
+            Some("encode-prefill"),
+            Some("prefill-decode"),
+            Some("encode-prefill-decode"),
+            Some("unknown-role"),
+        ]);
+        assert_eq!(kept(&LabelSelectorFilter::decode("d"), &epd), vec![2, 3]);
+        assert_eq!(
+            kept(&LabelSelectorFilter::prefill("p"), &epd),
+            vec![1, 2, 3]
+        );
         let p: LabelSelectorParams = serde_yaml_ng::from_str(
             "matchLabels: {zone: z0}\nmatchExpressions:\n- {key: llm-d.ai/role, operator: Exists}\n",
         )
