@@ -45,8 +45,15 @@ pub const API_VERSIONS: [&str; 2] = [
     "inference.networking.x-k8s.io/v1alpha1",
     "llm-d.ai/v1alpha1",
 ];
-/// Feature gates this picker knows.
-pub const FEATURE_GATES: [&str; 3] = ["flowControl", "prepareDataPlugins", "dataLayer"];
+/// Feature gates this picker knows. `enableLegacyMetrics` (the reference's
+/// switch back to its older metrics polling) is accepted and changes nothing:
+/// this picker has one metrics path, which reads the same metrics either way.
+pub const FEATURE_GATES: [&str; 4] = [
+    "flowControl",
+    "prepareDataPlugins",
+    "dataLayer",
+    "enableLegacyMetrics",
+];
 
 /// The config used when none is given: the reference picker's default.
 pub const DEFAULT_CONFIG: &str = "\
@@ -424,17 +431,29 @@ impl EndpointPickerConfig {
             .map_err(|e| self.err("schedulingProfiles", e.to_string()))?;
 
         // Phase 4: saturation detector (utilization-detector by default).
-        let detector = match &raw.saturation_detector {
-            Some(r) => {
+        // llm-d moved it under `flowControl`; that one wins when both are set.
+        let detector_ref = match raw
+            .flow_control
+            .as_ref()
+            .and_then(|f| f.saturation_detector.as_ref())
+        {
+            Some(r) => Some((r, "flowControl.saturationDetector.pluginRef")),
+            None => raw
+                .saturation_detector
+                .as_ref()
+                .map(|r| (r, "saturationDetector.pluginRef")),
+        };
+        let detector = match detector_ref {
+            Some((r, field)) => {
                 let p = find_plugin(&plugins, &r.plugin_ref).ok_or_else(|| {
                     self.err(
-                        "saturationDetector.pluginRef",
+                        field,
                         format!("no plugin named {:?} is declared", r.plugin_ref),
                     )
                 })?;
                 if p.plugin().as_saturation_detector().is_none() {
                     return Err(self.err(
-                        "saturationDetector.pluginRef",
+                        field,
                         format!("plugin {:?} is not a saturation detector", r.plugin_ref),
                     ));
                 }
@@ -457,16 +476,32 @@ impl EndpointPickerConfig {
         }
 
         // Phase 5: parser.
-        match &raw.parser {
-            Some(r) => {
-                find_plugin(&plugins, &r.plugin_ref).ok_or_else(|| {
-                    self.err(
-                        "parser.pluginRef",
-                        format!("no plugin named {:?} is declared", r.plugin_ref),
-                    )
-                })?;
+        // llm-d's `requestHandler.parsers` wins over the older `parser`.
+        let parser_refs: Vec<(String, &PluginRefDecl)> = match &raw.request_handler {
+            Some(h) if !h.parsers.is_empty() => h
+                .parsers
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("requestHandler.parsers[{i}].pluginRef"), r))
+                .collect(),
+            _ => raw
+                .parser
+                .iter()
+                .map(|r| ("parser.pluginRef".to_owned(), r))
+                .collect(),
+        };
+        match parser_refs.as_slice() {
+            [_, ..] => {
+                for (field, r) in &parser_refs {
+                    find_plugin(&plugins, &r.plugin_ref).ok_or_else(|| {
+                        self.err(
+                            field.as_str(),
+                            format!("no plugin named {:?} is declared", r.plugin_ref),
+                        )
+                    })?;
+                }
             }
-            None => {
+            [] => {
                 if let Some(p) =
                     self.default_plugin(registry, "openai-parser", &mut plugins, &mut effective)?
                 {

@@ -25,6 +25,9 @@ pub(crate) struct RawConfig {
     pub(crate) data: Option<DataLayerDecl>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) parser: Option<PluginRefDecl>,
+    /// llm-d's newer home of the parser: `requestHandler.parsers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) request_handler: Option<RequestHandlerDecl>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) flow_control: Option<FlowControlConfig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -88,6 +91,14 @@ pub struct PluginRefDecl {
     pub plugin_ref: String,
 }
 
+/// `requestHandler: {parsers: [{pluginRef: ..}]}` (llm-d).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RequestHandlerDecl {
+    #[serde(default)]
+    pub(crate) parsers: Vec<PluginRefDecl>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct DataLayerDecl {
@@ -127,4 +138,8 @@ pub struct FlowControlConfig {
     /// Priority bands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_bands: Option<serde_yaml_ng::Value>,
+    /// llm-d's newer home of the top-level `saturationDetector`; when both
+    /// are given this one is used, as in llm-d.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation_detector: Option<PluginRefDecl>,
 }
