@@ -6,7 +6,7 @@ use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 use crate::invalid;
 
 /// Parameters of `active-request-scorer`.
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ActiveRequestParams {
     /// In-flight requests at or below which an endpoint counts as idle. Default 0.
@@ -15,6 +15,10 @@ pub struct ActiveRequestParams {
     /// Highest score a busy endpoint can get. Default 1.0.
     #[serde(default = "default_busy")]
     pub max_busy_score: f64,
+    /// Accepted for llm-d configs and ignored, as llm-d ignores it (deprecated
+    /// there: in-flight counts end with the request, not after a timeout).
+    #[serde(default, rename = "requestTimeout")]
+    pub request_timeout: Option<String>,
 }
 
 fn default_busy() -> f64 {
@@ -26,14 +30,15 @@ impl Default for ActiveRequestParams {
         Self {
             idle_threshold: 0,
             max_busy_score: default_busy(),
+            request_timeout: None,
         }
     }
 }
 
 /// `active-request-scorer`, from the requests this picker has in flight on
 /// each endpoint: idle endpoints (count ≤ `idleThreshold`) score 1; busy ones
-/// `maxBusyScore · (max − count) / (max − idleThreshold)`, `max` being the
-/// busiest candidate's count.
+/// `maxBusyScore · (max − count) / max`, `max` being the busiest candidate's
+/// count (llm-d's formula).
 #[derive(Debug, Clone)]
 pub struct ActiveRequestScorer {
     name: String,
@@ -89,7 +94,8 @@ impl Scorer for ActiveRequestScorer {
             *s = if n <= idle {
                 1.0
             } else {
-                self.params.max_busy_score * f64::from(max - n) / f64::from(max - idle)
+                // n > idle ≥ 0, so max ≥ n > 0.
+                self.params.max_busy_score * f64::from(max - n) / f64::from(max)
             };
         }
     }
@@ -115,9 +121,11 @@ mod tests {
             ActiveRequestParams {
                 idle_threshold: 1,
                 max_busy_score: 0.5,
+                request_timeout: None,
             },
         )
         .unwrap();
-        assert_eq!(scores(&s, &c), vec![1.0, 1.0, 0.25, 0.0]);
+        // Busy: 0.5 · (5 − n) / 5, as llm-d (not / (5 − idleThreshold)).
+        assert_eq!(scores(&s, &c), vec![1.0, 1.0, 0.2, 0.0]);
     }
 }
