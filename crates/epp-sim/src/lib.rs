@@ -34,6 +34,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod apis;
 pub mod blocks;
 pub mod config;
 pub mod engine;

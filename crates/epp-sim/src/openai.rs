@@ -21,7 +21,7 @@ use crate::{
 
 /// An OpenAI-style error reply.
 #[derive(Debug)]
-struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     kind: &'static str,
     message: String,
@@ -34,7 +34,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn api_error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+pub(crate) fn api_error(
+    status: StatusCode,
+    kind: &'static str,
+    message: impl Into<String>,
+) -> ApiError {
     ApiError {
         status,
         kind,
@@ -61,7 +65,7 @@ struct Ask {
     include_usage: bool,
 }
 
-fn text_of_content(content: &Value, out: &mut String) {
+pub(crate) fn text_of_content(content: &Value, out: &mut String) {
     match content {
         Value::String(s) => out.push_str(s),
         Value::Array(parts) => {
@@ -75,7 +79,8 @@ fn text_of_content(content: &Value, out: &mut String) {
     }
 }
 
-fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
+/// The request body as JSON, and its `model` once checked to be served here.
+pub(crate) fn json_and_model(sim: &Sim, body: &[u8]) -> Result<(Value, String), ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         api_error(
             StatusCode::BAD_REQUEST,
@@ -101,6 +106,11 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
             format!("The model `{model}` does not exist."),
         ));
     }
+    Ok((v, model))
+}
+
+fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
+    let (v, model) = json_and_model(sim, body)?;
     let mut prompt = String::new();
     let mut token_ids = 0u64;
     if chat {
@@ -191,7 +201,7 @@ fn usage(o: &Outcome) -> Value {
     })
 }
 
-fn unix_secs() -> u64 {
+pub(crate) fn unix_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -207,45 +217,61 @@ pub(crate) async fn chat_completions(State(sim): State<Arc<Sim>>, body: Bytes) -
     generate(sim, &body, true).await
 }
 
+/// Hands a request to the engine after the configured failure injection: an
+/// injected error or an engine refusal is the reply to send instead.
+pub(crate) async fn submit(sim: &Sim, request: NewRequest) -> Result<Generation, Response> {
+    match sim.roll_failure() {
+        Some(Injected::Error) => {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "injected failure",
+            ));
+        }
+        Some(Injected::Hang) => std::future::pending::<()>().await,
+        None => {}
+    }
+    sim.submit(request)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "BadRequestError", e.to_string()))
+}
+
+/// Waits for a whole generation; `None` if the engine stopped first.
+pub(crate) async fn finish(g: Generation) -> Result<(String, Outcome), Response> {
+    g.collect().await.ok_or_else(|| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "the engine stopped",
+        )
+    })
+}
+
 async fn generate(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
     let mut ask = match parse(&sim, body, chat) {
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
-    match sim.roll_failure() {
-        Some(Injected::Error) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalServerError",
-                "injected failure",
-            );
-        }
-        Some(Injected::Hang) => std::future::pending::<()>().await,
-        None => {}
-    }
     let id = format!(
         "{}-{:016x}",
         if chat { "chatcmpl" } else { "cmpl" },
         sim.next_id()
     );
-    let g = match sim.submit(NewRequest {
+    let request = NewRequest {
         model: ask.model.clone(),
         prompt: std::mem::take(&mut ask.prompt),
         prompt_tokens: ask.prompt_tokens,
         max_tokens: ask.max_tokens,
-    }) {
+    };
+    let g = match submit(&sim, request).await {
         Ok(g) => g,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequestError", e.to_string()),
+        Err(e) => return e,
     };
     if ask.stream {
         return stream(g, ask, id, chat);
     }
-    let Some((text, outcome)) = g.collect().await else {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailableError",
-            "the engine stopped",
-        );
+    let (text, outcome) = match finish(g).await {
+        Ok(done) => done,
+        Err(e) => return e,
     };
     let choice = if chat {
         json!({"index": 0, "message": {"role": "assistant", "content": text},

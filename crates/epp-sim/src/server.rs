@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::{
+    apis,
     engine::{Sim, count_tokens},
     openai::{chat_completions, completions, error},
 };
@@ -111,6 +112,9 @@ pub fn router(sim: Arc<Sim>) -> Router {
     let mut generation = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(apis::responses))
+        .route("/v1/messages", post(apis::messages))
+        .route("/v1/embeddings", post(apis::embeddings))
         .layer(axum::middleware::from_fn(trailer));
     if recorded.capacity > 0 {
         generation = generation.layer(axum::middleware::from_fn_with_state(

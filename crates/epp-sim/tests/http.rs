@@ -346,3 +346,70 @@ fn a_hanging_server_still_reports_metrics() {
     assert!(c.read(&mut buf).is_err(), "no answer while hanging");
     assert_eq!(get(s.port, "/metrics").status, 200);
 }
+
+#[test]
+fn responses_messages_and_embeddings_run_through_the_engine() {
+    let server = start(&[]);
+    let system = "You answer in one word. ".repeat(40);
+
+    let r = post(
+        server.port,
+        "/v1/responses",
+        &json!({"model": MODEL, "instructions": system, "input": "hi", "max_output_tokens": 3}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-inference-pod"), Some("pod-a"));
+    let v = r.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["model"], MODEL);
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(v["usage"]["output_tokens"], 3);
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 200);
+
+    // The same system prompt again, through the Messages API: its blocks are cached.
+    let r = post(
+        server.port,
+        "/v1/messages",
+        &json!({"model": MODEL, "system": system, "max_tokens": 2,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(
+        (v["type"].as_str(), v["role"].as_str()),
+        (Some("message"), Some("assistant"))
+    );
+    assert_eq!(v["usage"]["output_tokens"], 2);
+    assert!(
+        v["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0,
+        "the shared system prompt should hit the prefix cache: {v}"
+    );
+
+    let r = post(
+        server.port,
+        "/v1/embeddings",
+        &json!({"model": MODEL, "input": ["one", "two", "one"]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    assert_eq!(data[0]["embedding"], data[2]["embedding"]);
+    assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() >= 1);
+
+    // Shapes the simulator does not serve are refused, not half-answered.
+    for (path, body) in [
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "x", "stream": true}),
+        ),
+        ("/v1/messages", json!({"model": MODEL, "messages": []})),
+        ("/v1/embeddings", json!({"model": MODEL, "input": []})),
+        ("/v1/embeddings", json!({"input": "x"})),
+    ] {
+        let r = post(server.port, path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        assert!(r.json()["error"]["message"].is_string());
+    }
+}
