@@ -6,6 +6,7 @@
 mod common;
 
 mod e2e {
+    mod apis;
     mod custom_metric;
     mod errors;
     mod logs;
