@@ -99,7 +99,7 @@ def plot(g: dict, meta: dict, path: Path) -> None:
     workloads = [w for w in ["shared-prefix", "no-sharing", "lora-mix"] if w in g] + [
         w for w in g if w not in ("shared-prefix", "no-sharing", "lora-mix")
     ]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6.2 * len(workloads), 5.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(max(8.0, 6.2 * len(workloads)), 5.4), squeeze=False)
     for ax, w in zip(axes[0], workloads):
         for c in sorted(g[w], key=lambda c: ORDER.index(c) if c in ORDER else 99):
             rates = sorted(g[w][c])
@@ -122,7 +122,7 @@ def plot(g: dict, meta: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(
-        f"TTFT p90 vs request rate, 4 simulated vLLM servers (epp-sim); mean of runs, bars = min..max\n"
+        f"TTFT p90 vs request rate on 4 simulated vLLM servers (epp-sim); mean of runs, bars = min-max\n"
         f"{meta.get('cpus', '?')}-core {meta.get('cpu_model', '')}, git {meta.get('git', '?')}",
         fontsize=10,
     )
