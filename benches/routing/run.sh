@@ -2,7 +2,7 @@
 # The routing-quality benchmark in one command (see docs/BENCHMARKS.md):
 # installs the peer routers and inference-perf, builds release binaries, then
 # runs every workload through every contender on fresh simulators.
-#   benches/routing/run.sh                 # full run (~40 min on 2 cores)
+#   benches/routing/run.sh                 # full run (48 min on 2 busy shared cores; --repeats 1 halves it)
 #   benches/routing/run.sh --quick         # smoke test: two rates, one run
 #   benches/routing/run.sh --workloads shared-prefix --repeats 3
 # Results: target/routing-bench/<time>/{results.jsonl,report.md,ttft_p90.png}
