@@ -328,15 +328,54 @@ impl std::io::Write for Logs {
     }
 }
 
+thread_local! {
+    static CAPTURE: std::cell::RefCell<Option<Logs>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Writes to the capture of the current thread, if any.
+struct ThreadWriter;
+
+impl std::io::Write for ThreadWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURE.with(|c| {
+            if let Some(logs) = c.borrow_mut().as_mut() {
+                logs.write_all(buf)?;
+            }
+            Ok(buf.len())
+        })
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Ends a thread's capture when dropped.
+pub(crate) struct CaptureGuard(());
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURE.with(|c| c.borrow_mut().take());
+    }
+}
+
 impl Logs {
-    pub(crate) fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+    /// Captures this thread's log lines until the guard drops. One global
+    /// subscriber serves every test: per-test scoped subscribers
+    /// (`set_default`) on concurrent test threads can leave a callsite's cached
+    /// interest at "never", silently dropping a test's events.
+    pub(crate) fn capture() -> (Self, CaptureGuard) {
+        static INSTALL: std::sync::Once = std::sync::Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(|| ThreadWriter)
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in this test binary");
+        });
         let logs = Self::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
+        CAPTURE.with(|c| *c.borrow_mut() = Some(logs.clone()));
+        (logs, CaptureGuard(()))
     }
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock()).into_owned()
