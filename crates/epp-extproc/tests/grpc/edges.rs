@@ -27,15 +27,12 @@ async fn reset_mid_request_body_holds_nothing_and_the_server_carries_on() {
     // The next stream is served normally, and releases what it takes.
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
+        .send_post(
+            "/v1/completions",
+            br#"{"model":"m","prompt":"whole"}"#,
             FULL_DUPLEX,
             FULL_DUPLEX,
-        ))
-        .await;
-    envoy
-        .send(request_body(br#"{"model":"m","prompt":"whole"}"#, true))
+        )
         .await;
     let r = envoy.recv().await;
     assert!(destination(&r).is_some(), "{r:?}");
@@ -108,15 +105,12 @@ async fn response_trailers_pass_and_complete_the_request() {
     let fx = start(&[0], ExtProcOptions::default()).await;
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
+        .send_post(
+            "/v1/completions",
+            br#"{"model":"m","prompt":"p"}"#,
             FULL_DUPLEX,
             FULL_DUPLEX,
-        ))
-        .await;
-    envoy
-        .send(request_body(br#"{"model":"m","prompt":"p"}"#, true))
+        )
         .await;
     envoy.recv().await;
     envoy.recv().await;

@@ -283,6 +283,19 @@ impl Envoy {
         }
     }
 
+    /// Sends a whole POST to `path`: its headers (announcing the body modes),
+    /// then `body` in one message that ends the request.
+    pub(crate) async fn send_post(&self, path: &str, body: &[u8], req_mode: i32, resp_mode: i32) {
+        self.send(request_headers(
+            &pairs(&post(path)),
+            false,
+            req_mode,
+            resp_mode,
+        ))
+        .await;
+        self.send(request_body(body, true)).await;
+    }
+
     /// Half-closes the request side (Envoy done).
     pub(crate) fn close(&mut self) {
         self.tx = None;
