@@ -247,8 +247,9 @@ pub struct Epp {
     pub metrics_port: u16,
 }
 
-/// Starts epp in plaintext on free ports with `args` (e.g. `--endpoints`).
-pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
+/// The epp command on free loopback ports, before any choice of TLS, log
+/// level or endpoints.
+pub fn epp_command() -> Command {
     let mut cmd = Command::new(workspace_bin("epp"));
     cmd.args([
         "--grpc-port",
@@ -259,17 +260,30 @@ pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
         "0",
         "--bind-address",
         "127.0.0.1",
-        "--secure-serving=false",
-    ])
-    .args(args)
-    .env("RUST_LOG", "info");
-    let (proc, line) = Proc::spawn("epp", cmd, "epp listening", dir.join("epp.log"));
-    Epp {
+    ]);
+    cmd
+}
+
+/// Spawns `cmd` (from [`epp_command`]) with its log in `log`; the ports come
+/// from its "epp listening" line, returned too.
+pub fn spawn_epp(name: &str, cmd: Command, log: PathBuf) -> (Epp, String) {
+    let (proc, line) = Proc::spawn(name, cmd, "epp listening", log);
+    let epp = Epp {
         grpc_port: port_after(&line, "ext_proc="),
         health_port: port_after(&line, "health="),
         metrics_port: port_after(&line, "metrics="),
         proc,
-    }
+    };
+    (epp, line)
+}
+
+/// Starts epp in plaintext on free ports with `args` (e.g. `--endpoints`).
+pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
+    let mut cmd = epp_command();
+    cmd.arg("--secure-serving=false")
+        .args(args)
+        .env("RUST_LOG", "info");
+    spawn_epp("epp", cmd, dir.join("epp.log")).0
 }
 
 /// Which Envoy body mode to run.

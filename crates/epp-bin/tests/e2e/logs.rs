@@ -2,40 +2,20 @@
 //! scores, `--log-json` makes every line a JSON object, and the prompt only
 //! ever appears at trace level (`-vvv`).
 
-use std::process::Command;
 use std::time::Duration;
 
 use crate::common::{
-    BodyMode, Proc, http, poll, scratch_dir, start_envoy, start_sims, workspace_bin,
+    BodyMode, Proc, epp_command, http, poll, scratch_dir, spawn_epp, start_envoy, start_sims,
 };
 
 /// epp with `flags` and no RUST_LOG (the flags alone choose the level).
 fn epp(dir: &std::path::Path, endpoints: &str, flags: &[&str]) -> (Proc, u16) {
-    let mut cmd = Command::new(workspace_bin("epp"));
-    cmd.args([
-        "--grpc-port",
-        "0",
-        "--grpc-health-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--bind-address",
-        "127.0.0.1",
-        "--secure-serving=false",
-        "--endpoints",
-        endpoints,
-    ])
-    .args(flags)
-    .env_remove("RUST_LOG");
-    let (proc, line) = Proc::spawn("epp", cmd, "epp listening", dir.join("epp.log"));
-    let port = line
-        .split("ext_proc=")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap();
-    (proc, port)
+    let mut cmd = epp_command();
+    cmd.args(["--secure-serving=false", "--endpoints", endpoints])
+        .args(flags)
+        .env_remove("RUST_LOG");
+    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    (epp.proc, epp.grpc_port)
 }
 
 async fn send(port: u16, id: &str, prompt: &str) {

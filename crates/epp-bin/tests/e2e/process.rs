@@ -8,8 +8,8 @@ use tonic_health::pb::{
 };
 
 use crate::common::{
-    BodyMode, Proc, Stack, http, scratch_dir, start_envoy_with, start_epp, start_sims,
-    workspace_bin, workspace_root,
+    BodyMode, Stack, epp_command, http, scratch_dir, spawn_epp, start_envoy_with, start_epp,
+    start_sims, workspace_bin, workspace_root,
 };
 
 async fn health(port: u16, service: &str) -> ServingStatus {
@@ -86,32 +86,11 @@ async fn envoy_talks_tls_to_epp_by_default() {
         .collect::<Vec<_>>()
         .join(",");
     // No --secure-serving=false: the default is TLS with a self-signed certificate.
-    let mut cmd = Command::new(workspace_bin("epp"));
-    cmd.args([
-        "--grpc-port",
-        "0",
-        "--grpc-health-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--bind-address",
-        "127.0.0.1",
-    ])
-    .args(["--endpoints", &endpoints]);
-    let (_epp, line) = Proc::spawn("epp-tls", cmd, "epp listening", dir.join("epp.log"));
+    let mut cmd = epp_command();
+    cmd.args(["--endpoints", &endpoints]);
+    let (epp, line) = spawn_epp("epp-tls", cmd, dir.join("epp.log"));
     assert!(line.contains("tls=true"), "{line}");
-    let grpc_port: u16 = line
-        .split("ext_proc=")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let grpc_port = epp.grpc_port;
 
     let template =
         std::fs::read_to_string(workspace_root().join("examples/envoy/envoy-streamed.yaml"))
