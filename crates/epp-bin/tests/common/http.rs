@@ -135,6 +135,19 @@ pub async fn post_json(
     .await
 }
 
+/// POSTs a short completion ("hello", 2 tokens) to `/v1/completions`, with
+/// one more header if given.
+pub async fn post_hello(port: u16, header: Option<(&str, &str)>) -> std::io::Result<Response> {
+    let body = serde_json::json!({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "prompt": "hello",
+        "max_tokens": 2,
+    });
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend(header);
+    send(port, "POST", "/v1/completions", &headers, body.to_string()).await
+}
+
 /// A blocking GET for admin endpoints: (status, body).
 pub fn get_blocking(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;

@@ -6,19 +6,8 @@ use crate::common::{BodyMode, Stack, http, poll, sim_admin};
 const CONFIG: &str = "objectives:\n- {name: batch, priority: -1}\n- {name: live, priority: 10}\n";
 
 async fn send(stack: &Stack, objective: Option<&str>) -> http::Response {
-    let body = serde_json::json!({
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "prompt": "hello",
-        "max_tokens": 2,
-    })
-    .to_string();
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(o) = objective {
-        headers.push(("x-gateway-inference-objective", o));
-    }
-    http::send(stack.envoy.port, "POST", "/v1/completions", &headers, body)
-        .await
-        .unwrap()
+    let header = objective.map(|o| ("x-gateway-inference-objective", o));
+    http::post_hello(stack.envoy.port, header).await.unwrap()
 }
 
 async fn sheddable_requests_get_429_when_saturated(mode: BodyMode) {

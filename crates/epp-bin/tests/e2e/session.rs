@@ -7,17 +7,7 @@ use crate::common::{BodyMode, Stack, http, poll, sim_admin};
 const CONFIG: &str = "plugins:\n- type: session-affinity-scorer\n- type: queue-scorer\n- type: max-score-picker\nschedulingProfiles:\n- name: default\n  plugins:\n  - {pluginRef: session-affinity-scorer, weight: 10}\n  - {pluginRef: queue-scorer, weight: 1}\n  - {pluginRef: max-score-picker}\n";
 
 async fn send(stack: &Stack, token: Option<&str>) -> http::Response {
-    let body = serde_json::json!({
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "prompt": "hello",
-        "max_tokens": 2,
-    })
-    .to_string();
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(t) = token {
-        headers.push(("x-session-token", t));
-    }
-    let r = http::send(stack.envoy.port, "POST", "/v1/completions", &headers, body)
+    let r = http::post_hello(stack.envoy.port, token.map(|t| ("x-session-token", t)))
         .await
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
