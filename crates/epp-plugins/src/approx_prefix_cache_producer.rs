@@ -113,6 +113,11 @@ impl PrefixCacheParams {
 
 /// Chained block hashes of `text` (full blocks only, at most `max_blocks`),
 /// appended to `out`.
+///
+/// Each block's content is hashed on its own, then folded into the chain
+/// with one short step: the content hashes do not wait for each other, so
+/// the processor overlaps them, and only the fold (one multiply) runs in
+/// sequence.
 pub fn block_hashes(
     text: &[u8],
     block_chars: usize,
@@ -122,59 +127,75 @@ pub fn block_hashes(
 ) {
     let mut prev = seed;
     for block in text.chunks_exact(block_chars.max(1)).take(max_blocks) {
-        prev = hash_block(block, prev);
+        prev = chain(prev, content_hash(block));
         out.push(prev);
     }
 }
 
 const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
-fn mix(h: u64, w: u64) -> u64 {
-    (h ^ w).wrapping_mul(K).rotate_left(29)
+/// Per-position constants for [`content_hash`] (digits of pi).
+const SECRET: [u64; 8] = [
+    0x243f_6a88_85a3_08d3,
+    0x1319_8a2e_0370_7344,
+    0xa409_3822_299f_31d0,
+    0x082e_fa98_ec4e_6c89,
+    0x4528_21e6_38d0_1377,
+    0xbe54_66cf_34e9_0c6c,
+    0xc0ac_29b7_c97c_50dd,
+    0x3f84_d5b5_b547_0917,
+];
+
+/// The hash of a block given the hash of everything before it: bijective in
+/// `prev` for a fixed block, so two different prefixes never merge into one
+/// chain by the fold itself. The rotation brings the product's high bits,
+/// which depend on every lower input bit, down to where the index takes its
+/// table slot and fingerprint.
+fn chain(prev: u64, block: u64) -> u64 {
+    (prev ^ block).wrapping_mul(K).rotate_left(29)
 }
 
-/// Hashes a block with the previous hash as the seed: four independent lanes
-/// of 8-byte words (so the multiplications overlap), folded together with the
-/// remainder, then a final avalanche (the index uses the low bits as the
-/// table slot).
-fn hash_block(block: &[u8], seed: u64) -> u64 {
-    let mut lanes = [
-        seed ^ (block.len() as u64).wrapping_mul(K),
-        seed.rotate_left(17) ^ 0x243f_6a88_85a3_08d3,
-        seed.rotate_left(31) ^ 0x1319_8a2e_0370_7344,
-        seed.rotate_left(47) ^ 0xa409_3822_299f_31d0,
-    ];
-    let mut quads = block.chunks_exact(32);
-    for q in &mut quads {
-        for (lane, w) in lanes.iter_mut().zip(q.chunks_exact(8)) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            *lane = mix(*lane, u64::from_le_bytes(b));
-        }
+/// Folds a full 128-bit product to 64 bits.
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let r = u128::from(a) * u128::from(b);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+/// Up to 8 bytes, little-endian, zero-padded.
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = bytes.len().min(8);
+    w[..n].copy_from_slice(&bytes[..n]);
+    u64::from_le_bytes(w)
+}
+
+/// A block's content hash: each 16-byte pair of words, keyed by its
+/// position, multiplied into 128 bits and folded, the products summed. The
+/// products are independent of each other (and of other blocks), so they
+/// overlap; the length separates blocks that differ only in zero padding.
+fn content_hash(block: &[u8]) -> u64 {
+    let mut acc = (block.len() as u64).wrapping_mul(K);
+    let mut pairs = block.chunks_exact(16);
+    for (i, p) in (&mut pairs).enumerate() {
+        let s = (i * 2) & 7;
+        acc = acc.wrapping_add(fold_mul(
+            word(&p[..8]) ^ SECRET[s],
+            word(&p[8..]) ^ SECRET[s + 1],
+        ));
     }
-    let mut h = lanes[0];
-    for lane in &lanes[1..] {
-        h = mix(h, *lane);
+    let rest = pairs.remainder();
+    if !rest.is_empty() {
+        let (a, b) = rest.split_at(rest.len().min(8));
+        acc = acc.wrapping_add(fold_mul(word(a) ^ SECRET[6], word(b) ^ SECRET[7]));
     }
-    let mut words = quads.remainder().chunks_exact(8);
-    for w in &mut words {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        h = mix(h, u64::from_le_bytes(b));
-    }
-    let mut tail = [0u8; 8];
-    tail[..words.remainder().len()].copy_from_slice(words.remainder());
-    h = mix(h, u64::from_le_bytes(tail));
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
+    acc
 }
 
 /// Seed for a request: target model and cache salt.
 fn seed(model: &str, salt: Option<&str>) -> u64 {
-    let mut h = hash_block(model.as_bytes(), 0x5eed);
+    let mut h = chain(0x5eed, content_hash(model.as_bytes()));
     if let Some(salt) = salt {
-        h = hash_block(salt.as_bytes(), h ^ 0x5a17);
+        h = chain(h ^ 0x5a17, content_hash(salt.as_bytes()));
     }
     h
 }
@@ -326,6 +347,44 @@ mod tests {
             "an empty salt is a salt"
         );
         assert_ne!(seed("m", Some("a")), seed("n", Some("a")));
+    }
+
+    /// The index takes its table slot from a hash's low bits and its
+    /// fingerprint from the low 32: near-identical prompts (one byte apart,
+    /// as numbered tenants' prompts are) must still spread over every slot.
+    #[test]
+    fn low_bits_spread_over_near_identical_blocks() {
+        const BUCKETS: usize = 1024;
+        const N: usize = 64 * BUCKETS;
+        let mut counts = vec![0u32; BUCKETS];
+        let mut fps = std::collections::HashSet::new();
+        let mut block = [b'a'; 64];
+        let mut out = Vec::new();
+        for i in 0..N {
+            block[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            out.clear();
+            block_hashes(&block, 64, 1, 42, &mut out);
+            counts[out[0] as usize % BUCKETS] += 1;
+            fps.insert(out[0] as u32);
+        }
+        // Binomial(N, 1/1024): mean 64, sd 8; six sd either side.
+        let (min, max) = (counts.iter().min(), counts.iter().max());
+        assert!(min >= Some(&16) && max <= Some(&112), "{min:?}..{max:?}");
+        assert!(fps.len() > N - 4, "{} distinct fingerprints", fps.len());
+        // One flipped bit anywhere changes about half the hash.
+        let base = {
+            out.clear();
+            block_hashes(&[7u8; 64], 64, 1, 42, &mut out);
+            out[0]
+        };
+        for bit in 0..64 * 8 {
+            let mut b = [7u8; 64];
+            b[bit / 8] ^= 1 << (bit % 8);
+            out.clear();
+            block_hashes(&b, 64, 1, 42, &mut out);
+            let d = (out[0] ^ base).count_ones();
+            assert!((12..=52).contains(&d), "bit {bit}: {d} bits changed");
+        }
     }
 
     #[test]
