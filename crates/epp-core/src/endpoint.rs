@@ -207,6 +207,9 @@ pub struct Endpoint {
     addr_text: String,
     labels: BTreeMap<String, String>,
     metrics: ArcSwap<EndpointMetrics>,
+    /// Bumped after every metrics store, so a reader that kept the metrics
+    /// can tell, with one plain load, whether they are still current.
+    metrics_version: AtomicU64,
     inflight: InflightCounters,
 }
 
@@ -226,6 +229,7 @@ impl Endpoint {
             addr_text: addr.to_string(),
             labels,
             metrics: ArcSwap::from_pointee(EndpointMetrics::default()),
+            metrics_version: AtomicU64::new(0),
             inflight: InflightCounters::default(),
         }
     }
@@ -269,11 +273,20 @@ impl Endpoint {
     /// Replaces the metrics (called by the data layer after each scrape).
     pub fn set_metrics(&self, metrics: EndpointMetrics) {
         self.metrics.store(Arc::new(metrics));
+        self.metrics_version.fetch_add(1, Ordering::Release);
     }
 
     /// Replaces the metrics with a function of the current ones.
     pub fn update_metrics(&self, mut f: impl FnMut(&EndpointMetrics) -> EndpointMetrics) {
         self.metrics.rcu(|old| Arc::new(f(old)));
+        self.metrics_version.fetch_add(1, Ordering::Release);
+    }
+
+    /// Changes with every metrics store. Metrics loaded after reading a
+    /// version are at least that recent: a reader that still holds them and
+    /// sees the same version need not load them again.
+    pub(crate) fn metrics_version(&self) -> u64 {
+        self.metrics_version.load(Ordering::Acquire)
     }
 
     /// Requests this picker routed here that are still in flight.

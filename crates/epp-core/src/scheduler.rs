@@ -177,6 +177,13 @@ impl SchedulingResult {
 pub struct Scratch {
     rng: SmallRng,
     state: CycleState,
+    /// Every endpoint of the last snapshot as a candidate, kept across
+    /// cycles with the metrics version it was loaded at: refreshing it costs
+    /// a pointer compare and a plain load per endpoint, and reference-count
+    /// traffic only for what changed.
+    pool: Vec<Candidate>,
+    pool_versions: Vec<u64>,
+    /// The candidates when the request's subset or staleness narrows the pool.
     base: Vec<Candidate>,
     candidates: Vec<Candidate>,
     totals: Vec<f64>,
@@ -202,6 +209,8 @@ impl Scratch {
         Self {
             rng,
             state: CycleState::default(),
+            pool: Vec::new(),
+            pool_versions: Vec::new(),
             base: Vec::new(),
             candidates: Vec::new(),
             totals: Vec::new(),
@@ -513,6 +522,8 @@ impl Scheduler {
         let Scratch {
             rng,
             state,
+            pool,
+            pool_versions,
             base,
             candidates,
             totals,
@@ -525,24 +536,30 @@ impl Scheduler {
         if snapshot.is_empty() {
             return Err(SchedulingError::NoEndpoints);
         }
-        match &request.subset {
-            Some(subset) => base.extend(
-                snapshot
-                    .endpoints()
-                    .iter()
-                    .filter(|e| subset.contains(&e.addr()))
-                    .map(Candidate::new),
-            ),
-            None => base.extend(snapshot.endpoints().iter().map(Candidate::new)),
-        }
-        if base.is_empty() {
-            return Err(SchedulingError::EmptySubset);
-        }
-        if let Some(threshold) = self.staleness
-            && base.iter().any(|c| !c.metrics.is_stale(now, threshold))
-        {
-            base.retain(|c| !c.metrics.is_stale(now, threshold));
-        }
+        refresh_pool(pool, pool_versions, snapshot.endpoints());
+        let fresh = |c: &Candidate| {
+            self.staleness
+                .is_none_or(|threshold| !c.metrics.is_stale(now, threshold))
+        };
+        // Stale endpoints are dropped only when a fresh one remains.
+        let base: &[Candidate] = match &request.subset {
+            None if pool.iter().all(fresh) || !pool.iter().any(fresh) => pool,
+            subset => {
+                let wanted = |c: &&Candidate| {
+                    subset
+                        .as_ref()
+                        .is_none_or(|s| s.contains(&c.endpoint.addr()))
+                };
+                base.extend(pool.iter().filter(wanted).cloned());
+                if base.is_empty() {
+                    return Err(SchedulingError::EmptySubset);
+                }
+                if base.iter().any(fresh) {
+                    base.retain(fresh);
+                }
+                base
+            }
+        };
 
         let mut cx = CycleContext {
             request,
@@ -652,6 +669,34 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+}
+
+/// Brings `pool` up to date with `endpoints`: an endpoint already pooled at
+/// its place keeps its entry, reloading metrics only when their version
+/// moved; anything else is replaced.
+fn refresh_pool(pool: &mut Vec<Candidate>, versions: &mut Vec<u64>, endpoints: &[Arc<Endpoint>]) {
+    pool.truncate(endpoints.len());
+    versions.truncate(endpoints.len());
+    for (i, e) in endpoints.iter().enumerate() {
+        // Read before loading: metrics loaded after are at least this recent.
+        let version = e.metrics_version();
+        match pool.get_mut(i) {
+            Some(c) if Arc::ptr_eq(&c.endpoint, e) => {
+                if versions[i] != version {
+                    c.metrics = e.metrics();
+                    versions[i] = version;
+                }
+            }
+            Some(c) => {
+                *c = Candidate::new(e);
+                versions[i] = version;
+            }
+            None => {
+                pool.push(Candidate::new(e));
+                versions.push(version);
+            }
+        }
     }
 }
 

@@ -337,3 +337,78 @@ fn observer_sees_every_plugin_call_at_its_site() {
     assert_eq!(*recorder.0.lock().unwrap(), vec![0, 1, 0]);
     assert_eq!(s.call_sites()[1].point, E::Filter);
 }
+
+/// Prefers the endpoint with the shortest waiting queue, as scraped.
+#[derive(Debug)]
+struct ShortestQueue;
+impl Plugin for ShortestQueue {
+    fn type_name(&self) -> &str {
+        "shortest-queue"
+    }
+    fn name(&self) -> &str {
+        "shortest-queue"
+    }
+    fn as_scorer(&self) -> Option<&dyn Scorer> {
+        Some(self)
+    }
+}
+impl Scorer for ShortestQueue {
+    fn score(&self, _: &CycleContext<'_>, c: &[Candidate], out: &mut [f64]) {
+        for (c, s) in c.iter().zip(out) {
+            *s = 1.0 / (1.0 + c.metrics.waiting as f64);
+        }
+    }
+}
+
+/// One scratch kept across cycles (as each server thread keeps one) must
+/// see every metrics update and every membership change, even though it
+/// keeps candidates from one cycle to the next.
+#[test]
+fn reused_scratch_follows_metrics_and_membership() {
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(PluginRef::new(Arc::new(ShortestQueue)), 1.0)
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    let s = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap();
+    let req = InferenceRequest::builder("m").build();
+    let mut scratch = Scratch::seeded(1);
+    let mut result = SchedulingResult::default();
+    let queue = |e: &Endpoint, waiting| {
+        e.set_metrics(EndpointMetrics {
+            waiting,
+            ..EndpointMetrics::fresh()
+        });
+    };
+
+    let snap = snapshot(3);
+    for (e, q) in snap.endpoints().iter().zip([5, 0, 9]) {
+        queue(e, q);
+    }
+    s.schedule_into(&req, &snap, &mut scratch, &mut result)
+        .unwrap();
+    assert_eq!(ids(&result), vec![1, 0, 2]);
+
+    // A scrape lands on two endpoints between cycles.
+    queue(&snap.endpoints()[1], 20);
+    snap.endpoints()[2].update_metrics(|m| EndpointMetrics {
+        waiting: 1,
+        ..m.clone()
+    });
+    s.schedule_into(&req, &snap, &mut scratch, &mut result)
+        .unwrap();
+    assert_eq!(ids(&result), vec![2, 0, 1]);
+
+    // Discovery replaces endpoint 1 by a new object with the same id and
+    // address, and drops endpoint 2: the old objects must not be used.
+    let mut next: Vec<_> = snap.endpoints()[..1].to_vec();
+    let replaced = Arc::new(Endpoint::new(1, snap.endpoints()[1].addr()));
+    queue(&replaced, 0);
+    next.push(Arc::clone(&replaced));
+    let next = EndpointSnapshot::new(next);
+    s.schedule_into(&req, &next, &mut scratch, &mut result)
+        .unwrap();
+    assert_eq!(ids(&result), vec![1, 0]);
+    assert!(Arc::ptr_eq(
+        &result.primary_run().unwrap().targets[0],
+        &replaced
+    ));
+}
