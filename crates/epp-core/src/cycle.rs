@@ -50,6 +50,9 @@ pub struct PrefixMatch {
     /// Identifies the producer that filled this match (0 = none), so only
     /// the index that matched a request records its pick.
     pub producer: u64,
+    /// Tokens per block of the producer's index (0 = unknown), for scorers
+    /// that weigh the absolute matched length.
+    pub block_size_tokens: u32,
 }
 
 impl PrefixMatch {
@@ -59,6 +62,7 @@ impl PrefixMatch {
         self.matched.clear();
         self.computed = false;
         self.producer = 0;
+        self.block_size_tokens = 0;
     }
 
     /// Number of blocks in the request.

@@ -79,8 +79,8 @@ pub use error::{Result, SchedulingError};
 pub use extract::{ExtractError, Extractor, MetricsSource};
 pub use observe::{CallSite, ExtensionPoint, SchedulerObserver};
 pub use plugin::{
-    DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest, ProfileHandler, RequestOutcome,
-    ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
+    DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
+    ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};

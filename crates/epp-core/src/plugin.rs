@@ -60,7 +60,22 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_extractor(&self) -> Option<&dyn crate::Extractor> {
         None
     }
+
+    /// For a plugin that reads prefix-cache matches
+    /// ([`crate::CycleState::prefix`]): the name of the plugin it reads them
+    /// from (llm-d's `prefixMatchInfoProducerName`, by default
+    /// [`DEFAULT_PREFIX_PRODUCER`]). Config loading checks that plugin exists
+    /// and produces prefix matches, and makes it the one producer that fills
+    /// them.
+    fn prefix_match_source(&self) -> Option<&str> {
+        None
+    }
 }
+
+/// The producer prefix-match readers read from unless told otherwise: an
+/// `approx-prefix-cache-producer` of that name, created when none is
+/// declared (as llm-d does).
+pub const DEFAULT_PREFIX_PRODUCER: &str = "approx-prefix-cache-producer";
 
 /// A shared, type-erased plugin.
 #[derive(Debug, Clone)]
@@ -115,6 +130,11 @@ pub trait Picker: Plugin {
 pub trait DataProducer: Plugin {
     /// Computes state for the request over all candidates.
     fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]);
+
+    /// Whether this producer fills [`crate::CycleState::prefix`].
+    fn produces_prefix_matches(&self) -> bool {
+        false
+    }
 }
 
 /// Decides which profiles run and how their results combine.

@@ -40,6 +40,12 @@ pub struct PrefixCacheParams {
     /// Size each endpoint's LRU from the KV-cache geometry it reports.
     #[serde(default = "default_true")]
     pub auto_tune: bool,
+    /// Deprecated llm-d name for the block size. As in llm-d, a value > 0
+    /// is logged as deprecated and, when `blockSizeTokens` is at its default
+    /// (16), taken as `blockSizeTokens` (tokens, although the name once
+    /// meant characters). Default 0 = unset.
+    #[serde(default)]
+    pub block_size: usize,
 }
 
 fn default_block() -> usize {
@@ -63,6 +69,7 @@ impl Default for PrefixCacheParams {
             max_prefix_tokens_to_match: 0,
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
+            block_size: 0,
         }
     }
 }
@@ -74,6 +81,17 @@ impl PrefixCacheParams {
     /// Any size zero, a block larger than 1 MiB of text, or a token cap
     /// smaller than one block.
     pub fn validated(mut self, plugin: &str) -> Result<Self, BuildError> {
+        if self.block_size > 0 {
+            tracing::warn!(
+                plugin,
+                block_size = self.block_size,
+                "'blockSize' is deprecated; use 'blockSizeTokens' instead"
+            );
+            if self.block_size_tokens == default_block() {
+                self.block_size_tokens = self.block_size;
+            }
+            self.block_size = 0;
+        }
         let bad = |field: &str, v: usize, reason: &str| BuildError::InvalidValue {
             plugin: plugin.to_owned(),
             field: field.into(),
@@ -271,6 +289,7 @@ impl ApproxPrefixCacheProducer {
         );
         prefix.computed = true;
         prefix.producer = self.id;
+        prefix.block_size_tokens = u32::try_from(self.params.block_size_tokens).unwrap_or(u32::MAX);
         let hashes = std::mem::take(&mut prefix.hashes);
         self.index.match_prefix(&hashes, prefix);
         prefix.hashes = hashes;
@@ -311,6 +330,9 @@ impl Plugin for ApproxPrefixCacheProducer {
 impl DataProducer for ApproxPrefixCacheProducer {
     fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
         self.produce_once(cx);
+    }
+    fn produces_prefix_matches(&self) -> bool {
+        true
     }
 }
 
@@ -425,6 +447,18 @@ mod tests {
         let err = zero.validated("p").unwrap_err();
         assert!(err.to_string().contains("blockSizeTokens = 0"), "{err}");
         assert!(PrefixCacheParams::default().validated("p").is_ok());
+    }
+
+    #[test]
+    fn deprecated_block_size_maps_to_tokens_as_in_llm_d() {
+        let p: PrefixCacheParams = serde_yaml_ng::from_str("{blockSize: 64}").unwrap();
+        let p = p.validated("p").unwrap();
+        assert_eq!(p.block_size_tokens, 64);
+        assert_eq!(p.block_size, 0);
+        // An explicit non-default blockSizeTokens wins.
+        let p: PrefixCacheParams =
+            serde_yaml_ng::from_str("{blockSize: 64, blockSizeTokens: 32}").unwrap();
+        assert_eq!(p.validated("p").unwrap().block_size_tokens, 32);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
 pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
-pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams};
+pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use kv_cache_scorer::KvCacheUtilizationScorer;
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
@@ -56,7 +56,7 @@ pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, Opt
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
 pub use openai_parser::OpenAiParser;
 pub use prefix_cache_affinity_filter::{PrefixAffinityParams, PrefixCacheAffinityFilter};
-pub use prefix_cache_scorer::PrefixCacheScorer;
+pub use prefix_cache_scorer::{PrefixCacheScorer, PrefixCacheScorerParams};
 pub use prefix_index::PrefixIndex;
 pub use queue_scorer::QueueScorer;
 pub use random_picker::RandomPicker;
@@ -110,10 +110,7 @@ pub fn register_builtins(registry: &mut Registry) {
     register(
         registry,
         PrefixCacheScorer::TYPE,
-        |name, p: PrefixCacheParams| {
-            let p = p.validated(&name)?;
-            Ok(Arc::new(PrefixCacheScorer::new(name, p)))
-        },
+        |name, p: PrefixCacheScorerParams| Ok(Arc::new(PrefixCacheScorer::from_params(name, p)?)),
     );
     register(
         registry,

@@ -3,42 +3,47 @@
 use std::collections::VecDeque;
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, EndpointId, Plugin, PreRequest, SchedulingResult, Scorer,
+    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, EndpointId, Plugin, PreRequest,
+    SchedulingResult, Scorer,
 };
 use parking_lot::Mutex;
 
-/// Parameters of `no-hit-lru-scorer`.
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
+/// Parameters of `no-hit-lru-scorer` (llm-d's names).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NoHitLruParams {
-    /// Endpoints remembered. Default 1024.
-    #[serde(default = "default_lru")]
-    pub lru_size: usize,
+    /// Endpoints remembered. Default 1024; as in llm-d, 0 or less means the
+    /// default.
+    #[serde(default)]
+    pub lru_size: i64,
+    /// Producer whose prefix matches tell a cold request (default
+    /// `approx-prefix-cache-producer`).
+    #[serde(default)]
+    pub prefix_match_info_producer_name: Option<String>,
+    /// Deprecated in llm-d, which never used it; accepted and ignored.
+    #[serde(default)]
+    pub prefix_plugin_type: Option<String>,
+    /// Deprecated in llm-d, which never used it; accepted and ignored.
+    #[serde(default)]
+    pub prefix_plugin_name: Option<String>,
 }
 
-fn default_lru() -> usize {
-    1024
-}
+const DEFAULT_LRU: usize = 1024;
 
-impl Default for NoHitLruParams {
-    fn default() -> Self {
-        Self {
-            lru_size: default_lru(),
-        }
-    }
-}
-
-/// `no-hit-lru-scorer`: for a request no endpoint has a cached prefix for
-/// (a "cold" request), prefer the endpoints that received a cold request
-/// least recently, spreading new prefixes over the pool. Never-used endpoints
-/// score 1, the most recently used 0, linear by rank in between. Requests
-/// with a prefix hit score 0.5 everywhere (neutral). Needs a prefix producer
-/// (`prefix-cache-scorer`) in the same config.
+/// `no-hit-lru-scorer`, with llm-d's formula. A request is cold when no
+/// candidate matched a prefix block. For a cold request, with `n`
+/// candidates: the candidates that never received a cold request rank
+/// 0, 1, … in candidate order; the others rank (number of never-used) +
+/// their position in the LRU of cold picks, oldest first. Score =
+/// max(0, 1 − rank / (n − 1)); a lone candidate scores 1. Requests with a
+/// prefix hit score 0.5 everywhere (neutral). After a cold request the
+/// chosen endpoint becomes the most recent entry.
 #[derive(Debug)]
 pub struct NoHitLruScorer {
     name: String,
     size: usize,
-    /// Most recent cold picks, newest at the back.
+    source: Option<String>,
+    /// Endpoints that received cold requests, oldest first.
     recent: Mutex<VecDeque<EndpointId>>,
 }
 
@@ -49,25 +54,24 @@ impl NoHitLruScorer {
     /// A scorer named `name`.
     ///
     /// # Errors
-    /// A zero size.
+    /// None today; kept fallible like the other factories.
     pub fn new(name: impl Into<String>, p: NoHitLruParams) -> Result<Self, BuildError> {
-        if p.lru_size == 0 {
-            return Err(BuildError::InvalidValue {
-                plugin: Self::TYPE.into(),
-                field: "lruSize".into(),
-                value: "0".into(),
-                reason: "must be at least 1".into(),
-            });
-        }
+        let size = usize::try_from(p.lru_size)
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_LRU);
         Ok(Self {
             name: name.into(),
-            size: p.lru_size,
+            size,
+            source: p.prefix_match_info_producer_name.filter(|n| !n.is_empty()),
             recent: Mutex::new(VecDeque::new()),
         })
     }
 
-    fn cold(cx: &CycleContext<'_>) -> bool {
-        cx.state.prefix.computed && !cx.state.prefix.any_hit()
+    /// Cold: no candidate matched any block (or no matches were produced).
+    fn cold(cx: &CycleContext<'_>, candidates: &[Candidate]) -> bool {
+        let prefix = &cx.state.prefix;
+        !candidates.iter().any(|c| prefix.matched(c.id()) > 0)
     }
 }
 
@@ -84,42 +88,53 @@ impl Plugin for NoHitLruScorer {
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
         Some(self)
     }
+    fn prefix_match_source(&self) -> Option<&str> {
+        Some(self.source.as_deref().unwrap_or(DEFAULT_PREFIX_PRODUCER))
+    }
 }
 
 impl Scorer for NoHitLruScorer {
     fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        if !Self::cold(cx) {
+        if !Self::cold(cx, candidates) {
             out.fill(0.5);
             return;
         }
+        if candidates.len() == 1 {
+            out.fill(1.0);
+            return;
+        }
         let recent = self.recent.lock();
-        // Recency rank: position from the back (0 = most recent); never used = len.
-        let rank = |id: EndpointId| {
-            recent
-                .iter()
-                .rev()
-                .position(|&e| e == id)
-                .unwrap_or(recent.len())
-        };
-        let max = candidates.iter().map(|c| rank(c.id())).max().unwrap_or(0);
+        let position = |id: EndpointId| recent.iter().position(|&e| e == id);
+        let never_used = candidates
+            .iter()
+            .filter(|c| position(c.id()).is_none())
+            .count();
+        let span = (candidates.len() - 1) as f64;
+        let mut next_unused = 0usize;
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            *s = if max == 0 {
-                1.0
-            } else {
-                rank(c.id()) as f64 / max as f64
+            let rank = match position(c.id()) {
+                Some(p) => never_used + p,
+                None => {
+                    next_unused += 1;
+                    next_unused - 1
+                }
             };
+            *s = (1.0 - rank as f64 / span).max(0.0);
         }
     }
 }
 
 impl PreRequest for NoHitLruScorer {
     fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
-        if !Self::cold(cx) {
-            return;
-        }
         let Some(target) = result.primary() else {
             return;
         };
+        // Cold = no endpoint matched a block. This equals the scoring
+        // verdict unless a filter removed every endpoint with a hit; then
+        // llm-d still records the pick and this scorer does not.
+        if cx.state.prefix.any_hit() {
+            return;
+        }
         let mut recent = self.recent.lock();
         recent.retain(|&e| e != target.id());
         recent.push_back(target.id());
@@ -136,19 +151,79 @@ mod tests {
     use super::*;
     use crate::testing::{candidates, with_cx};
 
+    fn cold_scores(s: &NoHitLruScorer, c: &[Candidate]) -> Vec<f64> {
+        let req = InferenceRequest::builder("m").build();
+        with_cx(&req, 0, |cx| {
+            cx.state.prefix.computed = true;
+            cx.state.prefix.hashes = vec![9];
+            let mut out = vec![0.0; c.len()];
+            s.score(cx, c, &mut out);
+            out
+        })
+    }
+
     #[test]
     fn cold_requests_go_to_least_recently_used() {
         let c = candidates(vec![EndpointMetrics::default(); 3]);
         let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
-        let req = InferenceRequest::builder("m").build();
         s.recent.lock().extend([c[0].id(), c[2].id()]);
+        assert_eq!(
+            cold_scores(&s, &c),
+            vec![0.5, 1.0, 0.0],
+            "c1 never used, c2 most recent"
+        );
+    }
+
+    #[test]
+    fn never_used_endpoints_rank_in_candidate_order_as_in_llm_d() {
+        // llm-d: the i-th never-used candidate scores 1 − i/(n−1); used ones
+        // follow by LRU position, oldest first.
+        let c = candidates(vec![EndpointMetrics::default(); 5]);
+        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        s.recent.lock().extend([c[3].id(), c[1].id()]);
+        // never used: c0, c2, c4 → ranks 0, 1, 2; c3 (oldest) rank 3; c1 rank 4.
+        assert_eq!(cold_scores(&s, &c), vec![1.0, 0.0, 0.75, 0.25, 0.5]);
+    }
+
+    #[test]
+    fn lru_positions_count_endpoints_outside_the_candidates() {
+        // The LRU holds endpoints filtered out of this request; positions
+        // are global, clamped at 0 (llm-d).
+        let all = candidates(vec![EndpointMetrics::default(); 4]);
+        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        s.recent
+            .lock()
+            .extend([all[0].id(), all[1].id(), all[2].id(), all[3].id()]);
+        let c = vec![all[3].clone(), all[1].clone()];
+        // ranks 3 and 1 over n − 1 = 1.
+        assert_eq!(cold_scores(&s, &c), vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_hit_on_a_filtered_out_endpoint_leaves_the_request_cold() {
+        let all = candidates(vec![EndpointMetrics::default(); 3]);
+        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let req = InferenceRequest::builder("m").build();
         let out = with_cx(&req, 0, |cx| {
             cx.state.prefix.computed = true;
             cx.state.prefix.hashes = vec![9];
-            let mut out = vec![0.0; 3];
-            s.score(cx, &c, &mut out);
+            cx.state.prefix.set_matched(all[0].id(), 1);
+            let mut out = vec![0.0; 2];
+            s.score(cx, &all[1..], &mut out);
             out
         });
-        assert_eq!(out, vec![0.5, 1.0, 0.0], "c1 never used, c2 most recent");
+        assert_eq!(out, vec![1.0, 0.0], "cold among the candidates scored");
+    }
+
+    #[test]
+    fn llm_d_parameters_load() {
+        let p: NoHitLruParams = serde_yaml_ng::from_str(
+            "{lruSize: 0, prefixPluginType: prefix-cache-scorer, prefixPluginName: p, \
+             prefixMatchInfoProducerName: my-producer}",
+        )
+        .unwrap();
+        let s = NoHitLruScorer::new("n", p).unwrap();
+        assert_eq!(s.size, DEFAULT_LRU, "0 means the default, as in llm-d");
+        assert_eq!(s.prefix_match_source(), Some("my-producer"));
     }
 }

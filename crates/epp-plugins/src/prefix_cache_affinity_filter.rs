@@ -1,11 +1,11 @@
 //! `prefix-cache-affinity-filter`: keep only endpoints holding most of the
 //! prompt, when some do.
 
-use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
+use epp_core::{BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, Filter, Plugin};
 use rand::Rng;
 
 /// Parameters of `prefix-cache-affinity-filter`.
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PrefixAffinityParams {
     /// Matched fraction of the prompt that makes an endpoint "affine". Default 0.8.
@@ -14,6 +14,10 @@ pub struct PrefixAffinityParams {
     /// Chance of ignoring affinity, to keep exploring. Default 0.01.
     #[serde(default = "default_exploration")]
     pub exploration_probability: f64,
+    /// Producer whose prefix matches are read (default
+    /// `approx-prefix-cache-producer`).
+    #[serde(default)]
+    pub prefix_match_info_producer_name: Option<String>,
 }
 
 fn default_affinity() -> f64 {
@@ -28,6 +32,7 @@ impl Default for PrefixAffinityParams {
         Self {
             affinity_threshold: default_affinity(),
             exploration_probability: default_exploration(),
+            prefix_match_info_producer_name: None,
         }
     }
 }
@@ -87,6 +92,15 @@ impl Plugin for PrefixCacheAffinityFilter {
     fn as_filter(&self) -> Option<&dyn Filter> {
         Some(self)
     }
+    fn prefix_match_source(&self) -> Option<&str> {
+        Some(
+            self.params
+                .prefix_match_info_producer_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(DEFAULT_PREFIX_PRODUCER),
+        )
+    }
 }
 
 impl Filter for PrefixCacheAffinityFilter {
@@ -119,6 +133,7 @@ mod tests {
             PrefixAffinityParams {
                 affinity_threshold: 0.5,
                 exploration_probability: 0.0,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -1,39 +1,168 @@
 //! `prefix-cache-scorer`: prefer endpoints that likely hold the request's
 //! prompt prefix in their KV cache.
 //!
-//! Score = blocks matched contiguously from the start / blocks of the request,
-//! read from `CycleState::prefix`. As in the reference, the scorer takes the
-//! approximate index's parameters and keeps an index of its own, so the
-//! reference's default config works unchanged; when an
-//! `approx-prefix-cache-producer` is declared too, the scheduler runs it
-//! first and the scorer only reads its matches (its own index stays empty).
+//! Score (llm-d): `w · min(1, matched × blockSizeTokens / scale)² + (1 − w) ·
+//! matched / total`, with `w = matchLengthWeight` (default 0, i.e. the
+//! fraction of the request's blocks matched CONTIGUOUSLY from the start) and
+//! `scale = matchLengthScaleTokens` (default 8192), read from
+//! `CycleState::prefix`. The matches come from the producer named by
+//! `prefixMatchInfoProducerName` (default `approx-prefix-cache-producer`).
+//! As in the reference picker, the scorer also accepts the approximate
+//! index's parameters and keeps an index of its own, used when no plugin of
+//! that default name is declared, so the reference's default config works
+//! unchanged.
 
 use epp_core::{
-    Candidate, CycleContext, DataProducer, Plugin, PreRequest, SchedulingResult, Scorer,
+    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, Plugin, PreRequest,
+    SchedulingResult, Scorer,
 };
 
-use crate::{ApproxPrefixCacheProducer, PrefixCacheParams, PrefixIndex};
+use crate::{ApproxPrefixCacheProducer, PrefixCacheParams, PrefixIndex, invalid};
+
+/// Parameters of `prefix-cache-scorer`: llm-d's scoring parameters and the
+/// reference's index parameters (see [`PrefixCacheParams`]).
+#[derive(Debug, Clone, Default)]
+pub struct PrefixCacheScorerParams {
+    /// Parameters of the scorer's own index.
+    pub index: PrefixCacheParams,
+    /// Whether any index parameter was given.
+    pub index_params_given: bool,
+    /// Producer whose matches are read (`None` = the default producer).
+    pub prefix_match_info_producer_name: Option<String>,
+    /// Weight of the absolute matched length, in [0, 1]. Default 0.
+    pub match_length_weight: f64,
+    /// Matched tokens at which the length term is 1. Default 8192.
+    pub match_length_scale_tokens: i64,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawScorerParams {
+    prefix_match_info_producer_name: Option<String>,
+    match_length_weight: Option<f64>,
+    match_length_scale_tokens: Option<i64>,
+    block_size_tokens: Option<usize>,
+    block_size: Option<usize>,
+    max_prefix_blocks_to_match: Option<usize>,
+    max_prefix_tokens_to_match: Option<usize>,
+    lru_capacity_per_server: Option<usize>,
+    auto_tune: Option<bool>,
+}
+
+impl<'de> serde::Deserialize<'de> for PrefixCacheScorerParams {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = RawScorerParams::deserialize(d)?;
+        let mut index = PrefixCacheParams::default();
+        let mut given = false;
+        let mut set = |slot: &mut usize, v: Option<usize>| {
+            if let Some(v) = v {
+                *slot = v;
+                given = true;
+            }
+        };
+        set(&mut index.block_size_tokens, r.block_size_tokens);
+        set(&mut index.block_size, r.block_size);
+        set(
+            &mut index.max_prefix_blocks_to_match,
+            r.max_prefix_blocks_to_match,
+        );
+        set(
+            &mut index.max_prefix_tokens_to_match,
+            r.max_prefix_tokens_to_match,
+        );
+        set(
+            &mut index.lru_capacity_per_server,
+            r.lru_capacity_per_server,
+        );
+        if let Some(a) = r.auto_tune {
+            index.auto_tune = a;
+            given = true;
+        }
+        Ok(Self {
+            index,
+            index_params_given: given,
+            prefix_match_info_producer_name: r.prefix_match_info_producer_name,
+            match_length_weight: r.match_length_weight.unwrap_or(0.0),
+            match_length_scale_tokens: r.match_length_scale_tokens.unwrap_or(8192),
+        })
+    }
+}
 
 /// `prefix-cache-scorer`.
 #[derive(Debug)]
 pub struct PrefixCacheScorer {
     name: String,
-    /// Used when no other producer filled the cycle's prefix state.
+    /// Used when this scorer is the prefix-match producer.
     own: ApproxPrefixCacheProducer,
+    source: Option<String>,
+    length_weight: f64,
+    length_scale: f64,
 }
 
 impl PrefixCacheScorer {
     /// YAML type.
     pub const TYPE: &'static str = "prefix-cache-scorer";
 
-    /// A scorer named `name`.
+    /// A scorer named `name` scoring the matched fraction, with its own
+    /// index built from `params`.
     #[must_use]
     pub fn new(name: impl Into<String>, params: PrefixCacheParams) -> Self {
         let name = name.into();
         Self {
             own: ApproxPrefixCacheProducer::new(name.clone(), params),
             name,
+            source: None,
+            length_weight: 0.0,
+            length_scale: 8192.0,
         }
+    }
+
+    /// A scorer from its YAML parameters.
+    ///
+    /// # Errors
+    /// `matchLengthWeight` outside [0, 1]; `matchLengthScaleTokens` ≤ 0 with a
+    /// positive weight; index parameters given together with
+    /// `prefixMatchInfoProducerName` (they would have no effect); or a bad
+    /// index parameter.
+    pub fn from_params(
+        name: impl Into<String>,
+        p: PrefixCacheScorerParams,
+    ) -> Result<Self, BuildError> {
+        let name = name.into();
+        let w = p.match_length_weight;
+        if !(0.0..=1.0).contains(&w) {
+            return Err(invalid(
+                Self::TYPE,
+                "matchLengthWeight",
+                w,
+                "must be in [0, 1]",
+            ));
+        }
+        if w > 0.0 && p.match_length_scale_tokens <= 0 {
+            return Err(invalid(
+                Self::TYPE,
+                "matchLengthScaleTokens",
+                p.match_length_scale_tokens,
+                "must be > 0 when matchLengthWeight > 0",
+            ));
+        }
+        if let Some(producer) = &p.prefix_match_info_producer_name
+            && p.index_params_given
+        {
+            return Err(invalid(
+                Self::TYPE,
+                "prefixMatchInfoProducerName",
+                producer,
+                "the scorer reads that producer's matches, so its own index parameters \
+                 (blockSizeTokens, lruCapacityPerServer, ...) would have no effect: set \
+                 them on the producer",
+            ));
+        }
+        let mut s = Self::new(name, p.index.validated(Self::TYPE)?);
+        s.source = p.prefix_match_info_producer_name.filter(|n| !n.is_empty());
+        s.length_weight = w;
+        s.length_scale = p.match_length_scale_tokens as f64;
+        Ok(s)
     }
 
     /// The scorer's own index (for inspection and tests).
@@ -59,19 +188,34 @@ impl Plugin for PrefixCacheScorer {
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
         Some(self)
     }
+    fn prefix_match_source(&self) -> Option<&str> {
+        Some(self.source.as_deref().unwrap_or(DEFAULT_PREFIX_PRODUCER))
+    }
 }
 
 impl DataProducer for PrefixCacheScorer {
     fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
         self.own.produce_once(cx);
     }
+    fn produces_prefix_matches(&self) -> bool {
+        true
+    }
 }
 
 impl Scorer for PrefixCacheScorer {
     fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
         let prefix = &cx.state.prefix;
+        let w = self.length_weight;
+        let block = f64::from(prefix.block_size_tokens);
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            *s = prefix.ratio(c.id());
+            let ratio = prefix.ratio(c.id());
+            *s = if w > 0.0 && block > 0.0 && prefix.total_blocks() > 0 {
+                let length =
+                    (f64::from(prefix.matched(c.id())) * block / self.length_scale).min(1.0);
+                w * length * length + (1.0 - w) * ratio
+            } else {
+                (1.0 - w) * ratio
+            };
         }
     }
 }

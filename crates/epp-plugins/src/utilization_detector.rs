@@ -17,6 +17,11 @@ pub struct UtilizationDetectorParams {
     /// Metrics older than this count as fully saturated. Default 200 ms.
     #[serde(default = "default_stale", with = "millis")]
     pub metrics_staleness_threshold: Duration,
+    /// Burst allowed above both thresholds when filtering, as a fraction
+    /// (0.2 = 20 %). Saturation still uses the thresholds themselves.
+    /// Default 0.
+    #[serde(default)]
+    pub headroom: f64,
 }
 
 fn default_queue() -> u32 {
@@ -70,6 +75,7 @@ impl Default for UtilizationDetectorParams {
             queue_depth_threshold: default_queue(),
             kv_cache_util_threshold: default_kv(),
             metrics_staleness_threshold: default_stale(),
+            headroom: 0.0,
         }
     }
 }
@@ -96,13 +102,17 @@ impl UtilizationDetectorParams {
                 "must be in (0, 1]",
             ));
         }
+        if !(self.headroom.is_finite() && self.headroom >= 0.0) {
+            return Err(bad("headroom", self.headroom.to_string(), "must be >= 0"));
+        }
         Ok(self)
     }
 }
 
 /// `utilization-detector`: saturation = mean over endpoints of
 /// `max(q / qThr, kv / kvThr)`, a stale endpoint counting 1. Also a filter
-/// keeping endpoints below both thresholds (all of them when none is).
+/// keeping fresh endpoints below both thresholds × (1 + `headroom`) (all of
+/// them when none is, as in llm-d).
 #[derive(Debug, Clone)]
 pub struct UtilizationDetector {
     name: String,
@@ -157,8 +167,16 @@ impl SaturationDetector for UtilizationDetector {
         endpoints.iter().map(|c| self.load(cx, c)).sum::<f64>() / endpoints.len() as f64
     }
 
-    fn has_capacity(&self, cx: &CycleContext<'_>, endpoint: &Candidate) -> bool {
-        self.load(cx, endpoint) < 1.0
+    /// Fresh, and below both thresholds relaxed by `headroom` (llm-d's
+    /// filter limits: `threshold × (1 + headroom)`).
+    fn has_capacity(&self, cx: &CycleContext<'_>, c: &Candidate) -> bool {
+        let p = &self.params;
+        if c.metrics.is_stale(cx.now, p.metrics_staleness_threshold) {
+            return false;
+        }
+        let burst = 1.0 + p.headroom;
+        f64::from(c.metrics.waiting) < f64::from(p.queue_depth_threshold) * burst
+            && c.metrics.kv_usage < p.kv_cache_util_threshold * burst
     }
 }
 
@@ -174,6 +192,56 @@ mod tests {
 
     use super::*;
     use crate::testing::{candidates, with_cx};
+
+    #[test]
+    fn headroom_relaxes_the_filter_but_not_saturation() {
+        let p: UtilizationDetectorParams =
+            serde_yaml_ng::from_str("{queueDepthThreshold: 5, headroom: 0.2}").unwrap();
+        let d = UtilizationDetector::new("u", p.validated().unwrap());
+        let m = |waiting, kv_usage| EndpointMetrics {
+            waiting,
+            kv_usage,
+            ..Default::default()
+        };
+        // Limits with 20 % headroom: queue < 6, KV < 0.96.
+        let c = candidates(vec![m(5, 0.0), m(6, 0.0), m(0, 0.95), m(0, 0.96)]);
+        let req = InferenceRequest::builder("m").build();
+        with_cx(&req, 0, |cx| {
+            let s = d.saturation(cx, &c);
+            let want = (1.0 + 1.2 + 0.95 / 0.8 + 0.96 / 0.8) / 4.0;
+            assert!((s - want).abs() < 1e-12, "{s}");
+            let mut kept = c.clone();
+            d.filter(cx, &mut kept);
+            let ids: Vec<u32> = kept.iter().map(|c| c.id().0).collect();
+            assert_eq!(ids, vec![0, 2]);
+        });
+        let bad = UtilizationDetectorParams {
+            headroom: -1.0,
+            ..Default::default()
+        };
+        assert!(
+            bad.validated()
+                .unwrap_err()
+                .to_string()
+                .contains("headroom")
+        );
+    }
+
+    #[test]
+    fn stale_endpoints_fail_the_filter_even_with_headroom() {
+        let p = UtilizationDetectorParams {
+            headroom: 0.5,
+            ..Default::default()
+        };
+        let d = UtilizationDetector::new("u", p);
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        let req = InferenceRequest::builder("m").build();
+        with_cx(&req, 0, |cx| {
+            cx.now += Duration::from_secs(5);
+            assert!(!d.has_capacity(cx, &c[0]), "stale counts as full");
+            assert!((d.saturation(cx, &c) - 1.0).abs() < 1e-12);
+        });
+    }
 
     #[test]
     fn saturation_is_the_mean_of_per_endpoint_load() {

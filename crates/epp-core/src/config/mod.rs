@@ -19,8 +19,10 @@
 //! assert_eq!(err.to_string(), "epp.yaml:4:3: plugins[0].type: unknown plugin type \"no-such-scorer\"");
 //! ```
 
+mod flow;
 mod locate;
 mod objectives;
+mod prefix;
 mod raw;
 
 use std::{collections::HashMap, fmt, sync::Arc};
@@ -32,7 +34,8 @@ pub use objectives::{
 };
 use raw::{DataLayerDecl, RawConfig};
 pub use raw::{
-    FlowControlConfig, PluginDecl, PluginRefDecl, ProfileDecl, ProfilePluginDecl, SourceDecl,
+    FlowControlConfig, PluginDecl, PluginRefDecl, PriorityBandDecl, ProfileDecl, ProfilePluginDecl,
+    SourceDecl,
 };
 
 use crate::{
@@ -280,6 +283,12 @@ impl EndpointPickerConfig {
             plugins.push((name, PluginRef::new(plugin)));
         }
 
+        let mut effective = raw.clone();
+        effective.plugins = decls;
+
+        // Phase 1b: every prefix-match reader gets its producer.
+        let prefix_source = self.wire_prefix_matches(registry, &mut plugins, &mut effective)?;
+
         // Phase 2: the profile handler (one at most; single by default).
         let handlers: Vec<usize> = (0..plugins.len())
             .filter(|&i| plugins[i].1.plugin().as_profile_handler().is_some())
@@ -294,8 +303,6 @@ impl EndpointPickerConfig {
             Some(&i) => Arc::clone(&plugins[i].1.0),
             None => Arc::new(SingleProfileHandler::default()),
         };
-        let mut effective = raw.clone();
-        effective.plugins = decls;
         if handlers.is_empty() {
             effective
                 .plugins
@@ -429,6 +436,10 @@ impl EndpointPickerConfig {
 
         let mut scheduler = Scheduler::new(profiles, handler)
             .map_err(|e| self.err("schedulingProfiles", e.to_string()))?;
+
+        if let Some(fc) = &raw.flow_control {
+            self.check_flow_control(fc, &plugins)?;
+        }
 
         // Phase 4: saturation detector (utilization-detector by default).
         // llm-d moved it under `flowControl`; that one wins when both are set.
@@ -585,7 +596,12 @@ impl EndpointPickerConfig {
         effective.data = None;
         effective.data_layer = Some(layer);
 
-        scheduler = scheduler.with_hooks(plugins.iter().map(|(_, p)| p.clone()));
+        scheduler = scheduler.with_hooks(
+            plugins
+                .iter()
+                .filter(|(n, p)| prefix::runs_hooks(prefix_source.as_deref(), n, p))
+                .map(|(_, p)| p.clone()),
+        );
         effective
             .api_version
             .get_or_insert_with(|| API_VERSIONS[0].to_owned());

@@ -142,4 +142,34 @@ pub struct FlowControlConfig {
     /// are given this one is used, as in llm-d.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saturation_detector: Option<PluginRefDecl>,
+    /// llm-d: the template for priority levels `priorityBands` does not list.
+    /// Validated; no effect until flow control queues requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_priority_band: Option<PriorityBandDecl>,
+    /// llm-d: the usage-limit policy plugin. Must name a declared plugin or
+    /// llm-d's built-in `static-usage-limit-policy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_limit_policy_plugin_ref: Option<String>,
+}
+
+/// A priority band as llm-d writes it (`priorityBands[]`,
+/// `defaultPriorityBand`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PriorityBandDecl {
+    /// Priority level (higher = more important).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// Byte capacity, a Kubernetes quantity (`1Gi`, `500M`, `1000`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<serde_yaml_ng::Value>,
+    /// Request capacity, a Kubernetes quantity (`100`, `1k`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<serde_yaml_ng::Value>,
+    /// Fairness policy plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness_policy_ref: Option<String>,
+    /// Ordering policy plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_policy_ref: Option<String>,
 }

@@ -1,0 +1,359 @@
+//! llm-d parameters that configs written for llm-d use: each loads and means
+//! what llm-d makes it mean (learned from llm-d-router's source), and the
+//! wrong uses are load errors that name the file, line and field.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use epp_core::{
+    Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, InferenceRequest,
+    config::{BuiltConfig, EndpointPickerConfig},
+};
+use epp_plugins::builtin_registry;
+
+fn load(text: &str) -> BuiltConfig {
+    EndpointPickerConfig::parse(text, "llmd.yaml")
+        .unwrap()
+        .build(&builtin_registry())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn load_err(text: &str) -> String {
+    match EndpointPickerConfig::parse(text, "llmd.yaml").and_then(|c| c.build(&builtin_registry()))
+    {
+        Ok(_) => panic!("loaded: {text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn config(plugins: &str, profile: &str) -> String {
+    format!(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n{plugins}\
+         schedulingProfiles:\n- name: default\n  plugins:\n{profile}"
+    )
+}
+
+fn endpoints(n: u32) -> EndpointSnapshot {
+    let eps = (0..n)
+        .map(|i| {
+            let addr = format!("10.0.0.{i}:8000").parse().unwrap();
+            let e = Arc::new(Endpoint::new(i, addr));
+            e.set_metrics(EndpointMetrics::fresh());
+            e
+        })
+        .collect();
+    EndpointSnapshot::new(eps)
+}
+
+fn request(prompt: String) -> InferenceRequest {
+    InferenceRequest::builder("m").prompt(prompt).build()
+}
+
+/// Schedules `first`, then `second`; returns the weighted score of the
+/// second's target, which must be the first's target.
+fn score_of_second(built: &BuiltConfig, first: &str, second: &str) -> f64 {
+    let snapshot = endpoints(3);
+    let a = built
+        .scheduler
+        .schedule(&request(first.to_owned()), &snapshot)
+        .unwrap();
+    let b = built
+        .scheduler
+        .schedule(&request(second.to_owned()), &snapshot)
+        .unwrap();
+    assert_eq!(a.primary().unwrap().id(), b.primary().unwrap().id());
+    b.primary_run().unwrap().scores[0]
+}
+
+fn names(built: &BuiltConfig) -> Vec<&str> {
+    built.plugins.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+// Blocks of the default 16 tokens are 64 characters.
+const BLOCK: usize = 64;
+
+/// The scorer reads the matches of the producer it names: here one that
+/// caps matching at 2 blocks, so a request sharing its first 2 of 4 blocks
+/// is a full match (with the scorer's own index it would be half).
+#[test]
+fn prefix_match_info_producer_name_selects_the_producer() {
+    let built = load(&config(
+        "- type: approx-prefix-cache-producer\n  name: short-prefix\n  \
+         parameters: {autoTune: false, maxPrefixTokensToMatch: 32}\n\
+         - type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: short-prefix}\n",
+        "  - {pluginRef: prefix-cache-scorer, weight: 3}\n",
+    ));
+    let head = "h".repeat(2 * BLOCK);
+    let first = format!("{head}{}", "a".repeat(2 * BLOCK));
+    let second = format!("{head}{}", "b".repeat(2 * BLOCK));
+    let score = score_of_second(&built, &first, &second);
+    assert!((score - 3.0).abs() < 1e-9, "2 of 2 blocks: {score}");
+}
+
+/// Without the parameter, readers read the producer named
+/// `approx-prefix-cache-producer`; a producer under another name is not
+/// theirs (llm-d creates a default one for them; here the scorer's own
+/// index plays that part), so its 2-block cap does not apply.
+#[test]
+fn readers_default_to_the_approx_producer_name() {
+    let built = load(&config(
+        "- type: approx-prefix-cache-producer\n  name: short-prefix\n  \
+         parameters: {autoTune: false, maxPrefixTokensToMatch: 32}\n\
+         - type: prefix-cache-scorer\n",
+        "  - {pluginRef: prefix-cache-scorer, weight: 3}\n",
+    ));
+    let head = "h".repeat(2 * BLOCK);
+    let first = format!("{head}{}", "a".repeat(2 * BLOCK));
+    let second = format!("{head}{}", "b".repeat(2 * BLOCK));
+    let score = score_of_second(&built, &first, &second);
+    assert!((score - 1.5).abs() < 1e-9, "2 of 4 blocks: {score}");
+}
+
+/// A reader with no producer and no index of its own gets a default
+/// `approx-prefix-cache-producer`, as llm-d creates one.
+#[test]
+fn a_default_producer_is_created_for_readers_without_one() {
+    let built = load(&config(
+        "- type: no-hit-lru-scorer\n  \
+         parameters: {lruSize: 16, prefixPluginType: prefix-cache-scorer, prefixPluginName: x}\n",
+        "  - {pluginRef: no-hit-lru-scorer}\n",
+    ));
+    assert!(
+        names(&built).contains(&"approx-prefix-cache-producer"),
+        "{:?}",
+        names(&built)
+    );
+    // Cold requests rotate over the pool: three different prompts, three
+    // different endpoints (each pick becomes the most recent).
+    let snapshot = endpoints(3);
+    let mut seen: Vec<EndpointId> = (0..3)
+        .map(|i| {
+            let r = request(format!("{i}").repeat(4 * BLOCK));
+            let res = built.scheduler.schedule(&r, &snapshot).unwrap();
+            res.primary().unwrap().id()
+        })
+        .collect();
+    seen.sort_by_key(|id| id.0);
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    // A repeated prompt is a hit: neutral scores, 0.5 for everyone.
+    let r = request("0".repeat(4 * BLOCK));
+    let res = built.scheduler.schedule(&r, &snapshot).unwrap();
+    assert!((res.primary_run().unwrap().scores[0] - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn a_dangling_producer_name_is_a_load_error() {
+    let err = load_err(&config(
+        "- type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: nowhere}\n",
+        "  - {pluginRef: prefix-cache-scorer}\n",
+    ));
+    assert!(
+        err.starts_with("llmd.yaml:5:")
+            && err.contains("plugins[0].parameters.prefixMatchInfoProducerName")
+            && err.contains("no plugin named \"nowhere\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_named_producer_must_produce_prefix_matches() {
+    let err = load_err(&config(
+        "- type: queue-scorer\n\
+         - type: prefix-cache-affinity-filter\n  parameters: {prefixMatchInfoProducerName: queue-scorer}\n",
+        "  - {pluginRef: prefix-cache-affinity-filter}\n",
+    ));
+    assert!(
+        err.contains("plugins[1].parameters.prefixMatchInfoProducerName")
+            && err.contains("does not produce prefix-cache matches"),
+        "{err}"
+    );
+}
+
+#[test]
+fn readers_of_different_producers_are_refused() {
+    let err = load_err(&config(
+        "- type: approx-prefix-cache-producer\n  name: a\n\
+         - type: approx-prefix-cache-producer\n  name: b\n\
+         - type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: a}\n\
+         - type: no-hit-lru-scorer\n  parameters: {prefixMatchInfoProducerName: b}\n",
+        "  - {pluginRef: prefix-cache-scorer}\n  - {pluginRef: no-hit-lru-scorer}\n",
+    ));
+    assert!(
+        err.contains("plugins[3].parameters.prefixMatchInfoProducerName")
+            && err.contains("every reader must name the same producer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn index_parameters_beside_a_producer_name_are_refused() {
+    let err = load_err(&config(
+        "- type: approx-prefix-cache-producer\n\
+         - type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: approx-prefix-cache-producer, blockSizeTokens: 64}\n",
+        "  - {pluginRef: prefix-cache-scorer}\n",
+    ));
+    assert!(err.contains("would have no effect"), "{err}");
+}
+
+/// llm-d's score with `matchLengthWeight` w and `matchLengthScaleTokens` s:
+/// w·min(1, matched tokens / s)² + (1 − w)·matched / total.
+#[test]
+fn match_length_weight_adds_the_absolute_matched_length() {
+    let built = load(&config(
+        "- type: approx-prefix-cache-producer\n  parameters: {autoTune: false}\n\
+         - type: prefix-cache-scorer\n  parameters: {matchLengthWeight: 0.5, matchLengthScaleTokens: 64}\n",
+        "  - {pluginRef: prefix-cache-scorer}\n",
+    ));
+    let head = "h".repeat(2 * BLOCK);
+    let first = format!("{head}{}", "a".repeat(2 * BLOCK));
+    let second = format!("{head}{}", "b".repeat(2 * BLOCK));
+    // 2 of 4 blocks = 32 tokens: 0.5 · (32/64)² + 0.5 · 0.5.
+    let score = score_of_second(&built, &first, &second);
+    assert!((score - 0.375).abs() < 1e-9, "{score}");
+
+    for (params, field) in [
+        ("{matchLengthWeight: 1.5}", "matchLengthWeight"),
+        (
+            "{matchLengthWeight: 0.2, matchLengthScaleTokens: 0}",
+            "matchLengthScaleTokens",
+        ),
+    ] {
+        let err = load_err(&config(
+            &format!("- type: prefix-cache-scorer\n  parameters: {params}\n"),
+            "  - {pluginRef: prefix-cache-scorer}\n",
+        ));
+        assert!(
+            err.contains(&format!("plugins[0].parameters.{field}")),
+            "{err}"
+        );
+    }
+}
+
+/// The deprecated `blockSize` is taken as `blockSizeTokens` (llm-d): with
+/// 32-token blocks (128 characters) a 64-character shared head matches no
+/// whole block.
+#[test]
+fn deprecated_block_size_sets_the_block_size() {
+    let text = |params: &str| {
+        config(
+            &format!(
+                "- type: approx-prefix-cache-producer\n  parameters: {{autoTune: false{params}}}\n\
+                 - type: prefix-cache-scorer\n"
+            ),
+            "  - {pluginRef: prefix-cache-scorer}\n",
+        )
+    };
+    let head = "h".repeat(BLOCK);
+    let first = format!("{head}{}", "a".repeat(3 * BLOCK));
+    let second = format!("{head}{}", "b".repeat(3 * BLOCK));
+    let snapshot = endpoints(1);
+    let second_score = |built: &BuiltConfig| {
+        built
+            .scheduler
+            .schedule(&request(first.clone()), &snapshot)
+            .unwrap();
+        let b = built
+            .scheduler
+            .schedule(&request(second.clone()), &snapshot)
+            .unwrap();
+        b.primary_run().unwrap().scores[0]
+    };
+    assert!((second_score(&load(&text(""))) - 0.25).abs() < 1e-9);
+    assert!(second_score(&load(&text(", blockSize: 32"))).abs() < 1e-9);
+}
+
+/// `headroom`, `concurrencyMode` and `maxTokenConcurrency` load, and the
+/// detector used as a filter applies them: in `tokens` mode an endpoint at
+/// `maxTokenConcurrency × (1 + headroom)` in-flight tokens is left out.
+#[test]
+fn concurrency_detector_tokens_mode_with_headroom() {
+    let built = load(&config(
+        "- type: concurrency-detector\n  \
+         parameters: {concurrencyMode: tokens, maxTokenConcurrency: 1000, headroom: 0.5, maxConcurrency: 1}\n\
+         - type: utilization-detector\n  parameters: {headroom: 0.2}\n\
+         - type: queue-scorer\n",
+        "  - {pluginRef: concurrency-detector}\n  - {pluginRef: queue-scorer}\n",
+    ));
+    let snapshot = endpoints(2);
+    let e0 = snapshot.get(EndpointId(0)).unwrap();
+    let e1 = snapshot.get(EndpointId(1)).unwrap();
+    e0.inflight().start(1500);
+    for _ in 0..5 {
+        e1.inflight().start(100);
+    }
+    for i in 0..20 {
+        let res = built
+            .scheduler
+            .schedule(&request(format!("p{i}")), &snapshot)
+            .unwrap();
+        assert_eq!(
+            res.primary().unwrap().id(),
+            EndpointId(1),
+            "1500 tokens ≥ 1000 × 1.5; request counts do not matter in tokens mode"
+        );
+    }
+    let err = load_err(&config(
+        "- type: concurrency-detector\n  parameters: {concurrencyMode: bytes}\n",
+        "  - {pluginRef: concurrency-detector}\n",
+    ));
+    assert!(err.contains("plugins[0].parameters"), "{err}");
+    let err = load_err(&config(
+        "- type: utilization-detector\n  parameters: {headroom: -0.1}\n",
+        "  - {pluginRef: utilization-detector}\n",
+    ));
+    assert!(err.contains("plugins[0].parameters.headroom"), "{err}");
+}
+
+/// `flowControl.defaultPriorityBand` and `usageLimitPolicyPluginRef` are
+/// part of the schema and validated; llm-d's built-in policies need no
+/// declaration; a dangling reference is an error.
+#[test]
+fn flow_control_default_band_and_usage_limit_policy() {
+    let base = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n\
+                plugins:\n- type: queue-scorer\nflowControl:\n";
+    let built = load(&format!(
+        "{base}  usageLimitPolicyPluginRef: static-usage-limit-policy\n  defaultPriorityBand:\n    \
+         maxBytes: 1Gi\n    maxRequests: 500\n    fairnessPolicyRef: global-strict-fairness-policy\n    \
+         orderingPolicyRef: fcfs-ordering-policy\n"
+    ));
+    let fc = built.flow_control.unwrap();
+    let band = fc.default_priority_band.unwrap();
+    assert_eq!(
+        band.max_requests,
+        Some(serde_yaml_ng::Value::Number(500.into()))
+    );
+    assert_eq!(
+        fc.usage_limit_policy_plugin_ref.as_deref(),
+        Some("static-usage-limit-policy")
+    );
+    assert!(built.effective_yaml.contains("defaultPriorityBand"));
+
+    let cases = [
+        (
+            "  usageLimitPolicyPluginRef: soft-reflective-ceiling-policy\n",
+            "llmd.yaml:7:3: flowControl.usageLimitPolicyPluginRef: no plugin named",
+        ),
+        (
+            "  usageLimitPolicyPluginRef: queue-scorer\n",
+            "is not a usage-limit policy",
+        ),
+        (
+            "  defaultPriorityBand:\n    fairnessPolicyRef: program-aware-fairness\n",
+            "flowControl.defaultPriorityBand.fairnessPolicyRef: no plugin named",
+        ),
+        (
+            "  defaultPriorityBand:\n    maxBytes: 10GB\n",
+            "flowControl.defaultPriorityBand.maxBytes: \"10GB\" is not a quantity",
+        ),
+        (
+            "  defaultPriorityBand:\n    weight: 3\n",
+            "unknown field `weight`",
+        ),
+    ];
+    for (yaml, want) in cases {
+        let err = load_err(&format!("{base}{yaml}"));
+        assert!(err.contains(want), "{yaml}: {err}");
+    }
+}
