@@ -16,9 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-ORDER = ["epp", "round-robin", "sglang-cache-aware", "sglang-power-of-two", "vllm-cache-aware"]
+ORDER = ["epp", "epp-scraped-only", "epp-lora", "round-robin", "sglang-cache-aware", "sglang-power-of-two", "vllm-cache-aware"]
 LABELS = {
     "epp": "Envoy + epp (default)",
+    "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
+    "epp-lora": "Envoy + epp (default + lora-affinity-scorer)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
     "sglang-power-of-two": "sglang-router power_of_two",
@@ -26,6 +28,8 @@ LABELS = {
 }
 STYLE = {
     "epp": dict(color="#d62728", marker="o", linewidth=2.5),
+    "epp-scraped-only": dict(color="#ff9896", marker="o", linestyle="--"),
+    "epp-lora": dict(color="#9467bd", marker="o", linestyle="-."),
     "round-robin": dict(color="#7f7f7f", marker="s", linestyle="--"),
     "sglang-cache-aware": dict(color="#1f77b4", marker="^"),
     "sglang-power-of-two": dict(color="#17becf", marker="v", linestyle=":"),

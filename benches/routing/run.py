@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -129,8 +129,43 @@ CONTENDERS = [
     "vllm-cache-aware",
 ]
 
+# epp with another config, run only when named in --contenders: the same
+# binary, so a comparison with "epp" isolates the config. Both are epp's
+# default config (the reference's default profile) with one change.
+EPP_DEFAULT_PROFILE = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer{queue}
+- type: kv-cache-utilization-scorer{kv}
+- type: prefix-cache-scorer{extra_plugin}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: queue-scorer, weight: 2}}
+  - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
+  - {{pluginRef: prefix-cache-scorer, weight: 3}}{extra_ref}
+  - {{pluginRef: max-score-picker}}
+"""
+SCRAPED_ONLY = "\n  parameters: {countDispatched: false}"
+EPP_VARIANTS = {
+    # The reference's signals: scraped queue and KV only, stale between scrapes.
+    "epp-scraped-only": EPP_DEFAULT_PROFILE.format(
+        queue=SCRAPED_ONLY, kv=SCRAPED_ONLY, extra_plugin="", extra_ref=""),
+    # The default profile plus lora-affinity-scorer (for the LoRA mix).
+    "epp-lora": EPP_DEFAULT_PROFILE.format(
+        queue="", kv="", extra_plugin="\n- type: lora-affinity-scorer",
+        extra_ref="\n  - {pluginRef: lora-affinity-scorer, weight: 2}"),
+}
+
+KNOWN = CONTENDERS + list(EPP_VARIANTS)
+
+
 LABELS = {
     "epp": "Envoy + epp (default config)",
+    "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
+    "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
     "sglang-power-of-two": "sglang-router power_of_two",
@@ -266,13 +301,18 @@ class Fleet:
     def _start_contender(self, contender: str) -> str:
         port = free_port()
         urls = [f"http://127.0.0.1:{p}" for p in self.sim_ports]
-        if contender == "epp":
+        if contender == "epp" or contender in EPP_VARIANTS:
             grpc = free_port()
+            config = []
+            if contender in EPP_VARIANTS:
+                text = EPP_VARIANTS[contender]
+                (self.dir / "epp-config.yaml").write_text(text)
+                config = ["--config-file", str(self.dir / "epp-config.yaml")]
             p = self._spawn("epp", [
                 str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
                 str(free_port()), "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1",
                 "--secure-serving=false", "--endpoints",
-                ",".join(f"127.0.0.1:{p}" for p in self.sim_ports),
+                ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
             ], env={"RUST_LOG": "warn"})
             wait_until("epp", lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)
             config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
@@ -307,7 +347,7 @@ class Fleet:
             wait_until("vllm-router", lambda: http_get(f"http://127.0.0.1:{port}/readiness")[0] == 200,
                        proc=p)
             return f"http://127.0.0.1:{port}"
-        raise ValueError(f"unknown contender {contender!r}; known: {', '.join(CONTENDERS)}")
+        raise ValueError(f"unknown contender {contender!r}; known: {', '.join(KNOWN)}")
 
     def _start_envoy(self, config: str, port: int) -> str:
         admin = free_port()
@@ -438,7 +478,7 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
         log(f"  routing check ok: {check['pods']}")
         poller = Poller(fleet)
         poller.start()
-        rates = workload.rates if not args.quick else workload.rates[:2]
+        rates = workload.rates if not args.quick or args.rates else workload.rates[:2]
         client = args.client or workload.client
         if client == "rust":
             stages = run_rust_client(args, workload, fleet.url, run_dir, rates)
@@ -592,6 +632,8 @@ def main() -> None:
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="two rates, 6 s stages, one run: a smoke test")
+    ap.add_argument("--rates", help="comma-separated request rates for every workload chosen, instead of "
+                    "each workload's sweep (with --quick too)")
     ap.add_argument("--bin-dir", type=Path, default=ROOT / "target/release")
     ap.add_argument("--tokenizer", type=Path, default=VENV / "bench-tokenizer")
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
@@ -601,10 +643,13 @@ def main() -> None:
     if args.quick:
         args.repeats = 1
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
+    if args.rates:
+        rates = [float(r) for r in args.rates.split(",")]
+        workloads = [replace(w, rates=rates) for w in workloads]
     contenders = args.contenders.split(",")
     for c in contenders:
-        if c not in CONTENDERS:
-            sys.exit(f"unknown contender {c!r}; known: {', '.join(CONTENDERS)}")
+        if c not in KNOWN:
+            sys.exit(f"unknown contender {c!r}; known: {', '.join(KNOWN)}")
     for path, what in [(args.bin_dir / "epp", "epp (cargo build --release)"),
                        (args.bin_dir / "epp-sim", "epp-sim (cargo build --release)"),
                        (args.tokenizer / "tokenizer.json", "tokenizer (scripts/setup-routing-bench.sh)"),

@@ -32,6 +32,37 @@ impl Candidate {
     pub fn id(&self) -> EndpointId {
         self.endpoint.id()
     }
+
+    /// What this picker sent to the endpoint since its metrics were scraped:
+    /// its in-flight counts now minus those at the scrape
+    /// ([`EndpointMetrics::inflight_at_scrape`]), i.e. dispatched minus
+    /// completed in between. Scraped queue and KV values lag by up to one
+    /// scrape interval; adding this keeps a burst of arrivals between two
+    /// scrapes from all seeing the same "least loaded" endpoint. Negative when
+    /// more completed than were dispatched.
+    #[must_use]
+    pub fn since_scrape(&self) -> SinceScrape {
+        let now = self.endpoint.inflight().sample();
+        let then = self.metrics.inflight_at_scrape;
+        SinceScrape {
+            requests: i64::from(now.requests) - i64::from(then.requests),
+            tokens: signed(now.tokens) - signed(then.tokens),
+        }
+    }
+}
+
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Net change of the picker's in-flight counts for an endpoint since its last
+/// scrape (see [`Candidate::since_scrape`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinceScrape {
+    /// Requests dispatched minus requests completed.
+    pub requests: i64,
+    /// Their estimated prompt tokens, dispatched minus completed.
+    pub tokens: i64,
 }
 
 /// Result of matching a request's prefix blocks against an index, per endpoint.

@@ -92,6 +92,12 @@ pub struct EndpointMetrics {
     pub custom: HashMap<String, f64>,
     /// When these values were successfully scraped; `None` before the first scrape.
     pub updated_at: Option<Instant>,
+    /// The picker's own in-flight counts for the endpoint when the scrape that
+    /// produced these values was sent. Compared with the current counts it
+    /// tells what the picker dispatched since, which the scraped values cannot
+    /// show yet (see [`crate::Candidate::since_scrape`]). Zero when the values
+    /// did not come from a scrape.
+    pub inflight_at_scrape: InflightSample,
     /// Rare, user-defined typed attributes (see [`Self::extension`]).
     pub extensions: Extensions,
 }
@@ -156,6 +162,15 @@ impl fmt::Debug for Extensions {
     }
 }
 
+/// The picker's in-flight counts for one endpoint at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InflightSample {
+    /// Requests routed and not yet completed.
+    pub requests: u32,
+    /// Their estimated prompt tokens.
+    pub tokens: u64,
+}
+
 /// Counters the picker itself keeps for an endpoint (requests it routed there
 /// that have not completed yet).
 #[derive(Debug, Default)]
@@ -175,6 +190,16 @@ impl InflightCounters {
     #[must_use]
     pub fn tokens(&self) -> u64 {
         self.tokens.load(Ordering::Relaxed)
+    }
+
+    /// Both counts at once (each read atomically; a request starting between
+    /// the two reads may show in one only).
+    #[must_use]
+    pub fn sample(&self) -> InflightSample {
+        InflightSample {
+            requests: self.requests(),
+            tokens: self.tokens(),
+        }
     }
 
     /// Records a request routed to the endpoint.
@@ -379,6 +404,13 @@ mod tests {
         c.start(100);
         c.start(50);
         assert_eq!((c.requests(), c.tokens()), (2, 150));
+        assert_eq!(
+            c.sample(),
+            InflightSample {
+                requests: 2,
+                tokens: 150
+            }
+        );
     }
 
     #[test]

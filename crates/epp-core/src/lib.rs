@@ -70,10 +70,10 @@ mod registry;
 mod request;
 mod scheduler;
 
-pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch};
+pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
-    Extensions, InflightCounters, LoraInfo,
+    Extensions, InflightCounters, InflightSample, LoraInfo,
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{ExtractError, Extractor, MetricsSource};

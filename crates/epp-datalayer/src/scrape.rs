@@ -15,7 +15,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use epp_core::{Endpoint, EndpointId, EndpointMetrics, EndpointSource, config::SourceWiring};
+use epp_core::{
+    Endpoint, EndpointId, EndpointMetrics, EndpointSource, InflightSample, config::SourceWiring,
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
@@ -410,6 +412,9 @@ async fn scrape_loop(
             _ = tick.tick() => {}
         }
         outcomes.clear();
+        // What this picker has in flight as the request leaves: the scraped
+        // values will include these, and scorers add what is dispatched later.
+        let inflight = endpoint.inflight().sample();
         if let [run] = runs.as_mut_slice() {
             outcomes.push(run.fetch(&shared.opts).await);
         } else {
@@ -417,13 +422,21 @@ async fn scrape_loop(
             outcomes
                 .extend(futures::future::join_all(runs.iter_mut().map(|r| r.fetch(opts))).await);
         }
-        apply(&endpoint, &mut runs, &mut outcomes, &counters, &status);
+        apply(
+            &endpoint,
+            inflight,
+            &mut runs,
+            &mut outcomes,
+            &counters,
+            &status,
+        );
     }
 }
 
 /// Extracts what was fetched, publishes it, and counts and logs outcomes.
 fn apply(
     endpoint: &Endpoint,
+    inflight: InflightSample,
     runs: &mut [SourceRun],
     outcomes: &mut [Result<Instant, Failure>],
     counters: &[Counter; OUTCOMES.len()],
@@ -468,6 +481,7 @@ fn apply(
         if first_failure.is_none() {
             m.updated_at = oldest_page;
         }
+        m.inflight_at_scrape = inflight;
         endpoint.set_metrics(m);
     }
 }

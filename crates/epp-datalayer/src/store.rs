@@ -7,7 +7,9 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use epp_core::{Endpoint, EndpointId, EndpointSnapshot, EndpointSource};
+use epp_core::{
+    Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource, InflightSample,
+};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -156,7 +158,12 @@ impl EndpointStore {
                     };
                     let e = Arc::new(Endpoint::with_labels(id, addr, labels));
                     if let Some(old) = existing {
-                        e.set_metrics((*old.metrics()).clone());
+                        // The new object's in-flight counters start at zero,
+                        // so the old ones' scrape-time counts do not apply.
+                        e.set_metrics(EndpointMetrics {
+                            inflight_at_scrape: InflightSample::default(),
+                            ..(*old.metrics()).clone()
+                        });
                     }
                     next.push(e);
                 }

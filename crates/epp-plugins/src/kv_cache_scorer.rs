@@ -2,20 +2,33 @@
 
 use epp_core::{Candidate, CycleContext, Plugin, Scorer};
 
+use crate::load_signal::LoadSignalParams;
+
 /// `kv-cache-utilization-scorer`: `1 − KV usage`.
 #[derive(Debug, Clone)]
 pub struct KvCacheUtilizationScorer {
     name: String,
+    signal: LoadSignalParams,
 }
 
 impl KvCacheUtilizationScorer {
     /// YAML type.
     pub const TYPE: &'static str = "kv-cache-utilization-scorer";
 
-    /// A scorer named `name`.
+    /// A scorer named `name` that counts what was dispatched since the last
+    /// scrape (see [`LoadSignalParams`]).
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
+        Self::with_params(name, LoadSignalParams::default())
+    }
+
+    /// A scorer named `name` with parameters.
+    #[must_use]
+    pub fn with_params(name: impl Into<String>, signal: LoadSignalParams) -> Self {
+        Self {
+            name: name.into(),
+            signal,
+        }
     }
 }
 
@@ -34,7 +47,7 @@ impl Plugin for KvCacheUtilizationScorer {
 impl Scorer for KvCacheUtilizationScorer {
     fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            let kv = c.metrics.kv_usage;
+            let kv = self.signal.kv_usage(c);
             // An unreadable usage counts as full rather than poisoning the total.
             *s = if kv.is_nan() {
                 0.0

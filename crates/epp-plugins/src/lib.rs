@@ -19,6 +19,7 @@ mod concurrency_detector;
 mod kv_cache_scorer;
 mod label_selector_filter;
 mod load_aware_scorer;
+mod load_signal;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
@@ -50,6 +51,7 @@ pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
+pub use load_signal::LoadSignalParams;
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
@@ -94,18 +96,18 @@ where
 
 /// Registers every built-in scheduling plugin.
 pub fn register_builtins(registry: &mut Registry) {
-    register(registry, QueueScorer::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(QueueScorer::new(name)))
+    register(registry, QueueScorer::TYPE, |name, p: LoadSignalParams| {
+        Ok(Arc::new(QueueScorer::with_params(name, p)))
     });
     register(
         registry,
         RunningRequestsSizeScorer::TYPE,
-        |name, NoParams {}| Ok(Arc::new(RunningRequestsSizeScorer::new(name))),
+        |name, p: LoadSignalParams| Ok(Arc::new(RunningRequestsSizeScorer::with_params(name, p))),
     );
     register(
         registry,
         KvCacheUtilizationScorer::TYPE,
-        |name, NoParams {}| Ok(Arc::new(KvCacheUtilizationScorer::new(name))),
+        |name, p: LoadSignalParams| Ok(Arc::new(KvCacheUtilizationScorer::with_params(name, p))),
     );
     register(
         registry,

@@ -2,6 +2,8 @@
 
 use epp_core::{Candidate, CycleContext, Plugin, Scorer};
 
+use crate::load_signal::LoadSignalParams;
+
 /// Writes `(max − v) / (max − min)` per candidate; 1 for all when all equal.
 pub(crate) fn min_max_low_is_good(
     candidates: &[Candidate],
@@ -28,16 +30,27 @@ pub(crate) fn min_max_low_is_good(
 #[derive(Debug, Clone)]
 pub struct QueueScorer {
     name: String,
+    signal: LoadSignalParams,
 }
 
 impl QueueScorer {
     /// YAML type.
     pub const TYPE: &'static str = "queue-scorer";
 
-    /// A scorer named `name`.
+    /// A scorer named `name` that counts what was dispatched since the last
+    /// scrape (see [`LoadSignalParams`]).
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
+        Self::with_params(name, LoadSignalParams::default())
+    }
+
+    /// A scorer named `name` with parameters.
+    #[must_use]
+    pub fn with_params(name: impl Into<String>, signal: LoadSignalParams) -> Self {
+        Self {
+            name: name.into(),
+            signal,
+        }
     }
 }
 
@@ -55,7 +68,7 @@ impl Plugin for QueueScorer {
 
 impl Scorer for QueueScorer {
     fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        min_max_low_is_good(candidates, out, |c| c.metrics.waiting);
+        min_max_low_is_good(candidates, out, |c| self.signal.waiting(c));
     }
 }
 

@@ -3,22 +3,33 @@
 
 use epp_core::{Candidate, CycleContext, Plugin, Scorer};
 
-use crate::queue_scorer::min_max_low_is_good;
+use crate::{load_signal::LoadSignalParams, queue_scorer::min_max_low_is_good};
 
 /// `running-requests-size-scorer`: the same normalisation on running requests.
 #[derive(Debug, Clone)]
 pub struct RunningRequestsSizeScorer {
     name: String,
+    signal: LoadSignalParams,
 }
 
 impl RunningRequestsSizeScorer {
     /// YAML type.
     pub const TYPE: &'static str = "running-requests-size-scorer";
 
-    /// A scorer named `name`.
+    /// A scorer named `name` that counts what was dispatched since the last
+    /// scrape (see [`LoadSignalParams`]).
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
+        Self::with_params(name, LoadSignalParams::default())
+    }
+
+    /// A scorer named `name` with parameters.
+    #[must_use]
+    pub fn with_params(name: impl Into<String>, signal: LoadSignalParams) -> Self {
+        Self {
+            name: name.into(),
+            signal,
+        }
     }
 }
 
@@ -36,7 +47,7 @@ impl Plugin for RunningRequestsSizeScorer {
 
 impl Scorer for RunningRequestsSizeScorer {
     fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        min_max_low_is_good(candidates, out, |c| c.metrics.running);
+        min_max_low_is_good(candidates, out, |c| self.signal.running(c));
     }
 }
 

@@ -61,6 +61,37 @@ async fn scrapes_over_one_kept_alive_connection() {
     dl.stop().await;
 }
 
+#[tokio::test]
+async fn each_scrape_carries_the_in_flight_counts_from_when_it_was_sent() {
+    let server = BadServer::start(Mode::Page(vllm_page(3, 2, 0.5))).await;
+    let store = store_of(&[&server]);
+    let endpoint = Arc::clone(store.snapshot().by_addr(server.addr).unwrap());
+    endpoint.inflight().start(100);
+    endpoint.inflight().start(20);
+    let dl = DataLayer::start(
+        Arc::clone(&store),
+        &[wiring("{}")],
+        opts(10, 1000),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    eventually("a scrape", || async { status_of(&dl, &server).ok >= 1 }).await;
+    let m = metrics_of(&store, &server);
+    assert_eq!(
+        (m.inflight_at_scrape.requests, m.inflight_at_scrape.tokens),
+        (2, 120)
+    );
+    assert_eq!(Candidate::new(&endpoint).since_scrape().requests, 0);
+    // One completes: the next scrapes are sent with one in flight.
+    endpoint.inflight().finish(20);
+    eventually("a scrape sent after the completion", || async {
+        metrics_of(&store, &server).inflight_at_scrape.requests == 1
+    })
+    .await;
+    assert_eq!(metrics_of(&store, &server).inflight_at_scrape.tokens, 100);
+    dl.stop().await;
+}
+
 /// Each way a server can misbehave, the substring its error carries, and a
 /// scrape timeout short enough for the slow ones.
 #[tokio::test]
