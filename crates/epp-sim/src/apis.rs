@@ -1,8 +1,9 @@
-//! The other inference APIs a gateway routes: OpenAI `/v1/responses` and
-//! `/v1/embeddings`, and Anthropic `/v1/messages`. Each runs through the same
-//! engine as completions (so its prompt meets the prefix cache and the queue);
-//! replies are plain JSON in each API's shape, with its usage fields. Streaming
-//! is simulated only for completions and chat: a streamed request here gets 400.
+//! The other inference APIs a gateway routes: OpenAI `/v1/responses`,
+//! `/v1/conversations` and `/v1/embeddings`, and Anthropic `/v1/messages`.
+//! Each runs through the same engine as completions (so its prompt meets the
+//! prefix cache and the queue); replies are plain JSON in each API's shape,
+//! with its usage fields. Streaming is simulated only for completions and
+//! chat: a streamed request here gets 400.
 
 use std::{
     hash::{BuildHasher, BuildHasherDefault, DefaultHasher},
@@ -54,6 +55,15 @@ fn push_turn(role: &str, content: &Value, out: &mut String) {
     out.push('\n');
 }
 
+/// Responses / Conversations items, each a turn (items without a role, such
+/// as tool calls, count as the user's).
+fn push_items(items: &[Value], out: &mut String) {
+    for item in items {
+        let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+        push_turn(role, item.get("content").unwrap_or(item), out);
+    }
+}
+
 fn max_tokens(sim: &Sim, v: &Value, key: &str) -> u64 {
     v.get(key)
         .and_then(Value::as_u64)
@@ -95,12 +105,7 @@ fn parse_responses(sim: &Sim, body: &[u8]) -> Result<Parsed, ApiError> {
     }
     match v.get("input") {
         Some(s @ Value::String(_)) => push_turn("user", s, &mut prompt),
-        Some(Value::Array(items)) => {
-            for item in items {
-                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-                push_turn(role, item.get("content").unwrap_or(item), &mut prompt);
-            }
-        }
+        Some(Value::Array(items)) => push_items(items, &mut prompt),
         _ => return Err(bad("`input` must be a string or a list of items")),
     }
     Ok(Parsed {
@@ -135,6 +140,43 @@ pub(crate) async fn responses(State(sim): State<Arc<Sim>>, body: Bytes) -> Respo
                 "output_tokens": o.completion_tokens,
                 "total_tokens": o.prompt_tokens + o.completion_tokens,
             },
+        })
+    }))
+}
+
+// === /v1/conversations ===
+
+/// `POST /v1/conversations`: creating a conversation with its first `items`
+/// prefills them (one output token, not returned), as a server that keeps
+/// conversation state would, and returns the conversation object.
+pub(crate) async fn conversations(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    let parsed = json_and_model(&sim, &body).and_then(|(v, model)| {
+        let items = v
+            .get("items")
+            .and_then(Value::as_array)
+            .filter(|items| !items.is_empty())
+            .ok_or_else(|| bad("`items` must be a non-empty list"))?;
+        let mut prompt = String::new();
+        push_items(items, &mut prompt);
+        Ok((
+            Parsed {
+                model,
+                prompt,
+                max_tokens: 1,
+            },
+            v.get("metadata").cloned().unwrap_or_else(|| json!({})),
+        ))
+    });
+    let (request, metadata) = match parsed {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    reply(run(&sim, request).await.map(|_| {
+        json!({
+            "id": format!("conv_{:016x}", sim.next_id()),
+            "object": "conversation",
+            "created_at": unix_secs(),
+            "metadata": metadata,
         })
     }))
 }

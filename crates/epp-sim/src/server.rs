@@ -113,6 +113,7 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(apis::responses))
+        .route("/v1/conversations", post(apis::conversations))
         .route("/v1/messages", post(apis::messages))
         .route("/v1/embeddings", post(apis::embeddings))
         .layer(axum::middleware::from_fn(trailer));
