@@ -1,12 +1,11 @@
 //! Every inference API epp parses, through Envoy to simulators that serve it:
 //! completions (string and list prompts), chat (string and typed-part
-//! content), Responses, Anthropic Messages and embeddings. For each, a
-//! tenant's requests keep going to the simulator that holds its prefix, and
-//! equivalent spellings of one request route alike; a body without `model` is
-//! refused by epp with 400 before it reaches any server.
-//! (`/v1/conversations` creates conversation objects rather than generating,
-//! so no model server behind a picker serves it; its prompt text is covered by
-//! epp-extproc's unit tests.)
+//! content), Responses, Conversations, Anthropic Messages and embeddings.
+//! For each, a tenant's requests keep going to the simulator that holds its
+//! prefix, and equivalent spellings of one request route alike (also across
+//! APIs: a Responses prompt and the same turns as Conversations items); a
+//! body without `model` is refused by epp with 400 before it reaches any
+//! server.
 
 use std::collections::HashMap;
 
@@ -27,7 +26,7 @@ struct Kind {
     reply_object: (&'static str, &'static str),
 }
 
-const KINDS: [Kind; 7] = [
+const KINDS: [Kind; 8] = [
     Kind {
         name: "completions",
         path: "/v1/completions",
@@ -64,6 +63,17 @@ const KINDS: [Kind; 7] = [
         path: "/v1/responses",
         body: |s, q| json!({"model": MODEL, "instructions": s, "input": q, "max_output_tokens": 2}),
         reply_object: ("object", "response"),
+    },
+    Kind {
+        name: "conversations",
+        path: "/v1/conversations",
+        body: |s, q| {
+            json!({"model": MODEL, "items": [
+                {"type": "message", "role": "system", "content": s},
+                {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": q}]}]})
+        },
+        reply_object: ("object", "conversation"),
     },
     Kind {
         name: "messages",
@@ -121,8 +131,13 @@ async fn every_api_kind_routes_by_its_prefix(mode: BodyMode) {
     }
 
     // Equivalent spellings hash alike: a tenant's string prompt cached by one
-    // spelling is found by the other (string vs list prompt, string vs parts).
-    for (a, b) in [("completions", "completions-list"), ("chat", "chat-parts")] {
+    // spelling is found by the other (string vs list prompt, string vs parts,
+    // Responses instructions + input vs Conversations items).
+    for (a, b) in [
+        ("completions", "completions-list"),
+        ("chat", "chat-parts"),
+        ("responses", "conversations"),
+    ] {
         let kind_b = KINDS.iter().find(|k| k.name == b).unwrap();
         for tenant in 0..TENANTS {
             let sim = served_by(

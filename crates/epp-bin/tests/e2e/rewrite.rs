@@ -1,11 +1,28 @@
 //! Model rewrites through Envoy: by header and by the config's rules. The
 //! model server receives the body byte-for-byte except the spliced `model`
 //! (with `content-length` fixed) and no control headers; the client gets its
-//! own model name back, in plain and streamed responses.
+//! own model name back, in plain and streamed responses. A weighted rule
+//! splits traffic in proportion to its weights, and a zero weight is never
+//! drawn.
 
 use crate::common::{BodyMode, Stack, http, recorded_header, sim_requests};
 
-const CONFIG: &str = "modelRewrites:\n- name: canary\n  rules:\n  - matches: [{model: {type: Exact, value: chat}}]\n    targets: [{modelRewrite: chat-v2}]\n";
+const CONFIG: &str = "modelRewrites:
+- name: canary
+  rules:
+  - matches: [{model: {type: Exact, value: chat}}]
+    targets: [{modelRewrite: chat-v2}]
+- name: split
+  rules:
+  - matches: [{model: {type: Exact, value: split}}]
+    targets:
+    - {modelRewrite: chat-v1, weight: 3}
+    - {modelRewrite: chat-v2, weight: 1}
+    - {modelRewrite: chat-v3, weight: 0}
+";
+
+/// Requests sent for the weighted rule.
+const SPLIT_REQUESTS: usize = 200;
 
 /// Odd spacing, key order and a number no f64 holds: only a splice keeps them.
 fn body(stream: bool) -> String {
@@ -74,7 +91,7 @@ async fn rewrites(mode: BodyMode) {
             "--lora-modules",
             "chat-v1,chat-v2",
             "--record-requests",
-            "4",
+            "256",
         ],
         &["--config-text", CONFIG],
         mode,
@@ -114,6 +131,38 @@ async fn rewrites(mode: BodyMode) {
     assert!(events.iter().all(|e| e["model"] == "chat"), "{text}");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     check_forwarded(&stack, true, "chat-v2");
+
+    // The weighted rule: 3 : 1, and the zero-weight target (an adapter the
+    // server does not have, so drawing it would fail the request) never.
+    let before = sim_requests(stack.sims[0].port).len();
+    for _ in 0..SPLIT_REQUESTS {
+        let body = serde_json::json!({"model": "split", "prompt": "hi", "max_tokens": 1});
+        let r = http::post_json(stack.envoy.port, "/v1/completions", &body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["model"], "split", "{}", r.text());
+    }
+    let recorded = sim_requests(stack.sims[0].port);
+    assert_eq!(
+        recorded.len(),
+        before + SPLIT_REQUESTS,
+        "every request recorded"
+    );
+    let v1 = recorded[before..]
+        .iter()
+        .filter(|r| {
+            let body: serde_json::Value =
+                serde_json::from_str(r["body"].as_str().unwrap_or("")).unwrap();
+            body["model"] == "chat-v1"
+        })
+        .count();
+    // Binomial(200, 3/4): mean 150, sd 6.1; ±5 sd keeps out both an even
+    // split (100) and always the first target (200).
+    assert!(
+        (120..=180).contains(&v1),
+        "{v1} of {SPLIT_REQUESTS} to chat-v1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
