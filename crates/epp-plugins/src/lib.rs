@@ -57,13 +57,18 @@ pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
 pub use openai_parser::OpenAiParser;
-pub use prefix_cache_affinity_filter::{PrefixAffinityParams, PrefixCacheAffinityFilter};
+pub use prefix_cache_affinity_filter::{
+    PrefixAffinityParams, PrefixCacheAffinityFilter, TtftSource,
+};
 pub use prefix_cache_scorer::{PrefixCacheScorer, PrefixCacheScorerParams};
 pub use prefix_index::PrefixIndex;
 pub use queue_scorer::QueueScorer;
 pub use random_picker::RandomPicker;
 pub use running_requests_size_scorer::RunningRequestsSizeScorer;
-pub use session_affinity_scorer::{SESSION_HEADER, SessionAffinityScorer, session_token};
+pub use session_affinity_scorer::{
+    EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
+    session_token,
+};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
 pub use weighted_random_picker::WeightedRandomPicker;
@@ -168,7 +173,7 @@ pub fn register_builtins(registry: &mut Registry) {
     register(
         registry,
         SessionAffinityScorer::TYPE,
-        |name, NoParams {}| Ok(Arc::new(SessionAffinityScorer::new(name))),
+        |name, p: SessionAffinityParams| Ok(Arc::new(SessionAffinityScorer::from_params(name, p)?)),
     );
     register(registry, NoHitLruScorer::TYPE, |name, p: NoHitLruParams| {
         Ok(Arc::new(NoHitLruScorer::new(name, p)?))

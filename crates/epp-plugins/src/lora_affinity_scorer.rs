@@ -5,8 +5,9 @@ use epp_core::{Candidate, CycleContext, Plugin, Scorer};
 
 /// `lora-affinity-scorer`: 1.0 when the adapter (the request's target model)
 /// is active on the endpoint; 0.8 when the endpoint has room to load another
-/// (`|active| + |waiting| < max_lora`, or no limit reported); 0.6 when the
-/// adapter is already waiting there; otherwise 0.
+/// (`|active| + |waiting| < max_lora`); 0.6 when the adapter is already
+/// waiting there; otherwise 0. As in llm-d, an endpoint reporting no
+/// `max_lora` (0) has no room: it cannot load adapters.
 #[derive(Debug, Clone)]
 pub struct LoraAffinityScorer {
     name: String,
@@ -43,7 +44,7 @@ impl Scorer for LoraAffinityScorer {
             let loaded = lora.active.len() + lora.waiting.len();
             *s = if lora.is_active(adapter) {
                 1.0
-            } else if lora.max_loras == 0 || loaded < lora.max_loras as usize {
+            } else if loaded < lora.max_loras as usize {
                 0.8
             } else if lora.is_waiting(adapter) {
                 0.6
@@ -86,6 +87,7 @@ mod tests {
             LoraAffinityScorer::new("l").score(cx, &c, &mut out);
             out
         });
-        assert_eq!(s, vec![1.0, 0.8, 0.6, 0.0, 0.8]);
+        // The last endpoint reports no LoRA limit: llm-d gives it no room (0).
+        assert_eq!(s, vec![1.0, 0.8, 0.6, 0.0, 0.0]);
     }
 }

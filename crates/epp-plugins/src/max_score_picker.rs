@@ -7,13 +7,19 @@ use rand::Rng;
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PickerParams {
-    /// Endpoints returned: the target plus `n − 1` fallbacks. Default 1.
-    #[serde(default = "one")]
+    /// Endpoints returned: the target plus `n − 1` fallbacks. Default 1;
+    /// as in llm-d, 0 or less in a config means the default.
+    #[serde(default = "one", deserialize_with = "at_least_one")]
     pub max_num_of_endpoints: usize,
 }
 
 fn one() -> usize {
     1
+}
+
+fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = <i64 as serde::Deserialize>::deserialize(d)?;
+    Ok(usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(1))
 }
 
 impl Default for PickerParams {
@@ -120,6 +126,16 @@ mod tests {
 
     use super::*;
     use crate::testing::{candidates, with_cx};
+
+    #[test]
+    fn zero_or_negative_max_num_of_endpoints_means_one_as_in_llm_d() {
+        for text in ["{maxNumOfEndpoints: 0}", "{maxNumOfEndpoints: -3}", "{}"] {
+            let p: PickerParams = serde_yaml_ng::from_str(text).unwrap();
+            assert_eq!(p.max_num_of_endpoints, 1, "{text}");
+        }
+        let p: PickerParams = serde_yaml_ng::from_str("{maxNumOfEndpoints: 4}").unwrap();
+        assert_eq!(p.max_num_of_endpoints, 4);
+    }
 
     fn pick(p: &MaxScorePicker, scores: &[f64], seed: u64) -> Vec<usize> {
         let c = candidates(vec![EndpointMetrics::default(); scores.len()]);

@@ -18,6 +18,38 @@ pub struct PrefixAffinityParams {
     /// `approx-prefix-cache-producer`).
     #[serde(default)]
     pub prefix_match_info_producer_name: Option<String>,
+    /// Stickiness is broken (every candidate kept) when the best affine
+    /// endpoint's estimated TTFT exceeds the best other endpoint's by more
+    /// than this many milliseconds; 0 = always stick. Default 18000 (llm-d).
+    #[serde(default = "default_penalty", rename = "maxTTFTPenaltyMs")]
+    pub max_ttft_penalty_ms: f64,
+    /// Where the TTFT estimate comes from: only `prefillThroughput`
+    /// (in-flight tokens / `peakPrefillThroughput`) is available here.
+    #[serde(default, rename = "ttftSource")]
+    pub ttft_source: TtftSource,
+    /// Prefill tokens per second for the TTFT estimate. Default 15928 (llm-d).
+    #[serde(default = "default_throughput")]
+    pub peak_prefill_throughput: f64,
+}
+
+/// `ttftSource` values (llm-d's names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+pub enum TtftSource {
+    /// TTFT = in-flight tokens / `peakPrefillThroughput` (the default).
+    #[default]
+    #[serde(rename = "prefillThroughput")]
+    PrefillThroughput,
+    /// llm-d's latency predictor, which this picker does not have: a load
+    /// error.
+    #[serde(rename = "latencyPredictor")]
+    LatencyPredictor,
+}
+
+fn default_penalty() -> f64 {
+    18_000.0
+}
+fn default_throughput() -> f64 {
+    15_928.0
 }
 
 fn default_affinity() -> f64 {
@@ -33,13 +65,19 @@ impl Default for PrefixAffinityParams {
             affinity_threshold: default_affinity(),
             exploration_probability: default_exploration(),
             prefix_match_info_producer_name: None,
+            max_ttft_penalty_ms: default_penalty(),
+            ttft_source: TtftSource::PrefillThroughput,
+            peak_prefill_throughput: default_throughput(),
         }
     }
 }
 
-/// `prefix-cache-affinity-filter`: when some candidates hold at least
-/// `affinityThreshold` of the prompt, keep only those (except with
-/// probability `explorationProbability`). Needs a prefix producer.
+/// `prefix-cache-affinity-filter` (llm-d's behaviour): when some candidates
+/// hold at least `affinityThreshold` of the prompt, keep only those — except
+/// with probability `explorationProbability`, or when the best of them is
+/// estimated to reach its first token more than `maxTTFTPenaltyMs` later
+/// than the best of the others (estimate: in-flight tokens /
+/// `peakPrefillThroughput`). A threshold ≤ 0 turns the filter off.
 #[derive(Debug, Clone)]
 pub struct PrefixCacheAffinityFilter {
     name: String,
@@ -53,7 +91,9 @@ impl PrefixCacheAffinityFilter {
     /// A filter named `name`.
     ///
     /// # Errors
-    /// Threshold outside (0, 1] or probability outside [0, 1].
+    /// Threshold above 1, probability outside [0, 1], a negative penalty or
+    /// throughput, a zero throughput with a positive penalty, or
+    /// `ttftSource: latencyPredictor`.
     pub fn new(name: impl Into<String>, params: PrefixAffinityParams) -> Result<Self, BuildError> {
         let bad = |field: &str, v: f64, reason: &str| BuildError::InvalidValue {
             plugin: Self::TYPE.into(),
@@ -61,12 +101,41 @@ impl PrefixCacheAffinityFilter {
             value: v.to_string(),
             reason: reason.into(),
         };
-        if !(params.affinity_threshold > 0.0 && params.affinity_threshold <= 1.0) {
+        if params.affinity_threshold.is_nan() || params.affinity_threshold > 1.0 {
             return Err(bad(
                 "affinityThreshold",
                 params.affinity_threshold,
-                "must be in (0, 1]",
+                "must be at most 1 (0 or less turns the filter off)",
             ));
+        }
+        if !(params.max_ttft_penalty_ms.is_finite() && params.max_ttft_penalty_ms >= 0.0) {
+            return Err(bad(
+                "maxTTFTPenaltyMs",
+                params.max_ttft_penalty_ms,
+                "must be >= 0",
+            ));
+        }
+        if !(params.peak_prefill_throughput.is_finite() && params.peak_prefill_throughput >= 0.0) {
+            return Err(bad(
+                "peakPrefillThroughput",
+                params.peak_prefill_throughput,
+                "must be >= 0",
+            ));
+        }
+        if params.max_ttft_penalty_ms > 0.0 && params.peak_prefill_throughput == 0.0 {
+            return Err(bad(
+                "peakPrefillThroughput",
+                0.0,
+                "must be > 0 when maxTTFTPenaltyMs > 0",
+            ));
+        }
+        if params.ttft_source == TtftSource::LatencyPredictor {
+            return Err(BuildError::InvalidValue {
+                plugin: Self::TYPE.into(),
+                field: "ttftSource".into(),
+                value: "latencyPredictor".into(),
+                reason: "this picker has no latency predictor; use prefillThroughput".into(),
+            });
         }
         if !(0.0..=1.0).contains(&params.exploration_probability) {
             return Err(bad(
@@ -103,9 +172,19 @@ impl Plugin for PrefixCacheAffinityFilter {
     }
 }
 
+impl PrefixCacheAffinityFilter {
+    /// Estimated time to first token from the endpoint's in-flight tokens.
+    fn ttft_ms(&self, c: &Candidate) -> f64 {
+        c.endpoint.inflight().tokens() as f64 / self.params.peak_prefill_throughput * 1000.0
+    }
+}
+
 impl Filter for PrefixCacheAffinityFilter {
     fn filter(&self, cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
         let t = self.params.affinity_threshold;
+        if candidates.len() <= 1 || t <= 0.0 {
+            return;
+        }
         let prefix = &cx.state.prefix;
         if !candidates.iter().any(|c| prefix.ratio(c.id()) >= t) {
             return;
@@ -114,6 +193,20 @@ impl Filter for PrefixCacheAffinityFilter {
             return;
         }
         let prefix = &cx.state.prefix;
+        if self.params.max_ttft_penalty_ms > 0.0 {
+            let (mut sticky, mut other) = (f64::INFINITY, f64::INFINITY);
+            for c in candidates.iter() {
+                let best = if prefix.ratio(c.id()) >= t {
+                    &mut sticky
+                } else {
+                    &mut other
+                };
+                *best = best.min(self.ttft_ms(c));
+            }
+            if other.is_finite() && sticky - other > self.params.max_ttft_penalty_ms {
+                return;
+            }
+        }
         candidates.retain(|c| prefix.ratio(c.id()) >= t);
     }
 }
@@ -124,6 +217,64 @@ mod tests {
 
     use super::*;
     use crate::testing::{candidates, with_cx};
+
+    fn run(f: &PrefixCacheAffinityFilter, c: &[Candidate], matched: &[u32]) -> Vec<u32> {
+        let req = InferenceRequest::builder("m").build();
+        with_cx(&req, 0, |cx| {
+            cx.state.prefix.hashes = vec![1, 2, 3, 4];
+            cx.state.prefix.computed = true;
+            for (c, &m) in c.iter().zip(matched) {
+                cx.state.prefix.set_matched(c.id(), m);
+            }
+            let mut kept = c.to_vec();
+            f.filter(cx, &mut kept);
+            kept.iter().map(|c| c.id().0).collect()
+        })
+    }
+
+    #[test]
+    fn a_busy_affine_endpoint_breaks_stickiness_as_in_llm_d() {
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        let f = PrefixCacheAffinityFilter::new(
+            "f",
+            PrefixAffinityParams {
+                exploration_probability: 0.0,
+                max_ttft_penalty_ms: 1000.0,
+                peak_prefill_throughput: 1000.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // Endpoint 0 holds the prompt; 1500 tokens in flight = 1.5 s of prefill.
+        c[0].endpoint.inflight().start(1500);
+        c[1].endpoint.inflight().start(400);
+        assert_eq!(
+            run(&f, &c, &[4, 0]),
+            vec![0, 1],
+            "1.5 s − 0.4 s > 1 s: keep all"
+        );
+        c[0].endpoint.inflight().finish(600);
+        assert_eq!(run(&f, &c, &[4, 0]), vec![0], "0.9 s − 0.4 s: stick");
+    }
+
+    #[test]
+    fn llm_d_parameters_and_limits() {
+        let p: PrefixAffinityParams = serde_yaml_ng::from_str(
+            "{affinityThreshold: 0, maxTTFTPenaltyMs: 0, ttftSource: prefillThroughput, \
+             peakPrefillThroughput: 5000, prefixMatchInfoProducerName: p}",
+        )
+        .unwrap();
+        let f = PrefixCacheAffinityFilter::new("f", p).unwrap();
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        assert_eq!(run(&f, &c, &[4, 0]), vec![0, 1], "threshold 0: filter off");
+        let p: PrefixAffinityParams =
+            serde_yaml_ng::from_str("{ttftSource: latencyPredictor}").unwrap();
+        let err = PrefixCacheAffinityFilter::new("f", p).unwrap_err();
+        assert!(err.to_string().contains("latency predictor"), "{err}");
+        let p: PrefixAffinityParams =
+            serde_yaml_ng::from_str("{peakPrefillThroughput: 0}").unwrap();
+        assert!(PrefixCacheAffinityFilter::new("f", p).is_err());
+    }
 
     #[test]
     fn affinity_filter_keeps_affine_endpoints() {

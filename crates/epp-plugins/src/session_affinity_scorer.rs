@@ -1,9 +1,11 @@
 //! `session-affinity-scorer`: keep a session on the endpoint its token names.
 
 use epp_core::{
-    Candidate, CycleContext, Endpoint, InferenceRequest, Plugin, ResponseHeaderSink, ResponseHooks,
-    Scorer,
+    BuildError, Candidate, CycleContext, Endpoint, InferenceRequest, Plugin, ResponseHeaderSink,
+    ResponseHooks, Scorer,
 };
+
+use crate::invalid;
 
 /// Header a client echoes to stay on its endpoint.
 pub const SESSION_HEADER: &str = "x-session-token";
@@ -29,23 +31,89 @@ pub fn session_token(addr: &str) -> String {
     out
 }
 
-/// `session-affinity-scorer`: the endpoint named by the request's
-/// `x-session-token` header (base64 of its `ip:port`) scores 1, others 0.
-/// Every response carries the `x-session-token` of the endpoint that served
-/// it, for the client to echo on its next request.
+/// Parameters of `session-affinity-scorer` (llm-d's names).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionAffinityParams {
+    /// `encoded_endpoint_header` (the default). llm-d's `session_id`
+    /// strategy is not implemented: a load error.
+    #[serde(default)]
+    pub strategy: Option<String>,
+    /// `{header: name}`: the header carrying the token (default
+    /// `x-session-token`; trimmed and lower-cased, as in llm-d).
+    #[serde(default)]
+    pub encoded_endpoint_header_config: EncodedEndpointHeaderConfig,
+}
+
+/// `encodedEndpointHeaderConfig`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EncodedEndpointHeaderConfig {
+    /// Header name; empty = `x-session-token`.
+    #[serde(default)]
+    pub header: String,
+}
+
+/// `session-affinity-scorer`: the endpoint named by the request's session
+/// header (`x-session-token` unless configured; base64 of the endpoint's
+/// `ip:port`) scores 1, others 0. Every response carries that header naming
+/// the endpoint that served it, for the client to echo on its next request.
 #[derive(Debug, Clone)]
 pub struct SessionAffinityScorer {
     name: String,
+    header: String,
 }
 
 impl SessionAffinityScorer {
     /// YAML type.
     pub const TYPE: &'static str = "session-affinity-scorer";
 
-    /// A scorer named `name`.
+    /// A scorer named `name` reading and writing `x-session-token`.
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
+        Self {
+            name: name.into(),
+            header: SESSION_HEADER.to_owned(),
+        }
+    }
+
+    /// A scorer from its YAML parameters.
+    ///
+    /// # Errors
+    /// A strategy other than `encoded_endpoint_header`.
+    pub fn from_params(
+        name: impl Into<String>,
+        p: SessionAffinityParams,
+    ) -> Result<Self, BuildError> {
+        match p.strategy.as_deref() {
+            None | Some("encoded_endpoint_header") => {}
+            Some("session_id") => {
+                return Err(invalid(
+                    Self::TYPE,
+                    "strategy",
+                    "session_id",
+                    "llm-d's session_id strategy is not implemented here; use encoded_endpoint_header",
+                ));
+            }
+            Some(other) => {
+                return Err(invalid(
+                    Self::TYPE,
+                    "strategy",
+                    other,
+                    "must be encoded_endpoint_header or session_id",
+                ));
+            }
+        }
+        let header = p
+            .encoded_endpoint_header_config
+            .header
+            .trim()
+            .to_ascii_lowercase();
+        let mut s = Self::new(name);
+        if !header.is_empty() {
+            s.header = header;
+        }
+        Ok(s)
     }
 }
 
@@ -71,13 +139,13 @@ impl ResponseHooks for SessionAffinityScorer {
         endpoint: &Endpoint,
         out: &mut dyn ResponseHeaderSink,
     ) {
-        out.set_header(SESSION_HEADER, &session_token(endpoint.addr_str()));
+        out.set_header(&self.header, &session_token(endpoint.addr_str()));
     }
 }
 
 impl Scorer for SessionAffinityScorer {
     fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        let Some(token) = cx.request.header(SESSION_HEADER) else {
+        let Some(token) = cx.request.header(&self.header) else {
             return;
         };
         // Decoded once, on the stack: no allocation per candidate.
@@ -158,6 +226,32 @@ mod tests {
             out
         });
         assert_eq!(s, vec![0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn a_configured_header_is_read_and_written() {
+        let p: SessionAffinityParams = serde_yaml_ng::from_str(
+            "{strategy: encoded_endpoint_header, encodedEndpointHeaderConfig: {header: ' X-My-Session '}}",
+        )
+        .unwrap();
+        let s = SessionAffinityScorer::from_params("s", p).unwrap();
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        let req = InferenceRequest::builder("m")
+            .header("x-my-session", session_token("10.0.0.1:8001"))
+            .header(SESSION_HEADER, session_token("10.0.0.1:8000"))
+            .build();
+        let scores = with_cx(&req, 0, |cx| {
+            let mut out = vec![0.0; 2];
+            s.score(cx, &c, &mut out);
+            out
+        });
+        assert_eq!(scores, vec![0.0, 1.0]);
+        let mut out: Vec<(String, String)> = Vec::new();
+        s.add_response_headers(&req, &c[0].endpoint, &mut out);
+        assert_eq!(out[0].0, "x-my-session");
+        let p: SessionAffinityParams = serde_yaml_ng::from_str("{strategy: session_id}").unwrap();
+        let err = SessionAffinityScorer::from_params("s", p).unwrap_err();
+        assert!(err.to_string().contains("not implemented"), "{err}");
     }
 
     #[test]

@@ -1,21 +1,21 @@
-//! `token-load-scorer`: prefer endpoints with few prompt tokens in flight
-//! from this picker.
+//! `token-load-scorer`: prefer endpoints with few prompt tokens to compute.
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
-
-use crate::invalid;
 
 /// Parameters of `token-load-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TokenLoadParams {
-    /// In-flight tokens at which an endpoint scores 0. Default 4194304.
+    /// Tokens at which an endpoint scores 0. Default 4194304; as in llm-d,
+    /// 0 or less means the default.
     #[serde(default = "default_tokens")]
-    pub queue_threshold_tokens: u64,
+    pub queue_threshold_tokens: i64,
 }
 
-fn default_tokens() -> u64 {
-    4_194_304
+const DEFAULT_TOKENS: u64 = 4_194_304;
+
+fn default_tokens() -> i64 {
+    DEFAULT_TOKENS as i64
 }
 
 impl Default for TokenLoadParams {
@@ -26,8 +26,12 @@ impl Default for TokenLoadParams {
     }
 }
 
-/// `token-load-scorer`: `1 − min(in-flight tokens, thr) / thr`, from the
-/// prompt tokens of requests this picker routed and that have not completed.
+/// `token-load-scorer` (llm-d's formula): `1 − min(tokens, thr) / thr`
+/// where, per endpoint, `tokens` = prompt tokens of the requests this picker
+/// routed there and that have not completed, plus the tokens of this request
+/// the endpoint would have to compute: the prompt minus the prefix it holds
+/// (from the cycle's prefix matches, when a prefix producer ran; else the
+/// whole prompt, estimated at 4 characters per token).
 #[derive(Debug, Clone)]
 pub struct TokenLoadScorer {
     name: String,
@@ -41,19 +45,15 @@ impl TokenLoadScorer {
     /// A scorer named `name`.
     ///
     /// # Errors
-    /// A zero threshold.
+    /// None today; kept fallible like the other factories.
     pub fn new(name: impl Into<String>, p: TokenLoadParams) -> Result<Self, BuildError> {
-        if p.queue_threshold_tokens == 0 {
-            return Err(invalid(
-                Self::TYPE,
-                "queueThresholdTokens",
-                0,
-                "must be at least 1",
-            ));
-        }
+        let threshold = u64::try_from(p.queue_threshold_tokens)
+            .ok()
+            .filter(|&t| t > 0)
+            .unwrap_or(DEFAULT_TOKENS);
         Ok(Self {
             name: name.into(),
-            threshold: p.queue_threshold_tokens,
+            threshold,
         })
     }
 }
@@ -71,20 +71,38 @@ impl Plugin for TokenLoadScorer {
 }
 
 impl Scorer for TokenLoadScorer {
-    fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
+    fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
+        let input = cx.request.prompt_tokens_estimate();
+        let prefix = &cx.state.prefix;
+        let block = u64::from(prefix.block_size_tokens);
+        let indexed = prefix.total_blocks() as u64 * block;
+        let matched_prefix = prefix.computed && block > 0;
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            let t = c.endpoint.inflight().tokens().min(self.threshold);
-            *s = 1.0 - t as f64 / self.threshold as f64;
+            // llm-d's uncached input: unmatched indexed blocks plus the tail
+            // beyond the index's cap.
+            let uncached = if matched_prefix {
+                let matched = u64::from(prefix.matched(c.id())) * block;
+                indexed.saturating_sub(matched) + input.saturating_sub(indexed)
+            } else {
+                input
+            };
+            let tokens = c
+                .endpoint
+                .inflight()
+                .tokens()
+                .saturating_add(uncached)
+                .min(self.threshold);
+            *s = 1.0 - tokens as f64 / self.threshold as f64;
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use epp_core::EndpointMetrics;
+    use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
-    use crate::testing::{candidates, scores};
+    use crate::testing::{candidates, scores, with_cx};
 
     #[test]
     fn token_load() {
@@ -99,14 +117,53 @@ mod tests {
         )
         .unwrap();
         assert_eq!(scores(&s, &c), vec![1.0, 0.5, 0.0]);
-        assert!(
-            TokenLoadScorer::new(
-                "t",
-                TokenLoadParams {
-                    queue_threshold_tokens: 0
-                }
-            )
-            .is_err()
-        );
+    }
+
+    #[test]
+    fn zero_threshold_means_the_default_as_in_llm_d() {
+        let s = TokenLoadScorer::new(
+            "t",
+            TokenLoadParams {
+                queue_threshold_tokens: 0,
+            },
+        )
+        .unwrap();
+        assert_eq!(s.threshold, DEFAULT_TOKENS);
+    }
+
+    #[test]
+    fn this_requests_uncached_tokens_count() {
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        let s = TokenLoadScorer::new(
+            "t",
+            TokenLoadParams {
+                queue_threshold_tokens: 1000,
+            },
+        )
+        .unwrap();
+        // 400 characters = 100 tokens.
+        let req = InferenceRequest::builder("m")
+            .prompt("x".repeat(400))
+            .build();
+        let without_prefix = with_cx(&req, 0, |cx| {
+            let mut out = vec![0.0; 2];
+            s.score(cx, &c, &mut out);
+            out
+        });
+        assert_eq!(without_prefix, vec![0.9, 0.9], "the whole prompt");
+        let with_prefix = with_cx(&req, 0, |cx| {
+            // 4 indexed blocks of 16 tokens (64 tokens) and a 36-token tail;
+            // endpoint 0 holds 3 of the blocks.
+            cx.state.prefix.computed = true;
+            cx.state.prefix.block_size_tokens = 16;
+            cx.state.prefix.hashes = vec![1, 2, 3, 4];
+            cx.state.prefix.set_matched(c[0].id(), 3);
+            let mut out = vec![0.0; 2];
+            s.score(cx, &c, &mut out);
+            out
+        });
+        let want0 = 1.0 - (16.0 + 36.0) / 1000.0;
+        assert!((with_prefix[0] - want0).abs() < 1e-12, "{with_prefix:?}");
+        assert!((with_prefix[1] - 0.9).abs() < 1e-12, "{with_prefix:?}");
     }
 }
