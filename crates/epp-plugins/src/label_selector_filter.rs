@@ -1,5 +1,6 @@
-//! `label-selector-filter`, and `decode-filter` / `prefill-filter`, which are
-//! the same filter with a fixed selector on the `llm-d.ai/role` label.
+//! `label-selector-filter`, and `decode-filter` / `prefill-filter` /
+//! `encode-filter`, which are the same filter with a fixed selector on the
+//! `llm-d.ai/role` label.
 
 use std::collections::BTreeMap;
 
@@ -83,6 +84,8 @@ const PREFILL_ROLES: [&str; 5] = [
     "both",
     "encode-prefill-decode",
 ];
+/// Roles llm-d's `encode-filter` keeps; endpoints with no role are dropped.
+const ENCODE_ROLES: [&str; 3] = ["encode", "encode-prefill", "encode-prefill-decode"];
 
 fn role_in(roles: &[&str]) -> LabelSelectorParams {
     LabelSelectorParams {
@@ -154,6 +157,20 @@ impl LabelSelectorFilter {
     }
 }
 
+impl LabelSelectorFilter {
+    /// `encode-filter`: endpoints whose role is `encode`, `encode-prefill`
+    /// or `encode-prefill-decode` (no role: dropped), as in llm-d.
+    #[must_use]
+    pub fn encode(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            type_name: "encode-filter",
+            selector: role_in(&ENCODE_ROLES),
+            keep_without_role: false,
+        }
+    }
+}
+
 impl Plugin for LabelSelectorFilter {
     fn type_name(&self) -> &str {
         self.type_name
@@ -217,6 +234,15 @@ mod tests {
         let c = cands(&[Some("prefill"), Some("decode"), Some("both"), None]);
         assert_eq!(kept(&LabelSelectorFilter::decode("d"), &c), vec![1, 2, 3]);
         assert_eq!(kept(&LabelSelectorFilter::prefill("p"), &c), vec![0, 2]);
+        let e = cands(&[
+            Some("encode"),
+            Some("encode-prefill"),
+            Some("encode-prefill-decode"),
+            Some("prefill"),
+            Some("both"),
+            None,
+        ]);
+        assert_eq!(kept(&LabelSelectorFilter::encode("e"), &e), vec![0, 1, 2]);
         // llm-d's combined roles: E/P/D workers.
         let epd = cands(&[
             Some("encode"),

@@ -194,6 +194,9 @@ pub fn register_builtins(registry: &mut Registry) {
     register(registry, "prefill-filter", |name, NoParams {}| {
         Ok(Arc::new(LabelSelectorFilter::prefill(name)))
     });
+    register(registry, "encode-filter", |name, NoParams {}| {
+        Ok(Arc::new(LabelSelectorFilter::encode(name)))
+    });
     register(
         registry,
         PrefixCacheAffinityFilter::TYPE,

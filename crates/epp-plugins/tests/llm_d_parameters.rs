@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use epp_core::{
     Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, InferenceRequest,
@@ -356,4 +356,47 @@ fn flow_control_default_band_and_usage_limit_policy() {
         let err = load_err(&format!("{base}{yaml}"));
         assert!(err.contains(want), "{yaml}: {err}");
     }
+}
+
+/// llm-d's `encode-filter` keeps the endpoints whose `llm-d.ai/role` is an
+/// encode role; endpoints without a role are dropped.
+#[test]
+fn encode_filter_keeps_encode_roles() {
+    let built = load(&config(
+        "- type: encode-filter\n- type: random-picker\n",
+        "  - {pluginRef: encode-filter}\n  - {pluginRef: random-picker}\n",
+    ));
+    let roles = [
+        Some("encode"),
+        Some("decode"),
+        Some("encode-prefill"),
+        None,
+        Some("prefill"),
+    ];
+    let eps = (0u32..)
+        .zip(roles)
+        .map(|(i, role)| {
+            let mut labels = BTreeMap::new();
+            if let Some(r) = role {
+                labels.insert("llm-d.ai/role".to_owned(), r.to_owned());
+            }
+            let addr = format!("10.0.0.{i}:8000").parse().unwrap();
+            let e = Arc::new(Endpoint::with_labels(EndpointId(i), addr, labels));
+            e.set_metrics(EndpointMetrics::fresh());
+            e
+        })
+        .collect();
+    let snapshot = EndpointSnapshot::new(eps);
+    let mut seen: Vec<u32> = (0..64)
+        .map(|i| {
+            let res = built
+                .scheduler
+                .schedule(&request(format!("p{i}")), &snapshot)
+                .unwrap();
+            res.primary().unwrap().id().0
+        })
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, vec![0, 2]);
 }

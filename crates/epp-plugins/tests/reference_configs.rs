@@ -403,6 +403,7 @@ plugins:
     - {key: spot, operator: DoesNotExist}
 - type: decode-filter
 - type: prefill-filter
+- type: encode-filter
 - type: prefix-cache-affinity-filter
   parameters: {affinityThreshold: 0.7, explorationProbability: 0.05}
 - type: max-score-picker
@@ -433,7 +434,7 @@ schedulingProfiles:
         .iter()
         .map(|(_, p)| p.plugin().type_name())
         .collect();
-    assert_eq!(types.len(), 23, "{types:?}");
+    assert_eq!(types.len(), 24, "{types:?}");
     assert_eq!(
         shape(&built)[0],
         (
@@ -462,7 +463,6 @@ fn unimplemented_reference_types_are_named_in_the_error() {
         ),
         ("token-producer", "{modelName: m}"),
         ("burst-prefix-cache-producer", "{windowDurationMs: 100}"),
-        ("encode-filter", "{}"),
         ("probabilistic-admitter", "{}"),
     ] {
         let text = format!(
