@@ -34,6 +34,7 @@ mod running_requests_size_scorer;
 mod session_affinity_scorer;
 mod token_load_scorer;
 mod utilization_detector;
+mod utilization_filter;
 mod weighted_random_picker;
 
 use std::sync::Arc;
@@ -71,6 +72,9 @@ pub use session_affinity_scorer::{
 };
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
+pub use utilization_filter::{
+    UtilizationCondition, UtilizationFilter, UtilizationFilterParams, UtilizationMetric,
+};
 pub use weighted_random_picker::WeightedRandomPicker;
 
 /// A parameter error for `plugin`.
@@ -197,6 +201,11 @@ pub fn register_builtins(registry: &mut Registry) {
     register(registry, "encode-filter", |name, NoParams {}| {
         Ok(Arc::new(LabelSelectorFilter::encode(name)))
     });
+    register(
+        registry,
+        UtilizationFilter::TYPE,
+        |name, p: UtilizationFilterParams| Ok(Arc::new(UtilizationFilter::new(name, p)?)),
+    );
     register(
         registry,
         PrefixCacheAffinityFilter::TYPE,

@@ -400,3 +400,53 @@ fn encode_filter_keeps_encode_roles() {
     seen.dedup();
     assert_eq!(seen, vec![0, 2]);
 }
+
+/// llm-d's `utilization-filter`, as its README configures it: endpoints over
+/// a ceiling are dropped, and with `fallbackOnEmpty` a pool where every
+/// endpoint is over one still gets a pick.
+#[test]
+fn utilization_filter_as_llm_d_documents_it() {
+    let built = load(&config(
+        "- type: utilization-filter\n  name: drop-overloaded-endpoints\n  parameters:\n    \
+         conditions:\n    - {metric: running-requests, maxValue: 40}\n    \
+         - {metric: waiting-queue, maxValue: 0}\n    \
+         - {metric: kv-cache-utilization, maxValue: 0.8}\n    fallbackOnEmpty: true\n\
+         - type: random-picker\n",
+        "  - {pluginRef: drop-overloaded-endpoints}\n  - {pluginRef: random-picker}\n",
+    ));
+    let snapshot = endpoints(3);
+    let set = |i: u32, waiting: u32, kv_usage: f64| {
+        snapshot
+            .get(EndpointId(i))
+            .unwrap()
+            .set_metrics(EndpointMetrics {
+                waiting,
+                kv_usage,
+                ..EndpointMetrics::fresh()
+            });
+    };
+    set(0, 1, 0.1);
+    set(1, 0, 0.5);
+    set(2, 0, 0.85);
+    let picks = |n: usize| {
+        let mut seen: Vec<u32> = (0..n)
+            .map(|i| {
+                let res = built
+                    .scheduler
+                    .schedule(&request(format!("p{i}")), &snapshot)
+                    .unwrap();
+                res.primary().unwrap().id().0
+            })
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen
+    };
+    assert_eq!(picks(32), vec![1]);
+    set(1, 4, 0.5);
+    assert_eq!(
+        picks(64),
+        vec![0, 1, 2],
+        "all over a ceiling: fallback to all"
+    );
+}
