@@ -344,7 +344,10 @@ impl PreRequest for ApproxPrefixCacheProducer {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use epp_core::{CacheGeometry, EndpointMetrics};
+    use parking_lot::Mutex;
 
     use super::*;
     use crate::testing::candidates;
@@ -449,12 +452,41 @@ mod tests {
         assert!(PrefixCacheParams::default().validated("p").is_ok());
     }
 
+    /// A log sink for one test.
+    struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for SharedBuf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     #[test]
     fn deprecated_block_size_maps_to_tokens_as_in_llm_d() {
         let p: PrefixCacheParams = serde_yaml_ng::from_str("{blockSize: 64}").unwrap();
         let p = p.validated("p").unwrap();
         assert_eq!(p.block_size_tokens, 64);
         assert_eq!(p.block_size, 0);
+        // llm-d logs the deprecation; so do we.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&log);
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || SharedBuf(Arc::clone(&sink)))
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let p: PrefixCacheParams = serde_yaml_ng::from_str("{blockSize: 32}").unwrap();
+            assert_eq!(p.validated("p").unwrap().block_size_tokens, 32);
+        });
+        let text = String::from_utf8(log.lock().clone()).unwrap();
+        assert!(
+            text.contains("WARN") && text.contains("'blockSize' is deprecated"),
+            "{text}"
+        );
         // An explicit non-default blockSizeTokens wins.
         let p: PrefixCacheParams =
             serde_yaml_ng::from_str("{blockSize: 64, blockSizeTokens: 32}").unwrap();
