@@ -16,10 +16,12 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-ORDER = ["epp", "epp-scraped-only", "epp-lora", "round-robin", "sglang-cache-aware", "sglang-power-of-two", "vllm-cache-aware"]
+ORDER = ["epp", "epp-scraped-only", "epp-kv-scraped", "epp-lora", "round-robin", "sglang-cache-aware",
+         "sglang-power-of-two", "vllm-cache-aware"]
 LABELS = {
     "epp": "Envoy + epp (default)",
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
+    "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
@@ -29,6 +31,7 @@ LABELS = {
 STYLE = {
     "epp": dict(color="#d62728", marker="o", linewidth=2.5),
     "epp-scraped-only": dict(color="#ff9896", marker="o", linestyle="--"),
+    "epp-kv-scraped": dict(color="#e377c2", marker="o", linestyle=":"),
     "epp-lora": dict(color="#9467bd", marker="o", linestyle="-."),
     "round-robin": dict(color="#7f7f7f", marker="s", linestyle="--"),
     "sglang-cache-aware": dict(color="#1f77b4", marker="^"),

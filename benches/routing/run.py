@@ -153,6 +153,9 @@ EPP_VARIANTS = {
     # The reference's signals: scraped queue and KV only, stale between scrapes.
     "epp-scraped-only": EPP_DEFAULT_PROFILE.format(
         queue=SCRAPED_ONLY, kv=SCRAPED_ONLY, extra_plugin="", extra_ref=""),
+    # Dispatched requests counted in the queue signal only; KV as scraped.
+    "epp-kv-scraped": EPP_DEFAULT_PROFILE.format(
+        queue="", kv=SCRAPED_ONLY, extra_plugin="", extra_ref=""),
     # The default profile plus lora-affinity-scorer (for the LoRA mix).
     "epp-lora": EPP_DEFAULT_PROFILE.format(
         queue="", kv="", extra_plugin="\n- type: lora-affinity-scorer",
@@ -165,6 +168,7 @@ KNOWN = CONTENDERS + list(EPP_VARIANTS)
 LABELS = {
     "epp": "Envoy + epp (default config)",
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
+    "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",

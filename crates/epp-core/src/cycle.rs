@@ -47,6 +47,7 @@ impl Candidate {
         SinceScrape {
             requests: i64::from(now.requests) - i64::from(then.requests),
             tokens: signed(now.tokens) - signed(then.tokens),
+            uncached_tokens: signed(now.uncached_tokens) - signed(then.uncached_tokens),
         }
     }
 }
@@ -63,6 +64,9 @@ pub struct SinceScrape {
     pub requests: i64,
     /// Their estimated prompt tokens, dispatched minus completed.
     pub tokens: i64,
+    /// The part of those tokens not expected in the endpoint's prefix cache
+    /// (see [`crate::InflightCounters::start_with`]).
+    pub uncached_tokens: i64,
 }
 
 /// Result of matching a request's prefix blocks against an index, per endpoint.

@@ -169,6 +169,9 @@ pub struct InflightSample {
     pub requests: u32,
     /// Their estimated prompt tokens.
     pub tokens: u64,
+    /// The part of those tokens the endpoint was not expected to hold in its
+    /// prefix cache when each request was picked: what its KV grows by.
+    pub uncached_tokens: u64,
 }
 
 /// Counters the picker itself keeps for an endpoint (requests it routed there
@@ -177,6 +180,7 @@ pub struct InflightSample {
 pub struct InflightCounters {
     requests: AtomicU32,
     tokens: AtomicU64,
+    uncached_tokens: AtomicU64,
 }
 
 impl InflightCounters {
@@ -192,35 +196,58 @@ impl InflightCounters {
         self.tokens.load(Ordering::Relaxed)
     }
 
-    /// Both counts at once (each read atomically; a request starting between
-    /// the two reads may show in one only).
+    /// Of those tokens, the ones not expected in the endpoint's prefix cache.
+    #[must_use]
+    pub fn uncached_tokens(&self) -> u64 {
+        self.uncached_tokens.load(Ordering::Relaxed)
+    }
+
+    /// All counts at once (each read atomically; a request starting between
+    /// the reads may show in some only).
     #[must_use]
     pub fn sample(&self) -> InflightSample {
         InflightSample {
             requests: self.requests(),
             tokens: self.tokens(),
+            uncached_tokens: self.uncached_tokens(),
         }
     }
 
-    /// Records a request routed to the endpoint.
+    /// Records a request routed to the endpoint, none of its tokens cached.
     pub fn start(&self, tokens: u64) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.start_with(tokens, tokens);
     }
 
-    /// Records the completion of a request started with `tokens`.
+    /// Records a request routed to the endpoint of which `uncached_tokens`
+    /// (at most `tokens`) are not expected in its prefix cache.
+    pub fn start_with(&self, tokens: u64, uncached_tokens: u64) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.uncached_tokens
+            .fetch_add(uncached_tokens.min(tokens), Ordering::Relaxed);
+    }
+
+    /// Records the completion of a request started with `start(tokens)`.
     pub fn finish(&self, tokens: u64) {
+        self.finish_with(tokens, tokens);
+    }
+
+    /// Records the completion of a request started with
+    /// `start_with(tokens, uncached_tokens)`.
+    pub fn finish_with(&self, tokens: u64, uncached_tokens: u64) {
         // Saturating: a finish without a start must not wrap around.
         let _ = self
             .requests
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(1))
             });
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(tokens))
+        let sub = |counter: &AtomicU64, n: u64| {
+            let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
             });
+        };
+        sub(&self.tokens, tokens);
+        sub(&self.uncached_tokens, uncached_tokens.min(tokens));
     }
 }
 
@@ -408,7 +435,19 @@ mod tests {
             c.sample(),
             InflightSample {
                 requests: 2,
-                tokens: 150
+                tokens: 150,
+                uncached_tokens: 150
+            }
+        );
+        c.start_with(1000, 40);
+        c.finish(100);
+        c.finish_with(1000, 40);
+        assert_eq!(
+            c.sample(),
+            InflightSample {
+                requests: 1,
+                tokens: 50,
+                uncached_tokens: 50
             }
         );
     }

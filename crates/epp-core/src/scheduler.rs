@@ -145,6 +145,9 @@ pub struct SchedulingResult {
     pub runs: Vec<ProfilePicks>,
     /// Index into `runs` of the run holding the primary target.
     pub primary: usize,
+    /// Fraction of the prompt's prefix blocks the primary target holds by the
+    /// cycle's prefix match, in `[0, 1]`; 0 when no prefix producer ran.
+    pub primary_prefix_hit: f64,
 }
 
 impl SchedulingResult {
@@ -167,6 +170,7 @@ impl SchedulingResult {
             run.scores.clear();
         }
         self.primary = 0;
+        self.primary_prefix_hit = 0.0;
     }
 }
 
@@ -647,6 +651,9 @@ impl Scheduler {
         match handler.primary(&result.runs) {
             Some(p) if result.runs.get(p).is_some_and(|r| !r.targets.is_empty()) => {
                 result.primary = p;
+                if let Some(target) = result.primary() {
+                    result.primary_prefix_hit = cx.state.prefix.ratio(target.id());
+                }
             }
             _ => {
                 let profile = last_empty

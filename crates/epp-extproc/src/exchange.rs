@@ -67,6 +67,7 @@ struct Routed {
     request: InferenceRequest,
     endpoint: Arc<Endpoint>,
     tokens: u64,
+    uncached_tokens: u64,
     labels: ModelLabels,
     status: Option<u16>,
     response_bytes: usize,
@@ -356,7 +357,9 @@ impl Exchange {
         let metadata = proto::metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, targets);
 
         let tokens = request.prompt_tokens_estimate();
-        endpoint.inflight().start(tokens);
+        // What the target must compute: the part its prefix cache lacks.
+        let uncached_tokens = (tokens as f64 * (1.0 - result.primary_prefix_hit)).ceil() as u64;
+        endpoint.inflight().start_with(tokens, uncached_tokens);
         let labels = ModelLabels {
             model_name: request.model.clone(),
             target_model_name: request.target_model.clone(),
@@ -368,6 +371,7 @@ impl Exchange {
             request,
             endpoint,
             tokens,
+            uncached_tokens,
             labels,
             status: None,
             response_bytes: 0,
@@ -583,7 +587,9 @@ impl Exchange {
             return;
         }
         r.done = true;
-        r.endpoint.inflight().finish(r.tokens);
+        r.endpoint
+            .inflight()
+            .finish_with(r.tokens, r.uncached_tokens);
         let usage = r.usage.as_mut().and_then(UsageReader::finish);
         let outcome = match r.status {
             Some(status) if clean => RequestOutcome::Completed { status },

@@ -7,8 +7,9 @@
 //! there (herding). Here the queue, running and KV signals are the scraped
 //! value plus the picker's own in-flight change since the scrape
 //! ([`Candidate::since_scrape`]): dispatched minus completed requests, and
-//! their prompt tokens turned into KV blocks when the server reports its
-//! cache geometry. `countDispatched: false` gives the reference's values.
+//! the prompt tokens of theirs the endpoint's prefix cache was not expected to
+//! hold, as a share of its KV capacity when the server reports its cache
+//! geometry. `countDispatched: false` gives the reference's values.
 
 use epp_core::Candidate;
 
@@ -63,9 +64,10 @@ impl LoadSignalParams {
         }
     }
 
-    /// KV usage: scraped fraction plus the prompt tokens dispatched since
-    /// over the cache's capacity in tokens, when the server reports its
-    /// geometry (otherwise the scraped value). Not clamped; NaN stays NaN.
+    /// KV usage: scraped fraction plus the uncached prompt tokens dispatched
+    /// since (those the picked endpoint's prefix match did not cover) over
+    /// the cache's capacity in tokens, when the server reports its geometry
+    /// (otherwise the scraped value). Not clamped; NaN stays NaN.
     pub(crate) fn kv_usage(self, c: &Candidate) -> f64 {
         let scraped = c.metrics.kv_usage;
         let capacity = c.metrics.cache.map_or(0.0, |g| {
@@ -74,7 +76,7 @@ impl LoadSignalParams {
         if !self.count_dispatched || capacity <= 0.0 {
             return scraped;
         }
-        scraped + c.since_scrape().tokens as f64 / capacity
+        scraped + c.since_scrape().uncached_tokens as f64 / capacity
     }
 }
 
@@ -97,6 +99,7 @@ mod tests {
             inflight_at_scrape: InflightSample {
                 requests: inflight_requests,
                 tokens: u64::from(inflight_requests) * 160,
+                uncached_tokens: u64::from(inflight_requests) * 160,
             },
             ..EndpointMetrics::default()
         }
@@ -128,6 +131,14 @@ mod tests {
         let on = LoadSignalParams::default();
         assert_eq!(on.waiting(&c[0]), 0, "1 queued, 3 in flight then, 1 now");
         assert!((on.kv_usage(&c[0]) - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn kv_grows_by_the_uncached_part_only() {
+        let c = candidates(vec![scraped(0, 0)]);
+        // 800 prompt tokens, 640 of them in the endpoint's prefix cache.
+        c[0].endpoint.inflight().start_with(800, 160);
+        assert!((LoadSignalParams::default().kv_usage(&c[0]) - 0.6).abs() < 1e-9);
     }
 
     #[test]

@@ -46,21 +46,34 @@ fn fleet() -> EndpointSnapshot {
     )
 }
 
-/// Schedules `n` unrelated requests back to back, each counted in flight on
-/// its target as the gateway path does, and returns the picks per endpoint.
-fn burst(scheduler: &Scheduler, n: usize) -> BTreeMap<u32, usize> {
+/// Schedules `prompts` back to back, each counted in flight on its target as
+/// the gateway path does (prompt tokens, and the part of them the target's
+/// prefix match does not cover), and returns the picks per endpoint.
+fn schedule_all(
+    scheduler: &Scheduler,
+    prompts: impl Iterator<Item = String>,
+) -> BTreeMap<u32, usize> {
     let fleet = fleet();
     let mut picks = BTreeMap::new();
-    for i in 0..n {
-        // Different from the first block on, so the prefix scorer sees no hit.
-        let prompt = format!("request {i:04}: {}", "some words ".repeat(150));
+    for prompt in prompts {
         let request = InferenceRequest::builder("m").prompt(prompt).build();
         let result = scheduler.schedule(&request, &fleet).unwrap();
         let target = result.primary().unwrap();
-        target.inflight().start(request.prompt_tokens_estimate());
+        let tokens = request.prompt_tokens_estimate();
+        let uncached = (tokens as f64 * (1.0 - result.primary_prefix_hit)).ceil() as u64;
+        target.inflight().start_with(tokens, uncached);
         *picks.entry(target.id().0).or_insert(0) += 1;
     }
     picks
+}
+
+/// `n` unrelated requests: different from the first block on, so the prefix
+/// scorer sees no hit.
+fn burst(scheduler: &Scheduler, n: usize) -> BTreeMap<u32, usize> {
+    schedule_all(
+        scheduler,
+        (0..n).map(|i| format!("request {i:04}: {}", "some words ".repeat(150))),
+    )
 }
 
 #[test]
@@ -71,6 +84,20 @@ fn the_default_profile_spreads_a_burst_between_scrapes() {
         BTreeMap::from([(0, 2), (1, 2), (2, 2), (3, 2)]),
         "two each, not all on the lowest scraped KV usage"
     );
+}
+
+#[test]
+fn a_burst_of_one_tenant_keeps_its_prefix_affinity() {
+    // ~6,000-token shared system prompts. Counted in full, each would add
+    // 18 % KV to its target, and the burst would leave the tenant's cache
+    // three requests per endpoint; the part the target already holds adds
+    // nothing, so all stay where the first one warmed the cache.
+    let system = "you are a helpful assistant. ".repeat(830);
+    let picks = schedule_all(
+        &scheduler(DEFAULT_CONFIG),
+        (0..9).map(|i| format!("{system}question {i}?")),
+    );
+    assert_eq!(picks, BTreeMap::from([(0, 9)]));
 }
 
 #[test]
