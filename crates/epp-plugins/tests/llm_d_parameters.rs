@@ -329,6 +329,15 @@ fn flow_control_default_band_and_usage_limit_policy() {
         Some("static-usage-limit-policy")
     );
     assert!(built.effective_yaml.contains("defaultPriorityBand"));
+    // llm-d's other flow-control keys, as its operations guide writes them.
+    let built = load(&format!(
+        "{base}  maxBytes: 10Gi\n  maxRequests: 5k\n  defaultRequestTTL: 60s\n  \
+         noEndpointRequestTTL: 5m\n  enableEviction: true\n  defaultNegativePriorityBand:\n    \
+         maxRequests: 10\n  priorityBands:\n  - {{priority: 10, maxBytes: 1G}}\n  - {{priority: -1}}\n"
+    ));
+    let fc = built.flow_control.unwrap();
+    assert_eq!(fc.priority_bands.len(), 2);
+    assert_eq!(fc.enable_eviction, Some(true));
 
     let cases = [
         (
@@ -350,6 +359,26 @@ fn flow_control_default_band_and_usage_limit_policy() {
         (
             "  defaultPriorityBand:\n    weight: 3\n",
             "unknown field `weight`",
+        ),
+        (
+            "  priorityBands:\n  - {priority: 1}\n  - {priority: 1, maxRequests: 5}\n",
+            "flowControl.priorityBands[1].priority: duplicate priority level 1",
+        ),
+        (
+            "  priorityBands:\n  - {priority: 0, orderingPolicyRef: nowhere}\n",
+            "flowControl.priorityBands[0].orderingPolicyRef: no plugin named",
+        ),
+        (
+            "  maxRequests: lots\n",
+            "flowControl.maxRequests: \"lots\" is not a quantity",
+        ),
+        (
+            "  defaultRequestTTL: 60\n",
+            "flowControl.defaultRequestTTL: \"60\" is not a duration",
+        ),
+        (
+            "  defaultNegativePriorityBand:\n    maxBytes: -1\n",
+            "flowControl.defaultNegativePriorityBand.maxBytes",
         ),
     ];
     for (yaml, want) in cases {

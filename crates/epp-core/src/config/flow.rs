@@ -28,8 +28,48 @@ impl EndpointPickerConfig {
                 plugins,
             )?;
         }
+        for (key, v) in [
+            ("maxBytes", &fc.max_bytes),
+            ("maxRequests", &fc.max_requests),
+        ] {
+            if let Some(v) = v
+                && let Err(why) = quantity(v)
+            {
+                return Err(self.err(format!("flowControl.{key}"), why));
+            }
+        }
+        for (key, v) in [
+            ("defaultRequestTTL", &fc.default_request_ttl),
+            ("noEndpointRequestTTL", &fc.no_endpoint_request_ttl),
+        ] {
+            if let Some(v) = v
+                && !is_duration(v)
+            {
+                return Err(self.err(
+                    format!("flowControl.{key}"),
+                    format!("{v:?} is not a duration such as 60s, 1m30s or 500ms"),
+                ));
+            }
+        }
         if let Some(band) = &fc.default_priority_band {
             self.check_band("flowControl.defaultPriorityBand", band, plugins)?;
+        }
+        if let Some(band) = &fc.default_negative_priority_band {
+            self.check_band("flowControl.defaultNegativePriorityBand", band, plugins)?;
+        }
+        for (i, band) in fc.priority_bands.iter().enumerate() {
+            let at = format!("flowControl.priorityBands[{i}]");
+            self.check_band(&at, band, plugins)?;
+            let priority = band.priority.unwrap_or(0);
+            if fc.priority_bands[..i]
+                .iter()
+                .any(|b| b.priority.unwrap_or(0) == priority)
+            {
+                return Err(self.err(
+                    format!("{at}.priority"),
+                    format!("duplicate priority level {priority}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -102,6 +142,37 @@ impl EndpointPickerConfig {
     }
 }
 
+/// Whether `text` is a Go duration (`60s`, `1m30s`, `1.5h`, `500ms`, `0`).
+fn is_duration(text: &str) -> bool {
+    let t = text.trim();
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+    if t == "0" {
+        return true;
+    }
+    let mut rest = t;
+    if rest.is_empty() {
+        return false;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number = &rest[..digits];
+        if !number.chars().any(|c| c.is_ascii_digit()) || number.matches('.').count() > 1 {
+            return false;
+        }
+        rest = &rest[digits..];
+        let Some(unit) = ["ns", "us", "µs", "μs", "ms", "s", "m", "h"]
+            .into_iter()
+            .find(|u| rest.starts_with(u))
+        else {
+            return false;
+        };
+        rest = &rest[unit.len()..];
+    }
+    true
+}
+
 /// Checks a Kubernetes resource quantity: a non-negative number with an
 /// optional binary (`Ki`…`Ei`), decimal (`k`, `M`…`E`, `m`) or exponent
 /// (`e3`) suffix.
@@ -142,6 +213,16 @@ fn quantity(v: &serde_yaml_ng::Value) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::quantity;
+
+    #[test]
+    fn durations() {
+        for ok in ["60s", "1m30s", "500ms", "1.5h", "0", "0s", "2h45m"] {
+            assert!(super::is_duration(ok), "{ok}");
+        }
+        for bad in ["", "60", "1d", "s", "1..5s", "ten s"] {
+            assert!(!super::is_duration(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn quantities() {

@@ -125,9 +125,9 @@ pub struct FlowControlConfig {
     /// Bytes queued at most, e.g. `10Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<serde_yaml_ng::Value>,
-    /// Requests queued at most.
+    /// Requests queued at most, a quantity (`5000`, `5k`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_requests: Option<u64>,
+    pub max_requests: Option<serde_yaml_ng::Value>,
     /// Default time a request may wait, e.g. `60s`.
     #[serde(
         default,
@@ -135,9 +135,22 @@ pub struct FlowControlConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub default_request_ttl: Option<String>,
-    /// Priority bands.
+    /// llm-d: how long a request may wait while the pool has no endpoint.
+    #[serde(
+        default,
+        rename = "noEndpointRequestTTL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub no_endpoint_request_ttl: Option<String>,
+    /// Priority bands (distinct priorities).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub priority_bands: Vec<PriorityBandDecl>,
+    /// llm-d: the template for negative priorities (sheddable traffic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority_bands: Option<serde_yaml_ng::Value>,
+    pub default_negative_priority_band: Option<PriorityBandDecl>,
+    /// llm-d: demand-driven eviction of in-flight sheddable requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_eviction: Option<bool>,
     /// llm-d's newer home of the top-level `saturationDetector`; when both
     /// are given this one is used, as in llm-d.
     #[serde(default, skip_serializing_if = "Option::is_none")]
