@@ -26,7 +26,8 @@ pub struct PrefixCacheParams {
     /// Tokens per block (× 4 characters). Default 16.
     #[serde(default = "default_block")]
     pub block_size_tokens: usize,
-    /// Blocks of a prompt considered at most. Default 256.
+    /// Blocks of a prompt considered at most. Default 256; 0 means llm-d's
+    /// default token cap, 131072 tokens (`131072 / blockSizeTokens` blocks).
     #[serde(default = "default_max_blocks")]
     pub max_prefix_blocks_to_match: usize,
     /// llm-d's cap in tokens; when set (> 0) it replaces
@@ -47,6 +48,10 @@ pub struct PrefixCacheParams {
     #[serde(default)]
     pub block_size: usize,
 }
+
+/// llm-d's default `maxPrefixTokensToMatch` (128 Ki tokens), which applies
+/// there when `maxPrefixBlocksToMatch` is 0.
+const LLM_D_MAX_PREFIX_TOKENS: usize = 131_072;
 
 fn default_block() -> usize {
     16
@@ -100,7 +105,6 @@ impl PrefixCacheParams {
         };
         for (field, v) in [
             ("blockSizeTokens", self.block_size_tokens),
-            ("maxPrefixBlocksToMatch", self.max_prefix_blocks_to_match),
             ("lruCapacityPerServer", self.lru_capacity_per_server),
         ] {
             if v == 0 {
@@ -124,6 +128,10 @@ impl PrefixCacheParams {
                 ));
             }
             self.max_prefix_blocks_to_match = tokens / self.block_size_tokens;
+        } else if self.max_prefix_blocks_to_match == 0 {
+            // llm-d: a block cap of 0 leaves its default token cap, one large
+            // context window.
+            self.max_prefix_blocks_to_match = LLM_D_MAX_PREFIX_TOKENS / self.block_size_tokens;
         }
         Ok(self)
     }
@@ -503,6 +511,13 @@ mod tests {
         assert_eq!(p.validated("p").unwrap().max_prefix_blocks_to_match, 256);
         let unset = PrefixCacheParams::default().validated("p").unwrap();
         assert_eq!(unset.max_prefix_blocks_to_match, 256);
+        let zero: PrefixCacheParams =
+            serde_yaml_ng::from_str("{maxPrefixBlocksToMatch: 0}").unwrap();
+        assert_eq!(
+            zero.validated("p").unwrap().max_prefix_blocks_to_match,
+            8192,
+            "llm-d's 131072-token cap in 16-token blocks"
+        );
         let below_one_block = PrefixCacheParams {
             max_prefix_tokens_to_match: 15,
             ..Default::default()
