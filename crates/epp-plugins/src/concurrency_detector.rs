@@ -13,7 +13,7 @@ pub enum ConcurrencyMode {
     /// In-flight requests against `maxConcurrency` (the default).
     #[default]
     Requests,
-    /// In-flight prompt tokens against `maxTokenConcurrency`.
+    /// In-flight uncached prompt tokens against `maxTokenConcurrency`.
     Tokens,
     /// Per endpoint the larger of the request and token ratios.
     Hybrid,
@@ -26,8 +26,8 @@ pub struct ConcurrencyDetectorParams {
     /// In-flight requests at which an endpoint is full. Default 100.
     #[serde(default = "default_max")]
     pub max_concurrency: u32,
-    /// In-flight prompt tokens at which an endpoint is full (`tokens` and
-    /// `hybrid` modes). Default 1,000,000.
+    /// In-flight uncached prompt tokens at which an endpoint is full
+    /// (`tokens` and `hybrid` modes). Default 1,000,000.
     #[serde(default = "default_max_tokens")]
     pub max_token_concurrency: u64,
     /// Burst allowed above the limits when filtering, as a fraction
@@ -125,7 +125,7 @@ impl ConcurrencyDetector {
     }
 
     fn token_ratio(&self, c: &Candidate) -> f64 {
-        c.endpoint.inflight().tokens() as f64 / self.params.max_token_concurrency as f64
+        c.endpoint.inflight().uncached_tokens() as f64 / self.params.max_token_concurrency as f64
     }
 }
 
@@ -164,7 +164,7 @@ impl SaturationDetector for ConcurrencyDetector {
 
     fn has_capacity(&self, _cx: &CycleContext<'_>, c: &Candidate) -> bool {
         let requests_ok = || u64::from(c.endpoint.inflight().requests()) < self.request_limit;
-        let tokens_ok = || c.endpoint.inflight().tokens() < self.token_limit;
+        let tokens_ok = || c.endpoint.inflight().uncached_tokens() < self.token_limit;
         match self.params.concurrency_mode {
             ConcurrencyMode::Requests => requests_ok(),
             ConcurrencyMode::Tokens => tokens_ok(),

@@ -175,7 +175,8 @@ impl Plugin for PrefixCacheAffinityFilter {
 impl PrefixCacheAffinityFilter {
     /// Estimated time to first token from the endpoint's in-flight tokens.
     fn ttft_ms(&self, c: &Candidate) -> f64 {
-        c.endpoint.inflight().tokens() as f64 / self.params.peak_prefill_throughput * 1000.0
+        c.endpoint.inflight().uncached_tokens() as f64 / self.params.peak_prefill_throughput
+            * 1000.0
     }
 }
 

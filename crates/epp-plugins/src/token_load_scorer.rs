@@ -27,8 +27,9 @@ impl Default for TokenLoadParams {
 }
 
 /// `token-load-scorer` (llm-d's formula): `1 − min(tokens, thr) / thr`
-/// where, per endpoint, `tokens` = prompt tokens of the requests this picker
-/// routed there and that have not completed, plus the tokens of this request
+/// where, per endpoint, `tokens` = the uncached prompt tokens of the requests
+/// this picker routed there and that have not completed (the part the
+/// endpoint's prefix cache was not expected to hold), plus the tokens of this request
 /// the endpoint would have to compute: the prompt minus the prefix it holds
 /// (from the cycle's prefix matches, when a prefix producer ran; else the
 /// whole prompt, estimated at 4 characters per token).
@@ -89,7 +90,7 @@ impl Scorer for TokenLoadScorer {
             let tokens = c
                 .endpoint
                 .inflight()
-                .tokens()
+                .uncached_tokens()
                 .saturating_add(uncached)
                 .min(self.threshold);
             *s = 1.0 - tokens as f64 / self.threshold as f64;
@@ -117,6 +118,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(scores(&s, &c), vec![1.0, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn in_flight_tokens_are_the_uncached_ones() {
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        // 1000 prompt tokens in flight on each; endpoint 1 had 900 cached.
+        c[0].endpoint.inflight().start(1000);
+        c[1].endpoint.inflight().start_with(1000, 100);
+        let s = TokenLoadScorer::new(
+            "t",
+            TokenLoadParams {
+                queue_threshold_tokens: 1000,
+            },
+        )
+        .unwrap();
+        assert_eq!(scores(&s, &c), vec![0.0, 0.9]);
     }
 
     #[test]
