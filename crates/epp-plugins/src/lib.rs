@@ -156,6 +156,11 @@ pub fn register_builtins(registry: &mut Registry) {
     register(registry, OpenAiParser::TYPE, |name, NoParams {}| {
         Ok(Arc::new(OpenAiParser::new(name)))
     });
+    register(
+        registry,
+        OpenAiParser::ANTHROPIC_TYPE,
+        |name, NoParams {}| Ok(Arc::new(OpenAiParser::anthropic(name))),
+    );
     register(registry, LoraAffinityScorer::TYPE, |name, NoParams {}| {
         Ok(Arc::new(LoraAffinityScorer::new(name)))
     });

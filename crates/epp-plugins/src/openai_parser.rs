@@ -1,29 +1,47 @@
-//! `openai-parser`: declares the request parser the ext_proc edge runs.
+//! `openai-parser` and `anthropic-parser`: declare the request parser the
+//! ext_proc edge runs.
 
 use epp_core::Plugin;
 
-/// `openai-parser`: requests are parsed as OpenAI-compatible APIs (and
-/// Anthropic Messages) by the ext_proc service; declaring it in a config
-/// selects that parser, the only one there is.
+/// `openai-parser` / `anthropic-parser`: requests are parsed by the ext_proc
+/// service, which reads the OpenAI-compatible APIs and Anthropic Messages by
+/// path (docs/api-parsing.md). Declaring either in a config (llm-d lists both
+/// under `requestHandler.parsers`) selects that one parser; it does not turn
+/// the other API off, as llm-d's parser list would.
 #[derive(Debug, Clone)]
 pub struct OpenAiParser {
     name: String,
+    type_name: &'static str,
 }
 
 impl OpenAiParser {
     /// YAML type.
     pub const TYPE: &'static str = "openai-parser";
+    /// llm-d's YAML type for the Anthropic Messages parser.
+    pub const ANTHROPIC_TYPE: &'static str = "anthropic-parser";
 
     /// A parser plugin named `name`.
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
+        Self {
+            name: name.into(),
+            type_name: Self::TYPE,
+        }
+    }
+
+    /// The same parser declared as llm-d's `anthropic-parser`.
+    #[must_use]
+    pub fn anthropic(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            type_name: Self::ANTHROPIC_TYPE,
+        }
     }
 }
 
 impl Plugin for OpenAiParser {
     fn type_name(&self) -> &str {
-        Self::TYPE
+        self.type_name
     }
     fn name(&self) -> &str {
         &self.name

@@ -479,3 +479,22 @@ fn utilization_filter_as_llm_d_documents_it() {
         "all over a ceiling: fallback to all"
     );
 }
+
+/// llm-d's parser list, as its parsers README writes it.
+#[test]
+fn openai_and_anthropic_parsers_under_request_handler() {
+    let built = load(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n\
+         - {name: maxScore, type: max-score-picker}\n\
+         - {name: openaiParser, type: openai-parser}\n\
+         - {name: anthropicParser, type: anthropic-parser}\n\
+         schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: maxScore\n\
+         requestHandler:\n  parsers:\n  - pluginRef: openaiParser\n  - pluginRef: anthropicParser\n",
+    );
+    let types: Vec<&str> = built
+        .plugins
+        .iter()
+        .map(|(_, p)| p.plugin().type_name())
+        .collect();
+    assert!(types.contains(&"anthropic-parser"), "{types:?}");
+}
