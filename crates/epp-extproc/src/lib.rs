@@ -48,6 +48,7 @@
 
 mod error;
 mod exchange;
+mod messages;
 mod metrics;
 mod options;
 mod parse;

@@ -10,6 +10,7 @@ use serde_json::value::RawValue;
 
 use crate::{
     error::{ExtProcError, Result},
+    messages::Messages,
     prompt,
 };
 
@@ -39,8 +40,9 @@ struct Top<'a> {
     model: Option<&'a RawValue>,
     #[serde(borrow)]
     prompt: Option<&'a RawValue>,
+    /// Read in this same pass (a long prompt is scanned once).
     #[serde(borrow)]
-    messages: Option<&'a RawValue>,
+    messages: Option<Messages<'a>>,
     #[serde(borrow)]
     input: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -64,10 +66,10 @@ struct Top<'a> {
 }
 
 /// The prompt-bearing fields of a body, per API kind.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct PromptFields<'a> {
     pub(crate) prompt: Option<&'a RawValue>,
-    pub(crate) messages: Option<&'a RawValue>,
+    pub(crate) messages: Option<Messages<'a>>,
     pub(crate) input: Option<&'a RawValue>,
     pub(crate) instructions: Option<&'a RawValue>,
     pub(crate) tools: Option<&'a RawValue>,

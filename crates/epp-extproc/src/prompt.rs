@@ -11,25 +11,24 @@ use std::borrow::Cow;
 use epp_core::{ApiKind, CHARS_PER_TOKEN};
 use serde_json::{Value, value::RawValue};
 
-use crate::parse::PromptFields;
+use crate::{
+    messages::{Message, Messages},
+    parse::PromptFields,
+};
 
 /// Renders the prompt text of a request.
 pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
     let mut out = String::new();
     match api {
         ApiKind::Completions => {
-            if let Some(v) = value(f.prompt) {
-                prompt_like(&v, &mut out);
-            }
+            prompt_like_raw(f.prompt, &mut out);
         }
         ApiKind::Embeddings => {
-            if let Some(v) = value(f.input) {
-                prompt_like(&v, &mut out);
-            }
+            prompt_like_raw(f.input, &mut out);
         }
         ApiKind::ChatCompletions => {
             tools(f.tools, &mut out);
-            messages(f.messages, &mut out);
+            messages(f.messages.as_ref(), &mut out);
         }
         ApiKind::Responses => {
             tools(f.tools, &mut out);
@@ -53,13 +52,11 @@ pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
             if let Some(v) = value(f.system) {
                 turn("system", &v, &mut out);
             }
-            messages(f.messages, &mut out);
+            messages(f.messages.as_ref(), &mut out);
         }
         // A kind added to epp-core later: hash whatever prompt-like field exists.
         _ => {
-            if let Some(v) = value(f.prompt.or(f.input)) {
-                prompt_like(&v, &mut out);
-            }
+            prompt_like_raw(f.prompt.or(f.input), &mut out);
         }
     }
     out
@@ -68,6 +65,19 @@ pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
 fn value(raw: Option<&RawValue>) -> Option<Value> {
     raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
         .filter(|v| !v.is_null())
+}
+
+/// [`prompt_like`] of a field as it is in the body: a plain string (the usual
+/// long prompt) is copied out once, without building a `Value` first.
+fn prompt_like_raw(raw: Option<&RawValue>, out: &mut String) {
+    if let Some(r) = raw
+        && r.get().starts_with('"')
+        && let Some(text) = json_str(r)
+    {
+        out.push_str(&text);
+    } else if let Some(v) = value(raw) {
+        prompt_like(&v, out);
+    }
 }
 
 /// `prompt` / `input` of completions and embeddings: a string, strings, token
@@ -114,40 +124,14 @@ fn tools(raw: Option<&RawValue>, out: &mut String) {
     }
 }
 
-/// A message's fields as borrowed JSON, read without building a `Value`.
-#[derive(serde::Deserialize)]
-struct RawMessage<'a> {
-    #[serde(borrow, default)]
-    role: Option<&'a RawValue>,
-    /// `null` kept apart from a missing field: it still ends the turn.
-    #[serde(borrow, default, deserialize_with = "present")]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-}
-
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    serde::Deserialize::deserialize(d).map(Some)
-}
-
-/// A `messages` array, rendered as [`message`] renders each one. String
-/// content — nearly all of a long prompt — is read straight from the body
-/// (borrowed unless it has escapes) instead of into a `Value` first, which
-/// copied it and scanned it once more. A message the fast path cannot read
-/// exactly (a repeated key, say) goes through `Value`.
-fn messages(raw: Option<&RawValue>, out: &mut String) {
-    let Some(raw) = raw else { return };
-    if let Ok(items) = serde_json::from_str::<Vec<RawMessage<'_>>>(raw.get()) {
-        let mark = out.len();
-        if items.iter().all(|m| fast_message(m, out)) {
-            return;
-        }
-        out.truncate(mark);
-    }
-    // Not an array of plain objects (null, a repeated key, ...): as before.
-    if let Some(Value::Array(msgs)) = value(Some(raw)) {
-        for m in &msgs {
-            message(m, out);
+/// A `messages` array, rendered as [`message`] renders each one. The
+/// messages were read in the body's one pass (see `messages.rs`); string
+/// content — nearly all of a long prompt — is taken straight from the body
+/// (borrowed unless it has escapes) instead of through a `Value`.
+fn messages(list: Option<&Messages<'_>>, out: &mut String) {
+    if let Some(Messages::List(items)) = list {
+        for m in items {
+            fast_message(m, out);
         }
     }
 }
@@ -163,22 +147,17 @@ fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     serde_json::from_str::<String>(text).ok().map(Cow::Owned)
 }
 
-/// Renders `m` like [`message`]; false (and nothing written) when a field
-/// is not what the fast path reads.
-fn fast_message(m: &RawMessage<'_>, out: &mut String) -> bool {
-    let role: Cow<'_, str> = match m.role {
-        Some(r) if r.get().starts_with('"') => match json_str(r) {
-            Some(role) => role,
-            None => return false,
-        },
-        // A role that is missing, null or not a string reads as "user".
-        _ => "user".into(),
-    };
+/// Renders `m` as [`message`] renders the same message read into a `Value`.
+fn fast_message(m: &Message<'_>, out: &mut String) {
+    // A role that is missing, null or not a string reads as "user".
+    let role: Cow<'_, str> = m
+        .role
+        .filter(|r| r.get().starts_with('"'))
+        .and_then(json_str)
+        .unwrap_or(Cow::Borrowed("user"));
     let content = match m.content {
-        Some(c) if c.get().starts_with('"') => match json_str(c) {
-            Some(text) => Some(Some(text)),
-            None => return false,
-        },
+        // A string is valid JSON here, so `json_str` cannot fail on it.
+        Some(c) if c.get().starts_with('"') => Some(json_str(c)),
         Some(_) => Some(None),
         None => None,
     };
@@ -202,7 +181,6 @@ fn fast_message(m: &RawMessage<'_>, out: &mut String) -> bool {
     {
         canonical_line(&calls, out);
     }
-    true
 }
 
 /// One chat / Anthropic message: `role:\n<content>\n`, then tool calls.
@@ -364,14 +342,19 @@ mod tests {
             r#"[{"role":"user","content":"first","content":"second"}]"#,
             r#"[{"role":"tool","content":"r","tool_calls":null,"name":"f"}]"#,
             r#"["just a string", 5, null, {"role":"user","content":{"k":"v"}}]"#,
+            r#"[[1,{"role":"x"}], {"ro\u006ce":"esc","content":"k","x":{"role":"inner"}}]"#,
+            r#"[{"role":"a","role":5,"tool_calls":[1],"tool_calls":null}]"#,
+            r#""a string""#,
+            r#"7"#,
             r#"[]"#,
             r#"{"not":"an array"}"#,
             r#"null"#,
         ];
         for case in cases {
             let raw: &RawValue = serde_json::from_str(case).unwrap();
+            let list: Messages<'_> = serde_json::from_str(case).unwrap();
             let mut fast = String::new();
-            messages(Some(raw), &mut fast);
+            messages(Some(&list), &mut fast);
             let mut slow = String::new();
             if let Some(Value::Array(msgs)) = value(Some(raw)) {
                 for m in &msgs {
