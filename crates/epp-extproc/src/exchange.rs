@@ -89,7 +89,12 @@ pub(crate) struct Exchange {
     request_id: String,
     generated_id: bool,
     subset: Option<Vec<String>>,
+    /// The whole request body, contiguous for parsing.
     body: Vec<u8>,
+    /// FULL_DUPLEX_STREAMED, body in several messages: the messages' own
+    /// buffers, streamed back as they came when the body is unchanged (no
+    /// second copy of a long prompt to re-chunk it).
+    chunks: Vec<Vec<u8>>,
     closed: bool,
     routed: Option<Routed>,
 }
@@ -109,6 +114,7 @@ impl Exchange {
             generated_id: false,
             subset: None,
             body: Vec::new(),
+            chunks: Vec::new(),
             closed: false,
             routed: None,
         }
@@ -218,7 +224,7 @@ impl Exchange {
             return;
         }
         let limit = self.options.max_body_bytes;
-        if self.body.is_empty() && b.end_of_stream {
+        if self.body.is_empty() && self.chunks.is_empty() && b.end_of_stream {
             // The whole body in one message: no copy.
             self.body = b.body;
         } else {
@@ -240,6 +246,9 @@ impl Exchange {
                     .reserve_exact(cap.min(PRESIZE_MAX).max(b.body.len()));
             }
             self.body.extend_from_slice(&b.body);
+            if self.req_mode == BodyMode::FullDuplexStreamed {
+                self.chunks.push(b.body);
+            }
         }
         if limit > 0 && self.body.len() > limit {
             let err = ExtProcError::BodyTooLarge {
@@ -335,6 +344,7 @@ impl Exchange {
             std::mem::take(&mut self.body)
         };
         self.body = Vec::new();
+        let chunks = std::mem::take(&mut self.chunks);
 
         let mut mutation = HeaderMutation {
             set_headers: vec![proto::set_header(DESTINATION_HEADER, endpoint.addr_str())],
@@ -402,19 +412,17 @@ impl Exchange {
                 r.dynamic_metadata = Some(metadata);
                 out.push_back(r);
                 let size = self.options.stream_chunk_bytes.max(1);
-                if body.len() <= size {
-                    // The common case: one chunk, no copy.
-                    out.push_back(proto::reply(proto::request_body(proto::streamed(
-                        body, end,
-                    ))));
-                    return;
-                }
-                let n = body.len().div_ceil(size);
-                for (i, chunk) in body.chunks(size).enumerate() {
-                    out.push_back(proto::reply(proto::request_body(proto::streamed(
-                        chunk.to_vec(),
-                        end && i + 1 == n,
-                    ))));
+                if rewritten || chunks.is_empty() {
+                    stream_back(body, size, end, out);
+                } else {
+                    // Unchanged: the body goes back in the messages it came in.
+                    let n = chunks.len();
+                    for (i, chunk) in chunks.into_iter().enumerate() {
+                        let last = i + 1 == n;
+                        if !chunk.is_empty() || last {
+                            stream_back(chunk, size, end && last, out);
+                        }
+                    }
                 }
             }
         }
@@ -477,6 +485,7 @@ impl Exchange {
         out.push_back(proto::immediate(&err));
         self.closed = true;
         self.body = Vec::new();
+        self.chunks = Vec::new();
     }
 
     // === response path ===
@@ -645,12 +654,30 @@ impl Drop for Exchange {
     }
 }
 
-/// The endpoints a subset hint allows: `ip:port` entries match exactly; a
-/// bare `ip` matches every port of that address. Unparseable entries match
-/// nothing, so an all-garbage hint is an empty subset (503).
 /// Most a body buffer is sized from `content-length` before the bytes arrive.
 const PRESIZE_MAX: usize = 8 << 20;
 
+/// Queues `body` as FULL_DUPLEX_STREAMED body replies of at most `size`
+/// bytes; `end` marks the last. One that fits is moved, not copied.
+fn stream_back(body: Vec<u8>, size: usize, end: bool, out: &mut VecDeque<ProcessingResponse>) {
+    if body.len() <= size {
+        out.push_back(proto::reply(proto::request_body(proto::streamed(
+            body, end,
+        ))));
+        return;
+    }
+    let n = body.len().div_ceil(size);
+    for (i, chunk) in body.chunks(size).enumerate() {
+        out.push_back(proto::reply(proto::request_body(proto::streamed(
+            chunk.to_vec(),
+            end && i + 1 == n,
+        ))));
+    }
+}
+
+/// The endpoints a subset hint allows: `ip:port` entries match exactly; a
+/// bare `ip` matches every port of that address. Unparseable entries match
+/// nothing, so an all-garbage hint is an empty subset (503).
 fn resolve_subset(entries: &[String], snapshot: &EndpointSnapshot) -> Vec<SocketAddr> {
     let mut out = Vec::with_capacity(entries.len());
     for e in entries {

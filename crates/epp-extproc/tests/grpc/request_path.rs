@@ -75,6 +75,7 @@ async fn full_duplex_body_is_collected_then_streamed_back_in_chunks() {
     let body = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":3}}"#).into_bytes();
     let (a, rest) = body.split_at(40_000);
     let (b, c) = rest.split_at(70_000);
+    envoy.send(request_body(b"", false)).await;
     envoy.send(request_body(a, false)).await;
     envoy.send(request_body(b, false)).await;
     envoy.send(request_body(c, true)).await;
@@ -85,18 +86,57 @@ async fn full_duplex_body_is_collected_then_streamed_back_in_chunks() {
     assert!(common(&r).clear_route_cache);
     assert!(!set_headers(&r).iter().any(|(k, _)| k == "x-request-id"));
     let mut echoed = Vec::new();
+    let mut sizes = Vec::new();
     loop {
         let r = envoy.recv().await;
         assert!(is_request_body(&r));
         let (chunk, eos) = streamed(&r);
         assert!(chunk.len() <= 62_000, "chunk of {}", chunk.len());
+        sizes.push(chunk.len());
         echoed.extend(chunk);
         if eos {
             break;
         }
     }
     assert_eq!(echoed, body, "byte-for-byte");
+    // Back in the messages it came in (the empty one dropped), only the one
+    // above 62,000 bytes cut in two.
+    assert_eq!(sizes, [40_000, 62_000, 8_000, c.len()]);
     assert_eq!(fx.inflight(), vec![1, 0]);
+}
+
+#[tokio::test]
+async fn full_duplex_rewrite_splices_a_body_that_came_in_several_messages() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut envoy = fx.envoy().await;
+    let mut h = post("/v1/completions");
+    h.push(("x-gateway-model-name-rewrite", "llama-lora".to_owned()));
+    envoy
+        .send(request_headers(&pairs(&h), false, FULL_DUPLEX, NONE))
+        .await;
+    let prompt = "z".repeat(100_000);
+    let body = format!(r#"{{"model":"llama","prompt":"{prompt}"}}"#);
+    let (a, b) = body.as_bytes().split_at(12);
+    envoy.send(request_body(a, false)).await;
+    envoy.send(request_body(b, true)).await;
+    let r = envoy.recv().await;
+    assert!(is_request_headers(&r), "headers reply first: {r:?}");
+    let want = format!(r#"{{"model":"llama-lora","prompt":"{prompt}"}}"#);
+    assert!(
+        set_headers(&r).contains(&("content-length".to_owned(), want.len().to_string())),
+        "{:?}",
+        set_headers(&r)
+    );
+    let mut echoed = Vec::new();
+    loop {
+        let (chunk, eos) = streamed(&envoy.recv().await);
+        assert!(chunk.len() <= 62_000, "chunk of {}", chunk.len());
+        echoed.extend(chunk);
+        if eos {
+            break;
+        }
+    }
+    assert!(echoed == want.as_bytes(), "only the model spliced");
 }
 
 #[tokio::test]
