@@ -22,6 +22,13 @@ use tracing_subscriber::EnvFilter;
 
 use crate::args::Args;
 
+/// mimalloc instead of the system allocator: each ext_proc stream allocates
+/// and frees dozens of small buffers (gRPC frames, headers, the decision), and
+/// glibc malloc was ~8–10 % of the server's CPU under load (docs/BENCHMARKS.md).
+/// Chosen here, in the binary only; the library crates leave it to embedders.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(&args);
