@@ -5,11 +5,19 @@
 //! cargo build --release --workspace --bins
 //! cargo bench -p epp-bin --bench gateway_latency            # both scenarios
 //! cargo bench -p epp-bin --bench gateway_latency -- --quick # shorter runs
+//! # and an older build side by side, alternating in the same run:
+//! EPP_BENCH_BASELINE=/tmp/old/epp cargo bench -p epp-bin --bench gateway_latency
 //! ```
 //!
 //! Scenario 1: a fixed moderate rate (open loop) of 4 KiB chat requests.
 //! Scenario 2: 220 KB prompts at concurrency 150 (closed loop), streamed,
 //! time to first token measured at the client.
+//!
+//! Each epp build is measured behind two Envoys, FULL_DUPLEX_STREAMED and
+//! BUFFERED bodies. Besides latencies, each row gives the CPU time epp and
+//! Envoy spent per request (from `/proc/<pid>/stat` around the run): on a
+//! machine shared with other work the latencies move with the load, the CPU
+//! per request much less.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "../tests/common/mod.rs"]
@@ -21,7 +29,8 @@ use std::{
 };
 
 use common::{
-    BodyMode, http, scratch_dir, start_envoy, start_envoy_round_robin, start_epp, start_sims,
+    BodyMode, Envoy, Epp, epp_command_at, http, scratch_dir, spawn_epp, start_envoy,
+    start_envoy_round_robin, start_epp, start_sims,
 };
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -42,22 +51,99 @@ struct Stats {
 }
 
 impl Stats {
-    fn row(&mut self, name: &str) -> (Duration, Duration) {
+    /// Prints the row; `cpu` = (epp, Envoy) CPU seconds spent during the run.
+    fn row(&mut self, name: &str, cpu: (Option<f64>, f64)) -> (Duration, Duration) {
         self.lat.sort();
         let (p50, p90, p99) = (
             pct(&self.lat, 50.0),
             pct(&self.lat, 90.0),
             pct(&self.lat, 99.0),
         );
+        let n = self.lat.len() + self.errors;
+        let per = |secs: f64| secs * 1e6 / n.max(1) as f64;
+        let epp = cpu
+            .0
+            .map_or_else(|| "-".to_owned(), |s| format!("{:.0}", per(s)));
         println!(
-            "  {name:<28} n={:<6} errors={:<4} p50 {:>8.3} ms   p90 {:>8.3} ms   p99 {:>8.3} ms",
+            "  {name:<32} n={:<5} err={:<3} p50 {:>8.3}  p90 {:>8.3}  p99 {:>8.3} ms   \
+             CPU/req epp {epp:>5} µs, Envoy {:>5.0} µs",
             self.lat.len(),
             self.errors,
             ms(p50),
             ms(p90),
-            ms(p99)
+            ms(p99),
+            per(cpu.1),
         );
         (p50, p99)
+    }
+}
+
+/// `utime + stime` of a process in seconds (100 Hz clock ticks).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// One way through to the simulators: an Envoy, and the epp behind it if any.
+struct Route {
+    name: String,
+    envoy: Envoy,
+    epp_pid: Option<u32>,
+}
+
+impl Route {
+    fn cpu(&self) -> (Option<f64>, f64) {
+        (
+            self.epp_pid.map(cpu_seconds),
+            cpu_seconds(self.envoy.proc.pid()),
+        )
+    }
+
+    /// Runs `load` through this route and prints its row.
+    async fn measure<F: Future<Output = Stats>>(
+        &self,
+        round: usize,
+        load: impl FnOnce(u16) -> F,
+    ) -> (Duration, Duration) {
+        let before = self.cpu();
+        let mut stats = load(self.envoy.port).await;
+        let after = self.cpu();
+        let spent = (
+            before.0.zip(after.0).map(|(b, a)| a - b),
+            after.1 - before.1,
+        );
+        stats.row(&format!("round {round}: {}", self.name), spent)
+    }
+}
+
+/// Runs every route in turn, `rounds` times (the order reversed every other
+/// round), then prints what each epp route added to the direct one.
+async fn compare<F: Future<Output = Stats>>(
+    routes: &[Route],
+    rounds: usize,
+    load: impl Fn(u16) -> F,
+) {
+    let mut added: Vec<Vec<(f64, f64)>> = vec![Vec::new(); routes.len()];
+    for round in 1..=rounds {
+        let direct = routes[0].measure(round, &load).await;
+        let mut order: Vec<usize> = (1..routes.len()).collect();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        for i in order {
+            let e = routes[i].measure(round, &load).await;
+            added[i].push((ms(e.0) - ms(direct.0), ms(e.1) - ms(direct.1)));
+        }
+    }
+    for (route, added) in routes.iter().zip(&added).skip(1) {
+        let text: Vec<String> = added
+            .iter()
+            .map(|(p50, p99)| format!("p50 {p50:+.2} / p99 {p99:+.2} ms"))
+            .collect();
+        println!("  added by {:<28} {}", route.name, text.join(",  "));
     }
 }
 
@@ -153,10 +239,35 @@ async fn main() {
         .map(common::Sim::addr)
         .collect::<Vec<_>>()
         .join(",");
-    let epp = start_epp(&dir, &["--endpoints", &endpoints]);
-    let via_epp = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
     let ports: Vec<u16> = sims.iter().map(|s| s.port).collect();
-    let direct = start_envoy_round_robin(&dir, &ports);
+    let mut routes = vec![Route {
+        name: "Envoy direct (RR)".to_owned(),
+        envoy: start_envoy_round_robin(&dir, &ports),
+        epp_pid: None,
+    }];
+    let mut epps: Vec<(&str, Epp)> = vec![("epp", start_epp(&dir, &["--endpoints", &endpoints]))];
+    if let Some(bin) = std::env::var_os("EPP_BENCH_BASELINE") {
+        let mut cmd = epp_command_at(std::path::Path::new(&bin));
+        cmd.arg("--secure-serving=false")
+            .args(["--endpoints", &endpoints])
+            .env("RUST_LOG", "info");
+        let (epp, _) = spawn_epp("epp-baseline", cmd, dir.join("epp-baseline.log"));
+        epps.push(("baseline epp", epp));
+    }
+    for (label, epp) in &epps {
+        let sub = dir.join(label.replace(' ', "-"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for (mode, mode_name) in [
+            (BodyMode::Streamed, "FULL_DUPLEX"),
+            (BodyMode::Buffered, "BUFFERED"),
+        ] {
+            routes.push(Route {
+                name: format!("Envoy + {label}, {mode_name}"),
+                envoy: start_envoy(&sub, mode, epp.grpc_port),
+                epp_pid: Some(epp.proc.pid()),
+            });
+        }
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let question = "Summarise the following text in one sentence. ".repeat(85); // ~4 KiB
@@ -167,25 +278,14 @@ async fn main() {
     }));
     let (rate, secs) = if quick { (100, 3) } else { (200, 10) };
     println!("\nScenario 1: {rate} req/s for {secs} s, 4 KiB chat body, full response latency");
-    // Warm both paths (connections, caches).
-    let _ = fixed_rate(direct.port, Arc::clone(&body), rate, 1).await;
-    let _ = fixed_rate(via_epp.port, Arc::clone(&body), rate, 1).await;
-    let mut added = Vec::new();
-    for round in 1..=2 {
-        let d = fixed_rate(direct.port, Arc::clone(&body), rate, secs)
-            .await
-            .row(&format!("round {round}: Envoy direct (RR)"));
-        let e = fixed_rate(via_epp.port, Arc::clone(&body), rate, secs)
-            .await
-            .row(&format!("round {round}: Envoy + epp"));
-        added.push((ms(e.0) - ms(d.0), ms(e.1) - ms(d.1)));
+    // Warm every path (connections, caches).
+    for r in &routes {
+        let _ = fixed_rate(r.envoy.port, Arc::clone(&body), rate, 1).await;
     }
-    for (i, (p50, p99)) in added.iter().enumerate() {
-        println!(
-            "  added by epp, round {}: p50 {p50:+.3} ms, p99 {p99:+.3} ms",
-            i + 1
-        );
-    }
+    compare(&routes, 2, |port| {
+        fixed_rate(port, Arc::clone(&body), rate, secs)
+    })
+    .await;
 
     let (conc, total) = if quick { (150, 300) } else { (150, 1500) };
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(5000); // ~220 KB
@@ -202,20 +302,8 @@ async fn main() {
         "\nScenario 2: {} KB prompts, concurrency {conc}, {total} requests, time to first token",
         long_body.len() / 1000
     );
-    let mut added = Vec::new();
-    for round in 1..=2 {
-        let d = closed_loop(direct.port, Arc::clone(&long_body), conc, total)
-            .await
-            .row(&format!("round {round}: Envoy direct (RR)"));
-        let e = closed_loop(via_epp.port, Arc::clone(&long_body), conc, total)
-            .await
-            .row(&format!("round {round}: Envoy + epp"));
-        added.push((ms(e.0) - ms(d.0), ms(e.1) - ms(d.1)));
-    }
-    for (i, (p50, p99)) in added.iter().enumerate() {
-        println!(
-            "  added by epp, round {}: p50 {p50:+.3} ms, p99 {p99:+.3} ms",
-            i + 1
-        );
-    }
+    compare(&routes, 2, |port| {
+        closed_loop(port, Arc::clone(&long_body), conc, total)
+    })
+    .await;
 }

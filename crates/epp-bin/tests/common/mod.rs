@@ -250,7 +250,12 @@ pub struct Epp {
 /// The epp command on free loopback ports, before any choice of TLS, log
 /// level or endpoints.
 pub fn epp_command() -> Command {
-    let mut cmd = Command::new(workspace_bin("epp"));
+    epp_command_at(&workspace_bin("epp"))
+}
+
+/// [`epp_command`] for the binary at `bin` (e.g. an older build to compare).
+pub fn epp_command_at(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.args([
         "--grpc-port",
         "0",
