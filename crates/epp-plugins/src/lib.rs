@@ -16,6 +16,7 @@
 mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
+mod header_label_affinity_scorer;
 mod kv_cache_scorer;
 mod label_selector_filter;
 mod load_aware_scorer;
@@ -47,6 +48,7 @@ pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
+pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
 pub use kv_cache_scorer::KvCacheUtilizationScorer;
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
@@ -206,6 +208,11 @@ pub fn register_builtins(registry: &mut Registry) {
     register(registry, "encode-filter", |name, NoParams {}| {
         Ok(Arc::new(LabelSelectorFilter::encode(name)))
     });
+    register(
+        registry,
+        HeaderLabelAffinityScorer::TYPE,
+        |name, p: HeaderLabelAffinityParams| Ok(Arc::new(HeaderLabelAffinityScorer::new(name, p)?)),
+    );
     register(
         registry,
         UtilizationFilter::TYPE,
