@@ -136,6 +136,9 @@ pub struct ProfilePicks {
     pub targets: Vec<Arc<Endpoint>>,
     /// Weighted total score of each target (same order).
     pub scores: Vec<f64>,
+    /// Whether any candidate this profile scored (after its filters) matched
+    /// at least one prefix block in the cycle's prefix matches.
+    pub prefix_hit: bool,
 }
 
 /// The outcome of scheduling one request.
@@ -168,6 +171,7 @@ impl SchedulingResult {
         for run in &mut self.runs {
             run.targets.clear();
             run.scores.clear();
+            run.prefix_hit = false;
         }
         self.primary = 0;
         self.primary_prefix_hit = 0.0;
@@ -634,6 +638,8 @@ impl Scheduler {
                 &mut timing,
             );
             let scored: &[Candidate] = if scored { candidates } else { base };
+            let prefix = &cx.state.prefix;
+            run.prefix_hit = prefix.any_hit() && scored.iter().any(|c| prefix.matched(c.id()) > 0);
             for &i in picks.iter() {
                 run.targets.push(Arc::clone(&scored[i].endpoint));
                 run.scores.push(totals[i]);

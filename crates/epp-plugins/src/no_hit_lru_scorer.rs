@@ -125,14 +125,13 @@ impl Scorer for NoHitLruScorer {
 }
 
 impl PreRequest for NoHitLruScorer {
-    fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
+    fn pre_request(&self, _cx: &CycleContext<'_>, result: &SchedulingResult) {
         let Some(target) = result.primary() else {
             return;
         };
-        // Cold = no endpoint matched a block. This equals the scoring
-        // verdict unless a filter removed every endpoint with a hit; then
-        // llm-d still records the pick and this scorer does not.
-        if cx.state.prefix.any_hit() {
+        // Cold as judged when scoring: no candidate of the primary profile
+        // matched a block (llm-d keeps the verdict from Score).
+        if result.primary_run().is_none_or(|run| run.prefix_hit) {
             return;
         }
         let mut recent = self.recent.lock();
@@ -146,6 +145,8 @@ impl PreRequest for NoHitLruScorer {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
@@ -213,6 +214,36 @@ mod tests {
             out
         });
         assert_eq!(out, vec![1.0, 0.0], "cold among the candidates scored");
+    }
+
+    #[test]
+    fn the_lru_records_picks_cold_among_the_scored_candidates() {
+        let all = candidates(vec![EndpointMetrics::default(); 3]);
+        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let req = InferenceRequest::builder("m").build();
+        let result = |prefix_hit| SchedulingResult {
+            runs: vec![epp_core::ProfilePicks {
+                profile: 0,
+                targets: vec![Arc::clone(&all[1].endpoint)],
+                scores: vec![1.0],
+                prefix_hit,
+            }],
+            primary: 0,
+            ..Default::default()
+        };
+        with_cx(&req, 0, |cx| {
+            // Endpoint 0 holds a block but was filtered out of the profile.
+            cx.state.prefix.computed = true;
+            cx.state.prefix.hashes = vec![9];
+            cx.state.prefix.set_matched(all[0].id(), 1);
+            s.pre_request(cx, &result(true));
+            assert!(s.recent.lock().is_empty(), "a hit among the candidates");
+            s.pre_request(cx, &result(false));
+            assert_eq!(
+                s.recent.lock().iter().copied().collect::<Vec<_>>(),
+                vec![all[1].id()]
+            );
+        });
     }
 
     #[test]
