@@ -17,6 +17,10 @@ use rand::Rng;
 #[path = "support/profile.rs"]
 mod profile;
 
+/// The allocator the `epp` binary uses, so the figures are the binary's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `SERVE_THREADS=1` pins the server to one runtime thread (per-core figures).
     let threads = std::env::var("SERVE_THREADS")
