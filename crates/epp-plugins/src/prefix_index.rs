@@ -24,8 +24,13 @@
 
 use std::sync::{Arc, Weak};
 
+use bytemuck::{Pod, Zeroable};
 use epp_core::{Endpoint, EndpointId, PrefixMatch};
 use parking_lot::RwLock;
+
+use self::pages::Pages;
+
+mod pages;
 
 const NIL: u32 = u32::MAX;
 const CHUNK_BITS: u32 = 12;
@@ -54,7 +59,8 @@ const EMPTY: Entry = Entry {
 
 /// A table slot: the chain head's entry and the hash's low bits (the table
 /// never exceeds 2^32 slots, so they hold the home slot).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[repr(C)]
 struct Slot {
     idx: u32,
     fp: u32,
@@ -96,8 +102,9 @@ struct Inner {
     used: u32,
     /// Head of the free list (linked through `next`).
     free: u32,
-    /// Each hash's chain head; `idx == NIL` = empty slot.
-    table: Vec<Slot>,
+    /// Each hash's chain head; `idx == NIL` = empty slot. Probed at random,
+    /// so in huge pages once it is large (see [`pages`]).
+    table: Pages<Slot>,
     /// Occupied table slots (distinct hashes).
     distinct: usize,
     /// Per endpoint, by id.
@@ -295,7 +302,7 @@ impl PrefixIndex {
         let inner = self.inner.read();
         inner.chunks.len() * CHUNK * size_of::<Entry>()
             + inner.chunks.capacity() * size_of::<Box<[Entry]>>()
-            + inner.table.capacity() * size_of::<Slot>()
+            + inner.table.bytes()
             + inner.lrus.capacity() * size_of::<Lru>()
     }
 }
@@ -358,14 +365,15 @@ impl Inner {
 
     /// The table slot of `hash`'s chain.
     fn find_slot(&self, hash: u64) -> Option<usize> {
-        if self.table.is_empty() {
+        let table: &[Slot] = &self.table;
+        if table.is_empty() {
             return None;
         }
-        let mask = self.mask();
+        let mask = table.len() - 1;
         let fp = fingerprint(hash);
         let mut s = hash as usize & mask;
         loop {
-            let slot = self.table[s];
+            let slot = table[s];
             if slot.idx == NIL {
                 return None;
             }
@@ -380,15 +388,16 @@ impl Inner {
     /// reads, so the processor overlaps their cache misses instead of taking
     /// them one after another in the dependent walk that follows.
     fn warm(&self, hashes: &[u64]) {
-        if self.table.is_empty() {
+        let table: &[Slot] = &self.table;
+        if table.is_empty() {
             return;
         }
-        let mask = self.mask();
+        let mask = table.len() - 1;
         let mut acc = 0u64;
         for &h in hashes {
             // The home slot's entry only if it may hold this hash: reading a
             // colliding one would be a wasted miss.
-            let slot = self.table[h as usize & mask];
+            let slot = table[h as usize & mask];
             if slot.idx != NIL && slot.fp == fingerprint(h) {
                 acc ^= self.entry(slot.idx).hash;
             }
@@ -399,10 +408,11 @@ impl Inner {
     /// Loads the table slots of the `n` blocks `ep` would evict next, for the
     /// same reason as [`Self::warm`].
     fn warm_tail(&self, ep: u32, n: usize) {
-        if self.table.is_empty() {
+        let table: &[Slot] = &self.table;
+        if table.is_empty() {
             return;
         }
-        let mask = self.mask();
+        let mask = table.len() - 1;
         let mut acc = 0u32;
         let mut idx = self.lrus[ep as usize].tail;
         for _ in 0..n {
@@ -410,7 +420,7 @@ impl Inner {
                 break;
             }
             let e = self.entry(idx);
-            acc ^= self.table[e.hash as usize & mask].idx;
+            acc ^= table[e.hash as usize & mask].idx;
             idx = e.prev;
         }
         std::hint::black_box(acc);
@@ -574,9 +584,9 @@ impl Inner {
         if size > 1 << 32 {
             return;
         }
-        let old = std::mem::replace(&mut self.table, vec![FREE; size]);
+        let old = std::mem::replace(&mut self.table, Pages::filled(size, FREE));
         let mask = size - 1;
-        for slot in old.into_iter().filter(|s| s.idx != NIL) {
+        for &slot in old.iter().filter(|s| s.idx != NIL) {
             let mut s = slot.fp as usize & mask;
             while self.table[s].idx != NIL {
                 s = (s + 1) & mask;
