@@ -111,6 +111,9 @@ struct Inner {
     lrus: Vec<Lru>,
     /// Records since the last sweep for departed endpoints.
     since_sweep: u32,
+    /// Times the index took more memory: slab chunks and table doublings
+    /// (the table's may come from the kernel rather than the allocator).
+    growths: u64,
 }
 
 /// The approximate index: which endpoint was sent which blocks, bounded per
@@ -296,7 +299,16 @@ impl PrefixIndex {
         self.inner.read().lrus.iter().map(|l| l.len as usize).sum()
     }
 
-    /// Heap bytes the index holds (slab chunks, table, per-endpoint lists).
+    /// How many times the index has taken more memory (a slab chunk or a
+    /// larger table). An index whose endpoints' LRUs are full takes none:
+    /// each new block reuses an evicted one's entry and slot.
+    #[must_use]
+    pub fn growths(&self) -> u64 {
+        self.inner.read().growths
+    }
+
+    /// Bytes the index holds (slab chunks, table — on the heap or in its own
+    /// mapping — and per-endpoint lists).
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
         let inner = self.inner.read();
@@ -542,6 +554,7 @@ impl Inner {
         }
         if self.used as usize == self.chunks.len() * CHUNK {
             self.chunks.push(vec![EMPTY; CHUNK].into_boxed_slice());
+            self.growths += 1;
         }
         let idx = self.used;
         self.used += 1;
@@ -585,6 +598,7 @@ impl Inner {
             return;
         }
         let old = std::mem::replace(&mut self.table, Pages::filled(size, FREE));
+        self.growths += 1;
         let mask = size - 1;
         for &slot in old.iter().filter(|s| s.idx != NIL) {
             let mut s = slot.fp as usize & mask;
