@@ -78,17 +78,26 @@ const BLOCK: usize = 64;
 /// is a full match (with the scorer's own index it would be half).
 #[test]
 fn prefix_match_info_producer_name_selects_the_producer() {
+    let score = half_shared_score("  parameters: {prefixMatchInfoProducerName: short-prefix}\n");
+    assert!((score - 3.0).abs() < 1e-9, "2 of 2 blocks: {score}");
+}
+
+/// Next to a producer named `short-prefix` that matches at most 2 blocks, a
+/// `prefix-cache-scorer` (weight 3, then `scorer_params`) scores a 4-block
+/// request sharing its first 2 blocks with the one before.
+fn half_shared_score(scorer_params: &str) -> f64 {
     let built = load(&config(
-        "- type: approx-prefix-cache-producer\n  name: short-prefix\n  \
-         parameters: {autoTune: false, maxPrefixTokensToMatch: 32}\n\
-         - type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: short-prefix}\n",
+        &format!(
+            "- type: approx-prefix-cache-producer\n  name: short-prefix\n  \
+             parameters: {{autoTune: false, maxPrefixTokensToMatch: 32}}\n\
+             - type: prefix-cache-scorer\n{scorer_params}"
+        ),
         "  - {pluginRef: prefix-cache-scorer, weight: 3}\n",
     ));
     let head = "h".repeat(2 * BLOCK);
     let first = format!("{head}{}", "a".repeat(2 * BLOCK));
     let second = format!("{head}{}", "b".repeat(2 * BLOCK));
-    let score = score_of_second(&built, &first, &second);
-    assert!((score - 3.0).abs() < 1e-9, "2 of 2 blocks: {score}");
+    score_of_second(&built, &first, &second)
 }
 
 /// Without the parameter, readers read the producer named
@@ -97,16 +106,7 @@ fn prefix_match_info_producer_name_selects_the_producer() {
 /// index plays that part), so its 2-block cap does not apply.
 #[test]
 fn readers_default_to_the_approx_producer_name() {
-    let built = load(&config(
-        "- type: approx-prefix-cache-producer\n  name: short-prefix\n  \
-         parameters: {autoTune: false, maxPrefixTokensToMatch: 32}\n\
-         - type: prefix-cache-scorer\n",
-        "  - {pluginRef: prefix-cache-scorer, weight: 3}\n",
-    ));
-    let head = "h".repeat(2 * BLOCK);
-    let first = format!("{head}{}", "a".repeat(2 * BLOCK));
-    let second = format!("{head}{}", "b".repeat(2 * BLOCK));
-    let score = score_of_second(&built, &first, &second);
+    let score = half_shared_score("");
     assert!((score - 1.5).abs() < 1e-9, "2 of 4 blocks: {score}");
 }
 
