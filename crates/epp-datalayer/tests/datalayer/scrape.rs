@@ -34,6 +34,18 @@ fn metrics_of(store: &EndpointStore, server: &BadServer) -> Arc<EndpointMetrics>
     store.snapshot().by_addr(server.addr).unwrap().metrics()
 }
 
+/// A data layer scraping `store`'s endpoints over plain HTTP every 10 ms,
+/// with a scrape timeout of `timeout_ms`.
+fn start_plain(store: &Arc<EndpointStore>, timeout_ms: u64) -> DataLayer {
+    DataLayer::start(
+        Arc::clone(store),
+        &[wiring("{}")],
+        opts(10, timeout_ms),
+        CancellationToken::new(),
+    )
+    .unwrap()
+}
+
 fn status_of(dl: &DataLayer, server: &BadServer) -> ScrapeStatus {
     dl.status()
         .into_iter()
@@ -45,13 +57,7 @@ fn status_of(dl: &DataLayer, server: &BadServer) -> ScrapeStatus {
 async fn scrapes_over_one_kept_alive_connection() {
     let server = BadServer::start(Mode::Page(vllm_page(3, 2, 0.5))).await;
     let store = store_of(&[&server]);
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 1000),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 1000);
     eventually("ten scrapes", || async { status_of(&dl, &server).ok >= 10 }).await;
     let m = metrics_of(&store, &server);
     assert_eq!((m.waiting, m.running), (3, 2));
@@ -68,13 +74,7 @@ async fn each_scrape_carries_the_in_flight_counts_from_when_it_was_sent() {
     let endpoint = Arc::clone(store.snapshot().by_addr(server.addr).unwrap());
     endpoint.inflight().start(100);
     endpoint.inflight().start(20);
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 1000),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 1000);
     eventually("a scrape", || async { status_of(&dl, &server).ok >= 1 }).await;
     let m = metrics_of(&store, &server);
     assert_eq!(
@@ -120,13 +120,7 @@ async fn failures_keep_values_age_and_recover() {
     let n_cases = cases.len();
     let server = BadServer::start(Mode::Page(vllm_page(3, 2, 0.5))).await;
     let store = store_of(&[&server]);
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 300),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 300);
     for (round, (mode, expected, outcome)) in cases.into_iter().enumerate() {
         let waiting = u32::try_from(round).unwrap() + 3;
         server.set(Mode::Page(vllm_page(waiting, 2, 0.5)));
@@ -185,13 +179,7 @@ async fn a_hanging_server_does_not_stall_the_others() {
     let hung = BadServer::start(Mode::Hang).await;
     let store = store_of(&[&good, &hung]);
     // The hung scrape cannot end before 60 s; the good one must not wait for it.
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 60_000),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 60_000);
     eventually("20 good scrapes", || async {
         status_of(&dl, &good).ok >= 20
     })
@@ -208,13 +196,7 @@ async fn removed_endpoints_leave_scheduling_at_once_and_scraping_soon() {
     let a = BadServer::start(Mode::Page(vllm_page(0, 0, 0.0))).await;
     let b = BadServer::start(Mode::Page(vllm_page(0, 0, 0.0))).await;
     let store = store_of(&[&a, &b]);
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 1000),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 1000);
     eventually("both scraped", || async {
         status_of(&dl, &a).ok > 2 && status_of(&dl, &b).ok > 2
     })
@@ -337,13 +319,7 @@ async fn a_server_that_stops_answering_stops_being_picked() {
     let idle = BadServer::start(Mode::Page(vllm_page(0, 0, 0.0))).await;
     let busy = BadServer::start(Mode::Page(vllm_page(9, 4, 0.9))).await;
     let store = store_of(&[&idle, &busy]);
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 100),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 100);
     let profile = SchedulingProfile::new("default")
         .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
         .with_picker(PluginRef::new(Arc::new(Best)));
@@ -385,13 +361,7 @@ fn encoded(dl: &DataLayer) -> String {
 async fn scrape_up_follows_the_latest_scrape() {
     let server = BadServer::start(Mode::Hang).await;
     let store = store_of(&[&server]);
-    let dl = DataLayer::start(
-        Arc::clone(&store),
-        &[wiring("{}")],
-        opts(10, 100),
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let dl = start_plain(&store, 100);
     let line = |up: u8| {
         format!(
             "epp_metrics_scrape_up{{endpoint=\"{}\"}} {up}\n",
