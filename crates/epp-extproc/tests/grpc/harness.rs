@@ -275,6 +275,23 @@ impl Envoy {
             .expect("stream ended")
     }
 
+    /// A FULL_DUPLEX request body streamed back, up to its end: the chunk
+    /// sizes (each within the 62,000-byte limit) and the bytes joined.
+    pub(crate) async fn recv_streamed_body(&mut self) -> (Vec<usize>, Vec<u8>) {
+        let (mut sizes, mut body) = (Vec::new(), Vec::new());
+        loop {
+            let r = self.recv().await;
+            assert!(is_request_body(&r), "{r:?}");
+            let (chunk, eos) = streamed(&r);
+            assert!(chunk.len() <= 62_000, "chunk of {}", chunk.len());
+            sizes.push(chunk.len());
+            body.extend(chunk);
+            if eos {
+                return (sizes, body);
+            }
+        }
+    }
+
     /// The next reply must not come: the stream ends (or stays silent).
     pub(crate) async fn expect_end(&mut self) {
         match tokio::time::timeout(Duration::from_secs(5), self.replies.message()).await {

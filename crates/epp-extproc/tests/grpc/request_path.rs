@@ -85,19 +85,7 @@ async fn full_duplex_body_is_collected_then_streamed_back_in_chunks() {
     assert_eq!(destination(&r).as_deref(), Some("10.0.0.1:8000"));
     assert!(common(&r).clear_route_cache);
     assert!(!set_headers(&r).iter().any(|(k, _)| k == "x-request-id"));
-    let mut echoed = Vec::new();
-    let mut sizes = Vec::new();
-    loop {
-        let r = envoy.recv().await;
-        assert!(is_request_body(&r));
-        let (chunk, eos) = streamed(&r);
-        assert!(chunk.len() <= 62_000, "chunk of {}", chunk.len());
-        sizes.push(chunk.len());
-        echoed.extend(chunk);
-        if eos {
-            break;
-        }
-    }
+    let (sizes, echoed) = envoy.recv_streamed_body().await;
     assert_eq!(echoed, body, "byte-for-byte");
     // Back in the messages it came in (the empty one dropped), only the one
     // above 62,000 bytes cut in two.
@@ -127,15 +115,7 @@ async fn full_duplex_rewrite_splices_a_body_that_came_in_several_messages() {
         "{:?}",
         set_headers(&r)
     );
-    let mut echoed = Vec::new();
-    loop {
-        let (chunk, eos) = streamed(&envoy.recv().await);
-        assert!(chunk.len() <= 62_000, "chunk of {}", chunk.len());
-        echoed.extend(chunk);
-        if eos {
-            break;
-        }
-    }
+    let (_, echoed) = envoy.recv_streamed_body().await;
     assert!(echoed == want.as_bytes(), "only the model spliced");
 }
 
