@@ -71,6 +71,13 @@ class Workload:
     client: str = "inference-perf"
 
 
+# inference-perf's random data: mixed prompt and output lengths, nothing shared.
+MIXED_LENGTHS = {
+    "type": "random",
+    "input_distribution": {"min": 64, "max": 4000, "mean": 1000, "std_dev": 800},
+    "output_distribution": {"min": 8, "max": 64, "mean": 32, "std_dev": 16},
+}
+
 WORKLOADS = {
     "shared-prefix": Workload(
         name="shared-prefix",
@@ -96,11 +103,7 @@ WORKLOADS = {
         "8-64 tokens (mean 32), nothing shared, streamed completions",
         rates=[8, 16, 24],
         stage_secs=10,
-        data={
-            "type": "random",
-            "input_distribution": {"min": 64, "max": 4000, "mean": 1000, "std_dev": 800},
-            "output_distribution": {"min": 8, "max": 64, "mean": 32, "std_dev": 16},
-        },
+        data=MIXED_LENGTHS,
     ),
     "lora-mix": Workload(
         name="lora-mix",
@@ -108,11 +111,7 @@ WORKLOADS = {
         "server holds 2 resident adapters and loads one in 50 ms",
         rates=[4, 8, 12],
         stage_secs=10,
-        data={
-            "type": "random",
-            "input_distribution": {"min": 64, "max": 4000, "mean": 1000, "std_dev": 800},
-            "output_distribution": {"min": 8, "max": 64, "mean": 32, "std_dev": 16},
-        },
+        data=MIXED_LENGTHS,
         sim_args=["--lora-modules", ",".join(ADAPTERS), "--max-loras", "2", "--lora-load-ms", "50"],
         lora=True,
         # inference-perf refuses adapters the router's /v1/models does not list, and
