@@ -61,6 +61,7 @@
 
 pub mod config;
 mod cycle;
+mod dispatch;
 mod endpoint;
 mod error;
 mod extract;
@@ -71,6 +72,7 @@ mod request;
 mod scheduler;
 
 pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape};
+pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
     Extensions, InflightCounters, InflightSample, LoraInfo,
