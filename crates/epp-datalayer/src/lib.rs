@@ -49,7 +49,8 @@
 #![warn(missing_docs)]
 
 mod client;
-mod core_extractor;
+mod core_metrics_extractor;
+mod data_layer;
 mod discovery;
 mod error;
 mod prometheus_metric;
@@ -62,13 +63,14 @@ use std::sync::Arc;
 
 use epp_core::{PluginRef, PluginSpec, Registry, config::SourceWiring};
 
-pub use core_extractor::{
+pub use core_metrics_extractor::{
     CoreMetricsExtractor, CoreMetricsParams, DEFAULT_ENGINE, ENGINE_LABELS, EngineConfig,
 };
+pub use data_layer::DataLayer;
 pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_file};
 pub use error::{Error, Result};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
-pub use scrape::{DataLayer, DataLayerOptions};
+pub use scrape::DataLayerOptions;
 pub use source::{MetricsDataSource, MetricsDataSourceParams};
 pub use status::ScrapeStatus;
 pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
