@@ -168,6 +168,7 @@ async fn run(args: Args) -> Result<()> {
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 
+    let readiness = Arc::new(health::Readiness::new(false));
     for discovery in discoveries(&args)? {
         discovery
             .start(Arc::clone(&store), shutdown.child_token())
@@ -179,6 +180,8 @@ async fn run(args: Args) -> Result<()> {
             })?;
         discovery.register_metrics(&mut prom);
     }
+    // Every discovery published its first set before `start` returned.
+    readiness.set_synced(true);
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
         &built.data_layer,
@@ -211,11 +214,12 @@ async fn run(args: Args) -> Result<()> {
         args.secure_serving,
     );
 
-    // Health: NOT_SERVING until endpoints are fresh; first to turn on shutdown.
+    // Health: ready once discovery synced; first to turn on shutdown.
     let health_stop = CancellationToken::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health_task = tokio::spawn(health::track(
         reporter,
+        readiness,
         Arc::clone(&source),
         args.metrics_staleness_threshold,
         health_stop.clone(),

@@ -8,7 +8,7 @@ use tonic_health::pb::{
 };
 
 use crate::common::{
-    BodyMode, Stack, epp_command, http, scratch_dir, spawn_epp, start_envoy_with, start_epp,
+    BodyMode, Stack, epp_command, http, poll, scratch_dir, spawn_epp, start_envoy_with, start_epp,
     start_sims, workspace_bin, workspace_root,
 };
 
@@ -39,7 +39,7 @@ async fn wait_health(port: u16, service: &str, want: ServingStatus) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_follows_endpoint_freshness_and_shutdown() {
+async fn health_answers_the_reference_probes_and_stale_endpoints_are_not_a_restart() {
     let dir = scratch_dir("health");
     let sims = start_sims(&dir, 1, &[]);
     // One live endpoint and one where nothing listens.
@@ -56,24 +56,50 @@ async fn health_follows_endpoint_freshness_and_shutdown() {
             "300ms",
         ],
     );
-    for svc in [
+    let services = [
         "",
         "readiness",
+        "inference-extension",
         "envoy.service.ext_proc.v3.ExternalProcessor",
         "liveness",
-    ] {
+    ];
+    for svc in services {
         wait_health(epp.health_port, svc, ServingStatus::Serving).await;
     }
-    // The only live model server dies: no endpoint is fresh any more.
+    let ready_pods = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("inference_pool_ready_pods{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    let metrics = || http::get_blocking(epp.metrics_port, "/metrics").unwrap().1;
+    poll("one fresh endpoint", 100, || async {
+        (ready_pods(&metrics()).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    // The only live model server dies: no endpoint is fresh any more. That
+    // is visible in the pool gauge, and it is no reason to take epp out of
+    // service or restart it: every probe stays SERVING.
     drop(sims);
-    wait_health(epp.health_port, "readiness", ServingStatus::NotServing).await;
-    assert_eq!(
-        health(epp.health_port, "liveness").await,
-        ServingStatus::Serving
-    );
+    poll("no fresh endpoint", 100, || async {
+        (ready_pods(&metrics()).as_deref() == Some("0")).then_some(())
+    })
+    .await;
+    for svc in services {
+        assert_eq!(
+            health(epp.health_port, svc).await,
+            ServingStatus::Serving,
+            "{svc:?}"
+        );
+    }
 
     let code = epp.proc.terminate(Duration::from_secs(10));
     assert_eq!(code, Some(0), "SIGTERM ends epp cleanly");
+    let log = std::fs::read_to_string(dir.join("epp.stderr")).unwrap_or_default();
+    assert!(
+        log.contains("no endpoint has fresh metrics"),
+        "the loss of every fresh endpoint is logged:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
