@@ -160,6 +160,10 @@ struct ModelOnly<'a> {
 #[must_use]
 pub fn rewrite_model_field(json: &[u8], new_model: &str) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(json).ok()?;
+    // As for requests: serde reads a struct from an array too.
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
     let top: ModelOnly<'_> = serde_json::from_str(text).ok()?;
     let raw = top.model?;
     if !raw.get().starts_with('"') {
@@ -226,5 +230,7 @@ mod tests {
         assert_eq!(out, br#"{"id":"x","model":"base","usage":{}}"#);
         assert!(rewrite_model_field(br#"{"id":"x"}"#, "base").is_none());
         assert!(rewrite_model_field(b"[]", "base").is_none());
+        // An array's first string is not a model (found by fuzzing).
+        assert!(rewrite_model_field(b"[\r\"lora-7\"]", "base").is_none());
     }
 }
