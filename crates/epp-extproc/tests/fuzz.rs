@@ -27,7 +27,8 @@ const SEEDS: &[&str] = &[
     "data: {\"id\":\"c\",\"model\":\"lora\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"model\":\"lora\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
     "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"c\",\"usage\":{\"input_tokens\":7,\"cache_read_input_tokens\":2}}}\r\n\r\nevent: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":4}}\r\n\r\n",
     // Arrays are not requests nor responses to rewrite (the campaign's first find).
-    r#"["lora-7", {"model":"x"}]"#,
+    r#"["lora-7"]"#,
+    r#"[{"model":"x"}]"#,
     "data: {\"type\":\"response.completed\",\"response\":{\"model\":\"m\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1,\"input_tokens_details\":{\"cached_tokens\":1}}}}\n",
 ];
 
