@@ -40,7 +40,7 @@ mod weighted_random_picker;
 
 use std::sync::Arc;
 
-use epp_core::{BuildError, Plugin, PluginSpec, Registry, SingleProfileHandler};
+use epp_core::{BuildError, Plugin, PluginSpec, Registry, Role, SingleProfileHandler};
 use serde::de::DeserializeOwned;
 
 pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
@@ -105,8 +105,37 @@ where
     });
 }
 
-/// Registers every built-in scheduling plugin.
+/// The config used when none is given: the reference picker's default
+/// profile. [`register_builtins`] registers it
+/// ([`Registry::set_default_config`]).
+pub const DEFAULT_CONFIG: &str = "\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: max-score-picker}
+";
+
+/// Registers every built-in scheduling plugin, the defaults for the roles
+/// they fill (picker, profile handler, saturation detector, parser,
+/// prefix-match producer) and [`DEFAULT_CONFIG`].
 pub fn register_builtins(registry: &mut Registry) {
+    registry
+        .set_default(Role::Picker, MaxScorePicker::TYPE)
+        .set_default(Role::ProfileHandler, SingleProfileHandler::TYPE)
+        .set_default(Role::SaturationDetector, UtilizationDetector::TYPE)
+        .set_default(Role::Parser, OpenAiParser::TYPE)
+        .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
+        .set_default_config(DEFAULT_CONFIG);
     register(registry, QueueScorer::TYPE, |name, p: LoadSignalParams| {
         Ok(Arc::new(QueueScorer::with_params(name, p)))
     });
