@@ -17,10 +17,9 @@ mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
 mod header_label_affinity_scorer;
-mod kv_cache_scorer;
 mod label_selector_filter;
 mod load_aware_scorer;
-mod load_signal;
+mod load_signal_scorer;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
@@ -29,9 +28,7 @@ mod openai_parser;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
-mod queue_scorer;
 mod random_picker;
-mod running_requests_size_scorer;
 mod session_affinity_scorer;
 mod token_load_scorer;
 mod utilization_detector;
@@ -49,12 +46,11 @@ pub use approx_prefix_cache_producer::{
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
-pub use kv_cache_scorer::KvCacheUtilizationScorer;
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
-pub use load_signal::LoadSignalParams;
+pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
@@ -65,9 +61,7 @@ pub use prefix_cache_affinity_filter::{
 };
 pub use prefix_cache_scorer::{PrefixCacheScorer, PrefixCacheScorerParams};
 pub use prefix_index::PrefixIndex;
-pub use queue_scorer::QueueScorer;
 pub use random_picker::RandomPicker;
-pub use running_requests_size_scorer::RunningRequestsSizeScorer;
 pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
     session_token,
@@ -136,19 +130,13 @@ pub fn register_builtins(registry: &mut Registry) {
         .set_default(Role::Parser, OpenAiParser::TYPE)
         .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
         .set_default_config(DEFAULT_CONFIG);
-    register(registry, QueueScorer::TYPE, |name, p: LoadSignalParams| {
-        Ok(Arc::new(QueueScorer::with_params(name, p)))
-    });
-    register(
-        registry,
-        RunningRequestsSizeScorer::TYPE,
-        |name, p: LoadSignalParams| Ok(Arc::new(RunningRequestsSizeScorer::with_params(name, p))),
-    );
-    register(
-        registry,
-        KvCacheUtilizationScorer::TYPE,
-        |name, p: LoadSignalParams| Ok(Arc::new(KvCacheUtilizationScorer::with_params(name, p))),
-    );
+    for signal in Signal::ALL {
+        register(
+            registry,
+            signal.type_name(),
+            move |name, p: LoadSignalParams| Ok(Arc::new(LoadSignalScorer::new(name, signal, p))),
+        );
+    }
     register(
         registry,
         PrefixCacheScorer::TYPE,
