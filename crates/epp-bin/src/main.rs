@@ -93,7 +93,7 @@ fn load_config(args: &Args) -> Result<EndpointPickerConfig> {
             EndpointPickerConfig::parse(&text, &path.display().to_string())?
         }
         (None, Some(text)) => EndpointPickerConfig::parse(text, "--config-text")?,
-        (None, None) => EndpointPickerConfig::default_config(),
+        (None, None) => EndpointPickerConfig::default_config(&registry())?,
     };
     Ok(config)
 }

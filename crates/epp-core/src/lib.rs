@@ -84,7 +84,7 @@ pub use plugin::{
     DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
     ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
 };
-pub use registry::{BuildError, Factory, PluginSpec, Registry};
+pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

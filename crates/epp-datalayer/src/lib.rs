@@ -61,7 +61,7 @@ mod store;
 
 use std::sync::Arc;
 
-use epp_core::{PluginRef, PluginSpec, Registry, config::SourceWiring};
+use epp_core::{PluginRef, PluginSpec, Registry, Role, config::SourceWiring};
 
 pub use core_metrics_extractor::{
     CoreMetricsExtractor, CoreMetricsParams, DEFAULT_ENGINE, ENGINE_LABELS, EngineConfig,
@@ -76,8 +76,13 @@ pub use status::ScrapeStatus;
 pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
 
 /// Registers the data layer's plugin types: `metrics-data-source`,
-/// `core-metrics-extractor`, `prometheus-metric`.
+/// `core-metrics-extractor`, `prometheus-metric`; the first two are the
+/// defaults for [`Role::MetricsSource`] and [`Role::MetricsExtractor`] (the
+/// data layer a config gets when it names none).
 pub fn register(registry: &mut Registry) {
+    registry
+        .set_default(Role::MetricsSource, MetricsDataSource::TYPE)
+        .set_default(Role::MetricsExtractor, CoreMetricsExtractor::TYPE);
     registry.register(MetricsDataSource::TYPE, |spec: &PluginSpec| {
         Ok(Arc::new(MetricsDataSource::new(
             spec.name.clone(),

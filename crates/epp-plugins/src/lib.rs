@@ -17,10 +17,9 @@ mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
 mod header_label_affinity_scorer;
-mod kv_cache_scorer;
 mod label_selector_filter;
 mod load_aware_scorer;
-mod load_signal;
+mod load_signal_scorer;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
@@ -29,9 +28,7 @@ mod openai_parser;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
-mod queue_scorer;
 mod random_picker;
-mod running_requests_size_scorer;
 mod session_affinity_scorer;
 mod token_load_scorer;
 mod utilization_detector;
@@ -40,7 +37,7 @@ mod weighted_random_picker;
 
 use std::sync::Arc;
 
-use epp_core::{BuildError, Plugin, PluginSpec, Registry, SingleProfileHandler};
+use epp_core::{BuildError, Plugin, PluginSpec, Registry, Role, SingleProfileHandler};
 use serde::de::DeserializeOwned;
 
 pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
@@ -49,12 +46,11 @@ pub use approx_prefix_cache_producer::{
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
-pub use kv_cache_scorer::KvCacheUtilizationScorer;
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
-pub use load_signal::LoadSignalParams;
+pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
@@ -65,9 +61,7 @@ pub use prefix_cache_affinity_filter::{
 };
 pub use prefix_cache_scorer::{PrefixCacheScorer, PrefixCacheScorerParams};
 pub use prefix_index::PrefixIndex;
-pub use queue_scorer::QueueScorer;
 pub use random_picker::RandomPicker;
-pub use running_requests_size_scorer::RunningRequestsSizeScorer;
 pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
     session_token,
@@ -105,21 +99,44 @@ where
     });
 }
 
-/// Registers every built-in scheduling plugin.
+/// The config used when none is given: the reference picker's default
+/// profile. [`register_builtins`] registers it
+/// ([`Registry::set_default_config`]).
+pub const DEFAULT_CONFIG: &str = "\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: max-score-picker}
+";
+
+/// Registers every built-in scheduling plugin, the defaults for the roles
+/// they fill (picker, profile handler, saturation detector, parser,
+/// prefix-match producer) and [`DEFAULT_CONFIG`].
 pub fn register_builtins(registry: &mut Registry) {
-    register(registry, QueueScorer::TYPE, |name, p: LoadSignalParams| {
-        Ok(Arc::new(QueueScorer::with_params(name, p)))
-    });
-    register(
-        registry,
-        RunningRequestsSizeScorer::TYPE,
-        |name, p: LoadSignalParams| Ok(Arc::new(RunningRequestsSizeScorer::with_params(name, p))),
-    );
-    register(
-        registry,
-        KvCacheUtilizationScorer::TYPE,
-        |name, p: LoadSignalParams| Ok(Arc::new(KvCacheUtilizationScorer::with_params(name, p))),
-    );
+    registry
+        .set_default(Role::Picker, MaxScorePicker::TYPE)
+        .set_default(Role::ProfileHandler, SingleProfileHandler::TYPE)
+        .set_default(Role::SaturationDetector, UtilizationDetector::TYPE)
+        .set_default(Role::Parser, OpenAiParser::TYPE)
+        .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
+        .set_default_config(DEFAULT_CONFIG);
+    for signal in Signal::ALL {
+        register(
+            registry,
+            signal.type_name(),
+            move |name, p: LoadSignalParams| Ok(Arc::new(LoadSignalScorer::new(name, signal, p))),
+        );
+    }
     register(
         registry,
         PrefixCacheScorer::TYPE,

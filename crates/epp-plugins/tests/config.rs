@@ -83,3 +83,43 @@ plugins:
         "{err}"
     );
 }
+
+#[test]
+fn the_registered_default_config_is_the_reference_pickers_and_fills_each_role() {
+    let registry = builtin_registry();
+    assert_eq!(registry.default_config(), Some(epp_plugins::DEFAULT_CONFIG));
+    let built = EndpointPickerConfig::default_config(&registry)
+        .unwrap()
+        .build(&registry)
+        .unwrap();
+    let profiles = built.scheduler.profiles();
+    assert_eq!(profiles.len(), 1);
+    let scorers: Vec<(&str, f64)> = profiles[0]
+        .scorers()
+        .iter()
+        .map(|s| (s.plugin.plugin().type_name(), s.weight))
+        .collect();
+    assert_eq!(
+        scorers,
+        [
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("prefix-cache-scorer", 3.0)
+        ]
+    );
+    assert_eq!(
+        profiles[0].picker().unwrap().plugin().type_name(),
+        "max-score-picker"
+    );
+    let y = &built.effective_yaml;
+    for default in [
+        "type: single-profile-handler",
+        "type: utilization-detector",
+        "saturationDetector:\n  pluginRef: utilization-detector",
+        "parser:\n  pluginRef: openai-parser",
+    ] {
+        assert!(y.contains(default), "{default} missing from\n{y}");
+    }
+    // The data layer's defaults come with its own registration.
+    assert!(y.contains("dataLayer:\n  sources: []"), "{y}");
+}

@@ -10,10 +10,9 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use epp_core::{
     CacheGeometry, Dispatch, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest,
-    Scheduler,
-    config::{DEFAULT_CONFIG, EndpointPickerConfig},
+    Scheduler, config::EndpointPickerConfig,
 };
-use epp_plugins::builtin_registry;
+use epp_plugins::{DEFAULT_CONFIG, builtin_registry};
 
 fn scheduler(text: &str) -> Arc<Scheduler> {
     Arc::new(

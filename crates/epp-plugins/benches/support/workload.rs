@@ -11,8 +11,8 @@ use epp_core::{
     SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,
 };
 use epp_plugins::{
-    KvCacheUtilizationScorer, MaxScorePicker, PickerParams, PrefixCacheParams, PrefixCacheScorer,
-    QueueScorer,
+    LoadSignalParams, LoadSignalScorer, MaxScorePicker, PickerParams, PrefixCacheParams,
+    PrefixCacheScorer, Signal,
 };
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -91,12 +91,18 @@ impl Workload {
         let prefix = Arc::new(PrefixCacheScorer::new("prefix-cache-scorer", params));
         let profile = SchedulingProfile::new("default")
             .with_scorer(
-                PluginRef::new(Arc::new(QueueScorer::new("queue-scorer"))),
+                PluginRef::new(Arc::new(LoadSignalScorer::new(
+                    "queue-scorer",
+                    Signal::Waiting,
+                    LoadSignalParams::default(),
+                ))),
                 2.0,
             )
             .with_scorer(
-                PluginRef::new(Arc::new(KvCacheUtilizationScorer::new(
+                PluginRef::new(Arc::new(LoadSignalScorer::new(
                     "kv-cache-utilization-scorer",
+                    Signal::KvUsage,
+                    LoadSignalParams::default(),
                 ))),
                 2.0,
             )
