@@ -20,17 +20,17 @@
 //! per request much less.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use common::{
-    BodyMode, Envoy, Epp, epp_command_at, http, scratch_dir, spawn_epp, start_envoy,
-    start_envoy_round_robin, start_epp, start_sims,
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Envoy, Epp, Sim, epp_command_at, scratch_dir, spawn_epp, start_envoy,
+        start_envoy_round_robin, start_epp, start_sims,
+    },
 };
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -234,11 +234,7 @@ async fn main() {
         4,
         &["--ttft-ms", "0", "--itl-ms", "0", "--max-num-seqs", "256"],
     );
-    let endpoints = sims
-        .iter()
-        .map(common::Sim::addr)
-        .collect::<Vec<_>>()
-        .join(",");
+    let endpoints = sims.iter().map(Sim::addr).collect::<Vec<_>>().join(",");
     let ports: Vec<u16> = sims.iter().map(|s| s.port).collect();
     let mut routes = vec![Route {
         name: "Envoy direct (RR)".to_owned(),

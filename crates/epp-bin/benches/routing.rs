@@ -19,19 +19,13 @@
 //! counts what the workload asks for.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[expect(
-    dead_code,
-    unreachable_pub,
-    reason = "the e2e tests' HTTP client, of which this uses only the POST"
-)]
-#[path = "../tests/common/http.rs"]
-mod http;
-
 use std::{
     io::Write,
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+
+use epp_test_support::http;
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const ADAPTERS: usize = 8;

@@ -7,15 +7,15 @@
 //! `--mode streamed|buffered` (Envoy body mode, default streamed).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::{
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use common::{BodyMode, Stack, http};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+};
 
 fn flag(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
