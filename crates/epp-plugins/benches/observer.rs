@@ -11,9 +11,6 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "support/workload.rs"]
-mod workload;
-
 use std::{
     hint::black_box,
     sync::Arc,
@@ -22,11 +19,12 @@ use std::{
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use epp_core::{CallSite, SchedulerObserver};
+use epp_plugins::{PrefixCacheParams, PrefixCacheScorer, builtin_registry};
+use epp_test_support::workload::Workload;
 use prometheus_client::{
     metrics::histogram::{Histogram, exponential_buckets},
     registry::Registry,
 };
-use workload::Workload;
 
 /// One histogram per call site, with the binary's buckets (1 µs … ~0.5 s).
 #[derive(Debug)]
@@ -55,8 +53,9 @@ impl SchedulerObserver for Histograms {
     }
 }
 
-fn workload(observed: bool) -> Workload {
-    let mut w = Workload::new(64, 16, None);
+fn workload(observed: bool) -> Workload<PrefixCacheScorer> {
+    let prefix = PrefixCacheScorer::new(PrefixCacheScorer::TYPE, PrefixCacheParams::default());
+    let mut w = Workload::new(64, 16, &builtin_registry(), Arc::new(prefix));
     if observed {
         let mut registry = Registry::default();
         let histograms = Arc::new(Histograms::new(&mut registry, &w.scheduler.call_sites()));
@@ -67,12 +66,12 @@ fn workload(observed: bool) -> Workload {
     eprintln!(
         "observer={observed}: index {} entries, {:.1} bytes per block",
         w.prefix.index().entries(),
-        w.bytes_per_block()
+        w.prefix.index().bytes_per_entry()
     );
     w
 }
 
-fn run(w: &mut Workload, iters: u64) -> Duration {
+fn run(w: &mut Workload<PrefixCacheScorer>, iters: u64) -> Duration {
     let mut spent = Duration::ZERO;
     for _ in 0..iters {
         // Load changes and prompt assembly are not the cycle: untimed.
