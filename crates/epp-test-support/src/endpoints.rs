@@ -40,6 +40,19 @@ pub fn labelled(i: u32, labels: &[(&str, &str)]) -> Arc<Endpoint> {
     e
 }
 
+/// Endpoints `0..` with fresh, empty metrics, endpoint `i` labelled
+/// `llm-d.ai/role: roles[i]` when that is given.
+#[must_use]
+pub fn with_roles(roles: &[Option<&str>]) -> Vec<Arc<Endpoint>> {
+    (0..)
+        .zip(roles)
+        .map(|(i, role)| match role {
+            Some(role) => labelled(i, &[("llm-d.ai/role", role)]),
+            None => labelled(i, &[]),
+        })
+        .collect()
+}
+
 /// Endpoints `0..`, one per entry of `metrics`, each marked as scraped now.
 #[must_use]
 pub fn endpoints(metrics: impl IntoIterator<Item = EndpointMetrics>) -> Vec<Arc<Endpoint>> {
@@ -116,6 +129,10 @@ mod tests {
         assert!(eps[0].metrics().updated_at.is_some(), "fresh");
         let e = labelled(2, &[("llm-d.ai/role", "decode")]);
         assert_eq!(e.label("llm-d.ai/role"), Some("decode"));
+        let roles = with_roles(&[None, Some("prefill")]);
+        assert_eq!(roles[0].labels().len(), 0);
+        assert_eq!(roles[1].label("llm-d.ai/role"), Some("prefill"));
+        assert_eq!(roles[1].id(), EndpointId(1));
         assert_eq!(snapshot(4).len(), 4);
     }
 }
