@@ -31,14 +31,11 @@ use epp_test_support::{
         BodyMode, Envoy, Epp, Sim, epp_command_at, scratch_dir, spawn_epp, start_envoy,
         start_envoy_round_robin, start_epp, start_sims,
     },
+    stats::percentile,
 };
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    percentile(sorted, p).unwrap_or_default()
 }
 
 fn ms(d: Duration) -> f64 {

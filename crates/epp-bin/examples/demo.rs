@@ -15,6 +15,7 @@ use std::{
 use epp_test_support::{
     http,
     process::{BodyMode, Stack},
+    stats::percentile,
 };
 
 fn flag(name: &str) -> Option<String> {
@@ -22,14 +23,6 @@ fn flag(name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn ms(d: Duration) -> String {
@@ -151,9 +144,9 @@ async fn main() {
     ] {
         println!(
             "{name}                 {:<10} {:<10} {:<10} {}",
-            ms(percentile(v, 50.0)),
-            ms(percentile(v, 90.0)),
-            ms(percentile(v, 99.0)),
+            ms(percentile(v, 50.0).unwrap_or_default()),
+            ms(percentile(v, 90.0).unwrap_or_default()),
+            ms(percentile(v, 99.0).unwrap_or_default()),
             ms(v.last().copied().unwrap_or_default())
         );
     }

@@ -7,11 +7,7 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::{
-    hint::black_box,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use epp_plugins::{PrefixCacheParams, PrefixCacheScorer, builtin_registry};
@@ -33,18 +29,7 @@ fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
             );
             w
         });
-        b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iters {
-                // Load changes and prompt assembly are not the cycle: untimed.
-                w.next();
-                let t = Instant::now();
-                w.cycle();
-                spent += t.elapsed();
-                black_box(&w.result);
-            }
-            spent
-        });
+        b.iter_custom(|iters| w.time_cycles(iters));
     });
     g.finish();
 }

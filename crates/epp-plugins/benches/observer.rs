@@ -11,11 +11,7 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::{
-    hint::black_box,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use epp_core::{CallSite, SchedulerObserver};
@@ -71,26 +67,15 @@ fn workload(observed: bool) -> Workload<PrefixCacheScorer> {
     w
 }
 
-fn run(w: &mut Workload<PrefixCacheScorer>, iters: u64) -> Duration {
-    let mut spent = Duration::ZERO;
-    for _ in 0..iters {
-        // Load changes and prompt assembly are not the cycle: untimed.
-        w.next();
-        let t = Instant::now();
-        w.cycle();
-        spent += t.elapsed();
-        black_box(&w.result);
-    }
-    spent
-}
-
 fn observer(c: &mut Criterion) {
     let mut plain = workload(false);
     let mut observed = workload(true);
     let mut g = c.benchmark_group("observer");
-    g.bench_function("64ep-16KiB/none", |b| b.iter_custom(|n| run(&mut plain, n)));
+    g.bench_function("64ep-16KiB/none", |b| {
+        b.iter_custom(|n| plain.time_cycles(n))
+    });
     g.bench_function("64ep-16KiB/prometheus", |b| {
-        b.iter_custom(|n| run(&mut observed, n))
+        b.iter_custom(|n| observed.time_cycles(n))
     });
     g.finish();
 
@@ -98,8 +83,8 @@ fn observer(c: &mut Criterion) {
     let (mut none, mut prom) = (Duration::ZERO, Duration::ZERO);
     let (rounds, per_round) = (20_u32, 2_000_u32);
     for _ in 0..rounds {
-        none += run(&mut plain, u64::from(per_round));
-        prom += run(&mut observed, u64::from(per_round));
+        none += plain.time_cycles(u64::from(per_round));
+        prom += observed.time_cycles(u64::from(per_round));
     }
     let n = f64::from(rounds * per_round);
     let (none_us, prom_us) = (none.as_secs_f64() * 1e6 / n, prom.as_secs_f64() * 1e6 / n);

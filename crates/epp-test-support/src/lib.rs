@@ -11,6 +11,7 @@
 //! - [`process`] and [`http`]: simulators, epp and Envoy as real processes on
 //!   loopback, and a small HTTP client, for end-to-end tests and benchmarks.
 //! - [`wait`]: bounded waiting for what another task or process does.
+//! - [`stats`]: percentiles of measured samples.
 //!
 //! ```
 //! use epp_core::{EndpointSnapshot, InferenceRequest};
@@ -40,5 +41,6 @@ pub mod endpoints;
 pub mod http;
 pub mod plugins;
 pub mod process;
+pub mod stats;
 pub mod wait;
 pub mod workload;

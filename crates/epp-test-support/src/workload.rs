@@ -9,7 +9,11 @@
 //! prefix scorer is the caller's own instance, so that it can look at its
 //! index.
 
-use std::sync::Arc;
+use std::{
+    hint::black_box,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use epp_core::{
     EndpointMetrics, EndpointSnapshot, InferenceRequest, Plugin, PluginRef, PluginSpec, Registry,
@@ -160,6 +164,22 @@ impl<P: Plugin + 'static> Workload<P> {
                 &mut self.result,
             )
             .expect("an endpoint");
+    }
+
+    /// Runs `n` full requests and returns the time their cycles took: load
+    /// changes and prompt assembly are the data layer's and the client's
+    /// work, so they are left untimed. Each result is passed through
+    /// [`black_box`] so the cycle cannot be optimised away.
+    pub fn time_cycles(&mut self, n: u64) -> Duration {
+        let mut spent = Duration::ZERO;
+        for _ in 0..n {
+            self.next();
+            let t = Instant::now();
+            self.cycle();
+            spent += t.elapsed();
+            black_box(&self.result);
+        }
+        spent
     }
 
     /// Runs `n` full requests (load change, prompt, cycle).
