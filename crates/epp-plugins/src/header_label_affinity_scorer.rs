@@ -76,28 +76,25 @@ impl Scorer for HeaderLabelAffinityScorer {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, sync::Arc};
-
-    use epp_core::{Endpoint, EndpointId, InferenceRequest};
+    use epp_core::InferenceRequest;
 
     use super::*;
-    use crate::testing::with_cx;
+    use crate::testing::{labelled, with_cx};
 
     #[test]
     fn the_matching_label_scores_one() {
-        let eps: Vec<Arc<Endpoint>> = ["a", "b", ""]
-            .iter()
+        let c: Vec<Candidate> = ["a", "b", ""]
+            .into_iter()
             .zip(0u32..)
             .map(|(v, i)| {
-                let mut labels = BTreeMap::new();
-                if !v.is_empty() {
-                    labels.insert("pool/variant".to_owned(), (*v).to_owned());
-                }
-                let addr = format!("10.0.0.{i}:8000").parse().unwrap();
-                Arc::new(Endpoint::with_labels(EndpointId(i), addr, labels))
+                let labels: &[(&str, &str)] = if v.is_empty() {
+                    &[]
+                } else {
+                    &[("pool/variant", v)]
+                };
+                Candidate::new(&labelled(i, labels))
             })
             .collect();
-        let c: Vec<Candidate> = eps.iter().map(Candidate::new).collect();
         let p: HeaderLabelAffinityParams =
             serde_yaml_ng::from_str("{headerName: X-Variant, labelKey: pool/variant}").unwrap();
         let s = HeaderLabelAffinityScorer::new("h", p).unwrap();

@@ -194,28 +194,19 @@ impl Filter for LabelSelectorFilter {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use epp_core::{Endpoint, EndpointId, InferenceRequest};
+    use epp_core::InferenceRequest;
 
     use super::*;
-    use crate::testing::with_cx;
+    use crate::testing::{labelled, with_cx};
 
     fn cands(roles: &[Option<&str>]) -> Vec<Candidate> {
-        roles
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let mut labels = BTreeMap::new();
-                if let Some(r) = r {
-                    labels.insert(ROLE_LABEL.to_owned(), (*r).to_owned());
-                }
-                labels.insert("zone".to_owned(), format!("z{}", i % 2));
-                Candidate::new(&Arc::new(Endpoint::with_labels(
-                    EndpointId(i as u32),
-                    format!("10.0.0.1:{i}").parse().unwrap(),
-                    labels,
-                )))
+        (0u32..)
+            .zip(roles)
+            .map(|(i, role)| {
+                let zone = format!("z{}", i % 2);
+                let mut labels = vec![("zone", zone.as_str())];
+                labels.extend(role.map(|r| (ROLE_LABEL, r)));
+                Candidate::new(&labelled(i, &labels))
             })
             .collect()
     }

@@ -278,5 +278,6 @@ pub fn builtin_registry() -> Registry {
     registry
 }
 
+/// The unit tests' candidates and cycle contexts.
 #[cfg(test)]
-pub(crate) mod testing;
+use epp_test_support::endpoints as testing;

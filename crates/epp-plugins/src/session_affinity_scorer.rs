@@ -218,7 +218,7 @@ mod tests {
     fn session_header_picks_its_endpoint() {
         let c = candidates(vec![EndpointMetrics::default(); 3]);
         let req = InferenceRequest::builder("m")
-            .header(SESSION_HEADER, session_token("10.0.0.1:8001"))
+            .header(SESSION_HEADER, session_token("10.0.0.2:8000"))
             .build();
         let s = with_cx(&req, 0, |cx| {
             let mut out = vec![0.0; 3];
@@ -237,7 +237,7 @@ mod tests {
         let s = SessionAffinityScorer::from_params("s", p).unwrap();
         let c = candidates(vec![EndpointMetrics::default(); 2]);
         let req = InferenceRequest::builder("m")
-            .header("x-my-session", session_token("10.0.0.1:8001"))
+            .header("x-my-session", session_token("10.0.0.2:8000"))
             .header(SESSION_HEADER, session_token("10.0.0.1:8000"))
             .build();
         let scores = with_cx(&req, 0, |cx| {
@@ -262,7 +262,7 @@ mod tests {
         SessionAffinityScorer::new("s").add_response_headers(&req, &c[1].endpoint, &mut out);
         assert_eq!(
             out,
-            vec![(SESSION_HEADER.to_owned(), session_token("10.0.0.1:8001"))]
+            vec![(SESSION_HEADER.to_owned(), session_token("10.0.0.2:8000"))]
         );
     }
 }

@@ -2,12 +2,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-
-use epp_core::{
-    Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, config::EndpointPickerConfig,
-};
+use epp_core::{InferenceRequest, config::EndpointPickerConfig};
 use epp_plugins::builtin_registry;
+use epp_test_support::endpoints::snapshot;
 
 #[test]
 fn an_llm_d_style_config_with_a_declared_producer_schedules() {
@@ -33,17 +30,7 @@ schedulingProfiles:
         .unwrap()
         .build(&builtin_registry())
         .unwrap();
-    let endpoints: Vec<Arc<Endpoint>> = (0..3)
-        .map(|i| {
-            let e = Arc::new(Endpoint::new(
-                i,
-                format!("10.0.0.{i}:8000").parse().unwrap(),
-            ));
-            e.set_metrics(EndpointMetrics::fresh());
-            e
-        })
-        .collect();
-    let snapshot = EndpointSnapshot::new(endpoints);
+    let snapshot = snapshot(3);
     let prompt = "a shared system prompt ".repeat(20);
     let req = InferenceRequest::builder("m").prompt(prompt).build();
     let first = built.scheduler.schedule(&req, &snapshot).unwrap();

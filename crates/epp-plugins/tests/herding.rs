@@ -9,10 +9,11 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use epp_core::{
-    CacheGeometry, Dispatch, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest,
-    Scheduler, config::EndpointPickerConfig,
+    CacheGeometry, Dispatch, EndpointMetrics, EndpointSnapshot, InferenceRequest, Scheduler,
+    config::EndpointPickerConfig,
 };
 use epp_plugins::{DEFAULT_CONFIG, builtin_registry};
+use epp_test_support::endpoints::endpoints;
 
 fn scheduler(text: &str) -> Arc<Scheduler> {
     Arc::new(
@@ -27,25 +28,14 @@ fn scheduler(text: &str) -> Arc<Scheduler> {
 /// Four endpoints with empty queues and KV usage 10 %, 11 %, 12 %, 13 % in
 /// their last scrape, which left while nothing was in flight.
 fn fleet() -> EndpointSnapshot {
-    EndpointSnapshot::new(
-        (0..4u32)
-            .map(|i| {
-                let e = Arc::new(Endpoint::new(
-                    i,
-                    format!("10.0.0.{i}:8000").parse().unwrap(),
-                ));
-                e.set_metrics(EndpointMetrics {
-                    kv_usage: 0.10 + f64::from(i) / 100.0,
-                    cache: Some(CacheGeometry {
-                        block_size_tokens: 16,
-                        num_blocks: 2048,
-                    }),
-                    ..EndpointMetrics::fresh()
-                });
-                e
-            })
-            .collect(),
-    )
+    EndpointSnapshot::new(endpoints((0..4u32).map(|i| EndpointMetrics {
+        kv_usage: 0.10 + f64::from(i) / 100.0,
+        cache: Some(CacheGeometry {
+            block_size_tokens: 16,
+            num_blocks: 2048,
+        }),
+        ..EndpointMetrics::default()
+    })))
 }
 
 /// Schedules `prompts` back to back, each dispatched (counted in flight on

@@ -7,9 +7,13 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::common::{
-    BodyMode, Stack, epp_command, http, poll, scratch_dir, spawn_epp, start_envoy_with, start_epp,
-    start_sims, workspace_bin, workspace_root,
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Stack, epp_command, scratch_dir, spawn_epp, start_envoy_with, start_epp,
+        start_sims, workspace_bin, workspace_root,
+    },
+    wait::poll,
 };
 
 async fn health(port: u16, service: &str) -> ServingStatus {
@@ -108,7 +112,7 @@ async fn envoy_talks_tls_to_epp_by_default() {
     let sims = start_sims(&dir, 2, &[]);
     let endpoints = sims
         .iter()
-        .map(crate::common::Sim::addr)
+        .map(epp_test_support::process::Sim::addr)
         .collect::<Vec<_>>()
         .join(",");
     // No --secure-serving=false: the default is TLS with a self-signed certificate.
@@ -186,7 +190,9 @@ async fn endpoints_file_edits_reach_the_picker_and_bad_edits_are_kept_out() {
     let dir = scratch_dir("endpoints-file");
     let sims = start_sims(&dir, 2, &[]);
     let file = dir.join("endpoints.yaml");
-    let entry = |s: &crate::common::Sim| format!("- {{address: 127.0.0.1, port: {}}}\n", s.port);
+    let entry = |s: &epp_test_support::process::Sim| {
+        format!("- {{address: 127.0.0.1, port: {}}}\n", s.port)
+    };
     std::fs::write(&file, entry(&sims[0]) + &entry(&sims[1])).unwrap();
     let epp = start_epp(
         &dir,
@@ -207,8 +213,9 @@ async fn endpoints_file_edits_reach_the_picker_and_bad_edits_are_kept_out() {
         }
         panic!("never: {what}\n{}", metrics());
     };
-    let up =
-        |s: &crate::common::Sim| format!("epp_metrics_scrape_up{{endpoint=\"{}\"}} 1", s.addr());
+    let up = |s: &epp_test_support::process::Sim| {
+        format!("epp_metrics_scrape_up{{endpoint=\"{}\"}} 1", s.addr())
+    };
     wait_for("both endpoints scraped", &|m| {
         m.contains("inference_pool_ready_pods{name=\"p\"} 2")
             && m.contains(&up(&sims[0]))

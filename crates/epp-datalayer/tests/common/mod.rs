@@ -2,7 +2,6 @@
 //! and waiting without asserting wall-clock times.
 
 use std::{
-    future::Future,
     net::SocketAddr,
     sync::{
         Arc,
@@ -224,22 +223,6 @@ pub(crate) fn wiring(params_yaml: &str) -> SourceWiring {
         source: PluginRef::new(Arc::new(source)),
         extractors: vec![PluginRef::new(Arc::new(core))],
     }
-}
-
-/// Polls `cond` every 10 ms until it holds; panics with `what` after 20 s
-/// (a generous bound for slow CI, not a timing assertion).
-pub(crate) async fn eventually<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..2000 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 /// A simulator process (`epp-sim`), killed on drop.

@@ -8,9 +8,10 @@ use epp_datalayer::{
     DataLayer, DataLayerOptions, EndpointSpec, EndpointStore, MetricsDataSource,
     PrometheusMetricExtractor, default_source_wiring,
 };
+use epp_test_support::wait::eventually;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{SimProc, eventually};
+use crate::common::SimProc;
 
 fn opts() -> DataLayerOptions {
     DataLayerOptions {

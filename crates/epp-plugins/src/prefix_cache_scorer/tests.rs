@@ -1,12 +1,15 @@
 use std::sync::Arc;
 
 use epp_core::{
-    EndpointMetrics, EndpointSnapshot, InferenceRequest, PluginRef, Scheduler, SchedulingProfile,
+    EndpointMetrics, InferenceRequest, PluginRef, Scheduler, SchedulingProfile,
     SingleProfileHandler,
 };
 
 use super::*;
-use crate::{MaxScorePicker, PickerParams, testing::candidates};
+use crate::{
+    MaxScorePicker, PickerParams,
+    testing::{candidates, snapshot},
+};
 
 fn scheduler(scorer: &Arc<PrefixCacheScorer>, extra: Option<PluginRef>) -> Scheduler {
     let picker = Arc::new(MaxScorePicker::new("pick", PickerParams::default()));
@@ -18,15 +21,6 @@ fn scheduler(scorer: &Arc<PrefixCacheScorer>, extra: Option<PluginRef>) -> Sched
     Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
         .unwrap()
         .with_hooks(hooks)
-}
-
-fn snapshot(n: usize) -> EndpointSnapshot {
-    EndpointSnapshot::new(
-        candidates(vec![EndpointMetrics::default(); n])
-            .into_iter()
-            .map(|c| c.endpoint)
-            .collect(),
-    )
 }
 
 #[test]
