@@ -4,8 +4,6 @@
 //! bodies and seeded mutations of them. The long campaigns are that target
 //! under cargo-fuzz (see `fuzz/Cargo.toml`).
 
-#![expect(clippy::unwrap_used, reason = "test code")]
-
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
 #[path = "../fuzz/fuzz_targets/check.rs"]
