@@ -228,29 +228,51 @@ mod tests {
         }
     }
 
-    fn setup() -> (Arc<Scheduler>, Arc<FirstAndLog>, EndpointSnapshot) {
+    /// A scheduler over one endpoint, a 40-character (10-token) request, its
+    /// scheduling result, and the endpoint.
+    struct Setup {
+        scheduler: Arc<Scheduler>,
+        log: Arc<FirstAndLog>,
+        request: InferenceRequest,
+        result: SchedulingResult,
+        endpoint: Arc<Endpoint>,
+    }
+
+    fn setup() -> Setup {
         let picker = Arc::new(FirstAndLog::default());
         let profile =
             SchedulingProfile::new("p").with_picker(PluginRef::new(picker.clone() as Arc<_>));
         let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
             .unwrap()
             .with_hooks([PluginRef::new(picker.clone() as Arc<_>)]);
-        let e = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
-        e.set_metrics(EndpointMetrics::fresh());
-        (Arc::new(scheduler), picker, EndpointSnapshot::new(vec![e]))
-    }
-
-    #[test]
-    fn counts_from_dispatch_until_complete_then_runs_hooks_once() {
-        let (scheduler, log, snapshot) = setup();
+        let endpoint = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+        endpoint.set_metrics(EndpointMetrics::fresh());
+        let snapshot = EndpointSnapshot::new(vec![Arc::clone(&endpoint)]);
         let request = InferenceRequest::builder("m")
             .prompt("x".repeat(40))
             .build();
         let result = scheduler.schedule(&request, &snapshot).unwrap();
-        let endpoint = Arc::clone(&snapshot.endpoints()[0]);
+        Setup {
+            scheduler: Arc::new(scheduler),
+            log: picker,
+            request,
+            result,
+            endpoint,
+        }
+    }
+
+    #[test]
+    fn counts_from_dispatch_until_complete_then_runs_hooks_once() {
+        let Setup {
+            scheduler,
+            log,
+            request,
+            result,
+            endpoint,
+        } = setup();
         assert_eq!(endpoint.inflight().requests(), 0);
 
-        let dispatch = result.dispatch(Arc::clone(&scheduler), request).unwrap();
+        let dispatch = result.dispatch(scheduler, request).unwrap();
         let sample = endpoint.inflight().sample();
         assert_eq!(
             (sample.requests, sample.tokens, sample.uncached_tokens),
@@ -268,16 +290,17 @@ mod tests {
 
     #[test]
     fn dropping_a_dispatch_releases_it_as_aborted() {
-        let (scheduler, log, snapshot) = setup();
-        let request = InferenceRequest::builder("m")
-            .prompt("x".repeat(40))
-            .build();
-        let result = scheduler.schedule(&request, &snapshot).unwrap();
-        let endpoint = Arc::clone(&snapshot.endpoints()[0]);
+        let Setup {
+            scheduler,
+            log,
+            request,
+            result,
+            endpoint,
+        } = setup();
         let a = result
             .dispatch(Arc::clone(&scheduler), request.clone())
             .unwrap();
-        let b = result.dispatch(Arc::clone(&scheduler), request).unwrap();
+        let b = result.dispatch(scheduler, request).unwrap();
         assert_eq!(endpoint.inflight().requests(), 2);
         drop(a);
         assert_eq!(endpoint.inflight().requests(), 1);
@@ -291,10 +314,9 @@ mod tests {
 
     #[test]
     fn a_result_without_a_target_dispatches_nothing() {
-        let (scheduler, _, _) = setup();
         let empty = SchedulingResult::default();
         let err = empty
-            .dispatch(scheduler, InferenceRequest::builder("m").build())
+            .dispatch(setup().scheduler, InferenceRequest::builder("m").build())
             .unwrap_err();
         assert_eq!(err, SchedulingError::NoEndpoints);
     }

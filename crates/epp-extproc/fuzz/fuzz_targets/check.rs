@@ -13,15 +13,6 @@
 use epp_core::ApiKind;
 use epp_extproc::{ModelRestorer, UsageReader, parse_body, rewrite_model_field, splice_model};
 
-const APIS: [ApiKind; 6] = [
-    ApiKind::Completions,
-    ApiKind::ChatCompletions,
-    ApiKind::Responses,
-    ApiKind::Conversations,
-    ApiKind::Embeddings,
-    ApiKind::Messages,
-];
-
 /// A model name that needs escaping, to exercise the splice's encoding.
 const NEW_MODEL: &str = "fz/\"m\"\u{e9}\\1";
 
@@ -35,7 +26,7 @@ pub(crate) fn check(data: &[u8]) {
     let [api, split, body @ ..] = data else {
         return;
     };
-    let api = APIS[usize::from(*api) % APIS.len()];
+    let api = ApiKind::ALL[usize::from(*api) % ApiKind::ALL.len()];
     let split = if body.is_empty() {
         0
     } else {

@@ -467,14 +467,7 @@ mod tests {
             r#"{"model":"m","prompt":{"a":[1,2]}}"#,
             r#"{"model":"m","input":[{"type":"function_call","name":"f"}]}"#,
         ] {
-            for api in [
-                ApiKind::Completions,
-                ApiKind::ChatCompletions,
-                ApiKind::Responses,
-                ApiKind::Conversations,
-                ApiKind::Embeddings,
-                ApiKind::Messages,
-            ] {
+            for api in ApiKind::ALL {
                 let _ = prompt(api, body);
             }
         }
