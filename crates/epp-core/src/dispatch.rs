@@ -263,16 +263,11 @@ mod tests {
 
     #[test]
     fn counts_from_dispatch_until_complete_then_runs_hooks_once() {
-        let Setup {
-            scheduler,
-            log,
-            request,
-            result,
-            endpoint,
-        } = setup();
+        let s = setup();
+        let endpoint = &s.endpoint;
         assert_eq!(endpoint.inflight().requests(), 0);
 
-        let dispatch = result.dispatch(scheduler, request).unwrap();
+        let dispatch = s.result.dispatch(s.scheduler, s.request).unwrap();
         let sample = endpoint.inflight().sample();
         assert_eq!(
             (sample.requests, sample.tokens, sample.uncached_tokens),
@@ -283,24 +278,20 @@ mod tests {
         assert_eq!(back.model, "m");
         assert_eq!(endpoint.inflight().sample(), Default::default());
         assert_eq!(
-            *log.0.lock().unwrap(),
+            *s.log.0.lock().unwrap(),
             [RequestOutcome::Completed { status: 200 }]
         );
     }
 
     #[test]
     fn dropping_a_dispatch_releases_it_as_aborted() {
-        let Setup {
-            scheduler,
-            log,
-            request,
-            result,
-            endpoint,
-        } = setup();
-        let a = result
-            .dispatch(Arc::clone(&scheduler), request.clone())
+        let s = setup();
+        let (endpoint, log) = (&s.endpoint, &s.log);
+        let a = s
+            .result
+            .dispatch(Arc::clone(&s.scheduler), s.request.clone())
             .unwrap();
-        let b = result.dispatch(scheduler, request).unwrap();
+        let b = s.result.dispatch(s.scheduler, s.request).unwrap();
         assert_eq!(endpoint.inflight().requests(), 2);
         drop(a);
         assert_eq!(endpoint.inflight().requests(), 1);
