@@ -10,6 +10,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
@@ -223,6 +224,11 @@ impl Sim {
     /// `127.0.0.1:PORT`, as epp's `--endpoints` takes it.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Its address, as the data layer's endpoint specs take it.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 }
 

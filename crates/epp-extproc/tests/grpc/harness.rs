@@ -152,9 +152,9 @@ impl Envoy {
         }
     }
 
-    /// Sends a whole POST to `path`: its headers (announcing the body modes),
-    /// then `body` in one message that ends the request.
-    pub(crate) async fn send_post(&self, path: &str, body: &[u8], req_mode: i32, resp_mode: i32) {
+    /// Sends the headers of a POST to `path` whose body follows, announcing
+    /// the body modes.
+    pub(crate) async fn send_post_headers(&self, path: &str, req_mode: i32, resp_mode: i32) {
         self.send(request_headers(
             &pairs(&post(path)),
             false,
@@ -162,6 +162,12 @@ impl Envoy {
             resp_mode,
         ))
         .await;
+    }
+
+    /// Sends a whole POST to `path`: its headers (announcing the body modes),
+    /// then `body` in one message that ends the request.
+    pub(crate) async fn send_post(&self, path: &str, body: &[u8], req_mode: i32, resp_mode: i32) {
+        self.send_post_headers(path, req_mode, resp_mode).await;
         self.send(request_body(body, true)).await;
     }
 
