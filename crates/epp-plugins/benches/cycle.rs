@@ -10,7 +10,7 @@
 use std::{sync::Arc, time::Duration};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use epp_plugins::{PrefixCacheParams, PrefixCacheScorer, builtin_registry};
+use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
 use epp_test_support::workload::Workload;
 
 fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
@@ -19,7 +19,8 @@ fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
     let mut g = c.benchmark_group(group);
     g.bench_function(BenchmarkId::new(format!("{endpoints}ep"), format!("{kib}KiB")), |b| {
         let w = setup.get_or_insert_with(|| {
-            let prefix = PrefixCacheScorer::new(PrefixCacheScorer::TYPE, PrefixCacheParams::default());
+            let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, PrefixCacheScorerParams::default())
+                .expect("default parameters are valid");
             let mut w = Workload::new(endpoints, kib, &builtin_registry(), Arc::new(prefix));
             w.warm(10_000);
             eprintln!(

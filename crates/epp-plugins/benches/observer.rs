@@ -15,7 +15,7 @@ use std::{sync::Arc, time::Duration};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use epp_core::{CallSite, SchedulerObserver};
-use epp_plugins::{PrefixCacheParams, PrefixCacheScorer, builtin_registry};
+use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
 use epp_test_support::workload::Workload;
 use prometheus_client::{
     metrics::histogram::{Histogram, exponential_buckets},
@@ -50,7 +50,9 @@ impl SchedulerObserver for Histograms {
 }
 
 fn workload(observed: bool) -> Workload<PrefixCacheScorer> {
-    let prefix = PrefixCacheScorer::new(PrefixCacheScorer::TYPE, PrefixCacheParams::default());
+    let prefix =
+        PrefixCacheScorer::build(PrefixCacheScorer::TYPE, PrefixCacheScorerParams::default())
+            .expect("default parameters are valid");
     let mut w = Workload::new(64, 16, &builtin_registry(), Arc::new(prefix));
     if observed {
         let mut registry = Registry::default();

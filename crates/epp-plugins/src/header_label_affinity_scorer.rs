@@ -3,6 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
+use crate::Builtin;
 use crate::invalid;
 
 /// Parameters of `header-label-affinity-scorer` (both required).
@@ -27,15 +28,13 @@ pub struct HeaderLabelAffinityScorer {
     label: String,
 }
 
-impl HeaderLabelAffinityScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "header-label-affinity-scorer";
+impl Builtin for HeaderLabelAffinityScorer {
+    const TYPE: &'static str = "header-label-affinity-scorer";
+    type Params = HeaderLabelAffinityParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
     /// An empty `headerName` or `labelKey`.
-    pub fn new(name: impl Into<String>, p: HeaderLabelAffinityParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: HeaderLabelAffinityParams) -> Result<Self, BuildError> {
         for (field, v) in [("headerName", &p.header_name), ("labelKey", &p.label_key)] {
             if v.is_empty() {
                 return Err(invalid(Self::TYPE, field, "\"\"", "is required"));
@@ -97,7 +96,7 @@ mod tests {
             .collect();
         let p: HeaderLabelAffinityParams =
             serde_yaml_ng::from_str("{headerName: X-Variant, labelKey: pool/variant}").unwrap();
-        let s = HeaderLabelAffinityScorer::new("h", p).unwrap();
+        let s = HeaderLabelAffinityScorer::build("h", p).unwrap();
         let score = |req: &InferenceRequest| {
             with_cx(req, 0, |cx| {
                 let mut out = vec![0.0; 3];
@@ -117,7 +116,7 @@ mod tests {
             header_name: "x".into(),
             label_key: String::new(),
         };
-        let err = HeaderLabelAffinityScorer::new("h", missing).unwrap_err();
+        let err = HeaderLabelAffinityScorer::build("h", missing).unwrap_err();
         assert!(err.to_string().contains("labelKey"), "{err}");
     }
 }

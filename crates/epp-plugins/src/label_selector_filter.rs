@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
 
 /// The label llm-d uses for an endpoint's disaggregation role.
@@ -98,15 +99,13 @@ fn role_in(roles: &[&str]) -> LabelSelectorParams {
     }
 }
 
-impl LabelSelectorFilter {
-    /// YAML type.
-    pub const TYPE: &'static str = "label-selector-filter";
+impl Builtin for LabelSelectorFilter {
+    const TYPE: &'static str = "label-selector-filter";
+    type Params = LabelSelectorParams;
 
-    /// A filter named `name`.
-    ///
     /// # Errors
     /// `In`/`NotIn` without values, or `Exists`/`DoesNotExist` with values.
-    pub fn new(name: impl Into<String>, selector: LabelSelectorParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, selector: LabelSelectorParams) -> Result<Self, BuildError> {
         let name = name.into();
         for (i, e) in selector.match_expressions.iter().enumerate() {
             let needs_values = matches!(e.operator, Operator::In | Operator::NotIn);
@@ -130,7 +129,9 @@ impl LabelSelectorFilter {
             keep_without_role: false,
         })
     }
+}
 
+impl LabelSelectorFilter {
     /// `decode-filter`: endpoints whose role (label `llm-d.ai/role`) is
     /// `decode`, `prefill-decode`, `both` or `encode-prefill-decode`, or that
     /// have no role, as in llm-d.
@@ -252,12 +253,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            kept(&LabelSelectorFilter::new("s", p).unwrap(), &c),
+            kept(&LabelSelectorFilter::build("s", p).unwrap(), &c),
             vec![0, 2]
         );
         let bad: LabelSelectorParams =
             serde_yaml_ng::from_str("matchExpressions:\n- {key: a, operator: In}\n").unwrap();
-        assert!(LabelSelectorFilter::new("s", bad).is_err());
+        assert!(LabelSelectorFilter::build("s", bad).is_err());
         assert!(
             serde_yaml_ng::from_str::<LabelSelectorParams>(
                 "matchExpressions:\n- {key: a, operator: Near}\n"

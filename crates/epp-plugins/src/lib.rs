@@ -83,20 +83,56 @@ pub(crate) fn invalid(plugin: &str, field: &str, value: impl ToString, reason: &
     }
 }
 
-/// Parameters accepted by plugins that take none: any key is an error.
-#[derive(Debug, Default, serde::Deserialize)]
+/// Parameters of plugins that take none: any key is an error.
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NoParams {}
+pub struct NoParams {}
 
-fn register<P, F>(registry: &mut Registry, type_name: &'static str, build: F)
-where
-    P: DeserializeOwned + 'static,
-    F: Fn(String, P) -> Result<Arc<dyn Plugin>, BuildError> + Send + Sync + 'static,
+/// A built-in plugin as [`register_builtins`] builds it: one YAML type, one
+/// parameters struct, one `build` that validates them. The registry's
+/// factory is the same for every built-in: deserialise [`Builtin::Params`]
+/// from `parameters:` (absent = an empty mapping), then [`Builtin::build`].
+///
+/// The trait is for building and naming only; the scheduler holds plugins
+/// through the object-safe [`Plugin`] traits.
+pub trait Builtin: Plugin + Sized + 'static {
+    /// The YAML `type:`.
+    const TYPE: &'static str;
+    /// The parameters as written under `parameters:` (unknown keys rejected).
+    type Params: DeserializeOwned;
+    /// Validates `params` and builds the plugin named `name`.
+    ///
+    /// # Errors
+    /// A parameter out of range or otherwise invalid, naming the field and
+    /// the value.
+    fn build(name: impl Into<String>, params: Self::Params) -> Result<Self, BuildError>;
+}
+
+/// Registers `type_name`, built by `build` from the deserialised parameters.
+fn add<T, P>(
+    registry: &mut Registry,
+    type_name: &str,
+    build: impl Fn(String, P) -> Result<T, BuildError> + Send + Sync + 'static,
+) where
+    T: Plugin + 'static,
+    P: DeserializeOwned,
 {
     registry.register(type_name, move |spec: &PluginSpec| {
-        let params: P = spec.params()?;
-        build(spec.name.clone(), params)
+        Ok(Arc::new(build(spec.name.clone(), spec.params()?)?))
     });
+}
+
+/// Registers `T` under [`Builtin::TYPE`].
+fn reg<T: Builtin>(registry: &mut Registry) {
+    add(registry, T::TYPE, |name, params| T::build(name, params));
+}
+
+impl Builtin for SingleProfileHandler {
+    const TYPE: &'static str = SingleProfileHandler::TYPE;
+    type Params = NoParams;
+    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
+        Ok(Self::new(name))
+    }
 }
 
 /// The config used when none is given: the reference picker's default
@@ -131,130 +167,44 @@ pub fn register_builtins(registry: &mut Registry) {
         .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
         .set_default_config(DEFAULT_CONFIG);
     for signal in Signal::ALL {
-        register(
-            registry,
-            signal.type_name(),
-            move |name, p: LoadSignalParams| Ok(Arc::new(LoadSignalScorer::new(name, signal, p))),
-        );
+        add(registry, signal.type_name(), move |name, p| {
+            Ok(LoadSignalScorer::new(name, signal, p))
+        });
     }
-    register(
-        registry,
-        PrefixCacheScorer::TYPE,
-        |name, p: PrefixCacheScorerParams| Ok(Arc::new(PrefixCacheScorer::from_params(name, p)?)),
-    );
-    register(
-        registry,
-        ApproxPrefixCacheProducer::TYPE,
-        |name, p: PrefixCacheParams| {
-            let p = p.validated(&name)?;
-            Ok(Arc::new(ApproxPrefixCacheProducer::new(name, p)))
-        },
-    );
-    register(registry, MaxScorePicker::TYPE, |name, p: PickerParams| {
-        Ok(Arc::new(MaxScorePicker::new(
-            name,
-            p.validated(MaxScorePicker::TYPE)?,
-        )))
-    });
-    register(registry, RandomPicker::TYPE, |name, p: PickerParams| {
-        Ok(Arc::new(RandomPicker::new(
-            name,
-            p.validated(RandomPicker::TYPE)?,
-        )))
-    });
-    register(registry, SingleProfileHandler::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(SingleProfileHandler::new(name)))
-    });
-    register(
-        registry,
-        UtilizationDetector::TYPE,
-        |name, p: UtilizationDetectorParams| {
-            Ok(Arc::new(UtilizationDetector::new(name, p.validated()?)))
-        },
-    );
-    register(registry, OpenAiParser::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(OpenAiParser::new(name)))
-    });
-    register(
+    reg::<PrefixCacheScorer>(registry);
+    reg::<ApproxPrefixCacheProducer>(registry);
+    reg::<MaxScorePicker>(registry);
+    reg::<RandomPicker>(registry);
+    reg::<WeightedRandomPicker>(registry);
+    reg::<SingleProfileHandler>(registry);
+    reg::<UtilizationDetector>(registry);
+    reg::<ConcurrencyDetector>(registry);
+    reg::<OpenAiParser>(registry);
+    add(
         registry,
         OpenAiParser::ANTHROPIC_TYPE,
-        |name, NoParams {}| Ok(Arc::new(OpenAiParser::anthropic(name))),
+        |name, NoParams {}| Ok(OpenAiParser::anthropic(name)),
     );
-    register(registry, LoraAffinityScorer::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(LoraAffinityScorer::new(name)))
+    reg::<LoraAffinityScorer>(registry);
+    reg::<TokenLoadScorer>(registry);
+    reg::<LoadAwareScorer>(registry);
+    reg::<ActiveRequestScorer>(registry);
+    reg::<SessionAffinityScorer>(registry);
+    reg::<NoHitLruScorer>(registry);
+    reg::<MetricScorer>(registry);
+    reg::<HeaderLabelAffinityScorer>(registry);
+    reg::<UtilizationFilter>(registry);
+    reg::<PrefixCacheAffinityFilter>(registry);
+    reg::<LabelSelectorFilter>(registry);
+    add(registry, "decode-filter", |name, NoParams {}| {
+        Ok(LabelSelectorFilter::decode(name))
     });
-    register(
-        registry,
-        TokenLoadScorer::TYPE,
-        |name, p: TokenLoadParams| Ok(Arc::new(TokenLoadScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        LoadAwareScorer::TYPE,
-        |name, p: LoadAwareParams| Ok(Arc::new(LoadAwareScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        ActiveRequestScorer::TYPE,
-        |name, p: ActiveRequestParams| Ok(Arc::new(ActiveRequestScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        SessionAffinityScorer::TYPE,
-        |name, p: SessionAffinityParams| Ok(Arc::new(SessionAffinityScorer::from_params(name, p)?)),
-    );
-    register(registry, NoHitLruScorer::TYPE, |name, p: NoHitLruParams| {
-        Ok(Arc::new(NoHitLruScorer::new(name, p)?))
+    add(registry, "prefill-filter", |name, NoParams {}| {
+        Ok(LabelSelectorFilter::prefill(name))
     });
-    register(
-        registry,
-        MetricScorer::TYPE,
-        |name, p: MetricScorerParams| Ok(Arc::new(MetricScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        LabelSelectorFilter::TYPE,
-        |name, p: LabelSelectorParams| Ok(Arc::new(LabelSelectorFilter::new(name, p)?)),
-    );
-    register(registry, "decode-filter", |name, NoParams {}| {
-        Ok(Arc::new(LabelSelectorFilter::decode(name)))
+    add(registry, "encode-filter", |name, NoParams {}| {
+        Ok(LabelSelectorFilter::encode(name))
     });
-    register(registry, "prefill-filter", |name, NoParams {}| {
-        Ok(Arc::new(LabelSelectorFilter::prefill(name)))
-    });
-    register(registry, "encode-filter", |name, NoParams {}| {
-        Ok(Arc::new(LabelSelectorFilter::encode(name)))
-    });
-    register(
-        registry,
-        HeaderLabelAffinityScorer::TYPE,
-        |name, p: HeaderLabelAffinityParams| Ok(Arc::new(HeaderLabelAffinityScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        UtilizationFilter::TYPE,
-        |name, p: UtilizationFilterParams| Ok(Arc::new(UtilizationFilter::new(name, p)?)),
-    );
-    register(
-        registry,
-        PrefixCacheAffinityFilter::TYPE,
-        |name, p: PrefixAffinityParams| Ok(Arc::new(PrefixCacheAffinityFilter::new(name, p)?)),
-    );
-    register(
-        registry,
-        WeightedRandomPicker::TYPE,
-        |name, p: PickerParams| {
-            Ok(Arc::new(WeightedRandomPicker::new(
-                name,
-                p.validated(WeightedRandomPicker::TYPE)?,
-            )))
-        },
-    );
-    register(
-        registry,
-        ConcurrencyDetector::TYPE,
-        |name, p: ConcurrencyDetectorParams| Ok(Arc::new(ConcurrencyDetector::new(name, p)?)),
-    );
 }
 
 /// The filter role of a saturation detector: keep the endpoints with

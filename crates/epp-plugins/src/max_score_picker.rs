@@ -1,5 +1,6 @@
 //! `max-score-picker`: the highest total wins; ties are broken at random.
 
+use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Picker, Plugin};
 use rand::Rng;
 
@@ -55,17 +56,17 @@ pub struct MaxScorePicker {
     params: PickerParams,
 }
 
-impl MaxScorePicker {
-    /// YAML type.
-    pub const TYPE: &'static str = "max-score-picker";
+impl Builtin for MaxScorePicker {
+    const TYPE: &'static str = "max-score-picker";
+    type Params = PickerParams;
 
-    /// A picker named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PickerParams) -> Self {
-        Self {
+    /// # Errors
+    /// `maxNumOfEndpoints` below 1.
+    fn build(name: impl Into<String>, params: PickerParams) -> Result<Self, BuildError> {
+        Ok(Self {
             name: name.into(),
-            params,
-        }
+            params: params.validated(Self::TYPE)?,
+        })
     }
 }
 
@@ -149,32 +150,34 @@ mod tests {
 
     #[test]
     fn highest_wins_and_fallbacks_follow_in_order() {
-        let one = MaxScorePicker::new("p", PickerParams::default());
+        let one = MaxScorePicker::build("p", PickerParams::default()).unwrap();
         assert_eq!(pick(&one, &[0.1, 0.9, 0.5], 0), vec![1]);
-        let three = MaxScorePicker::new(
+        let three = MaxScorePicker::build(
             "p",
             PickerParams {
                 max_num_of_endpoints: 3,
             },
-        );
+        )
+        .unwrap();
         assert_eq!(pick(&three, &[0.1, 0.9, 0.5, 0.7], 0), vec![1, 3, 2]);
     }
 
     #[test]
     fn ties_are_broken_randomly() {
-        let one = MaxScorePicker::new("p", PickerParams::default());
+        let one = MaxScorePicker::build("p", PickerParams::default()).unwrap();
         let mut seen = [0; 3];
         for seed in 0..300 {
             seen[pick(&one, &[1.0, 0.2, 1.0], seed)[0]] += 1;
         }
         assert_eq!(seen[1], 0);
         assert!(seen[0] > 100 && seen[2] > 100, "{seen:?}");
-        let two = MaxScorePicker::new(
+        let two = MaxScorePicker::build(
             "p",
             PickerParams {
                 max_num_of_endpoints: 2,
             },
-        );
+        )
+        .unwrap();
         let mut first = [0; 3];
         for seed in 0..300 {
             let p = pick(&two, &[0.5, 0.5, 0.5], seed);

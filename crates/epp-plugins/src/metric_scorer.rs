@@ -1,6 +1,7 @@
 //! `metric-scorer`: score any Prometheus metric a `prometheus-metric`
 //! extractor reads (stored in `EndpointMetrics::custom` under `metricName`).
 
+use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
 /// Lower or higher is better.
@@ -54,15 +55,13 @@ pub struct MetricScorer {
 /// Softmax sharpness applied to linear scores in [0, 1].
 const SOFTMAX_SCALE: f64 = 4.0;
 
-impl MetricScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "metric-scorer";
+impl Builtin for MetricScorer {
+    const TYPE: &'static str = "metric-scorer";
+    type Params = MetricScorerParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
     /// `min >= max`, non-finite bounds, or an empty metric name.
-    pub fn new(name: impl Into<String>, params: MetricScorerParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, params: MetricScorerParams) -> Result<Self, BuildError> {
         let name = name.into();
         let bad = |field: &str, value: String, reason: &str| BuildError::InvalidValue {
             plugin: name.clone(),
@@ -161,7 +160,7 @@ mod tests {
         min: Option<f64>,
         max: Option<f64>,
     ) -> MetricScorer {
-        MetricScorer::new(
+        MetricScorer::build(
             "m",
             MetricScorerParams {
                 metric_name: "temp".into(),
@@ -233,7 +232,7 @@ mod tests {
             min: Some(5.0),
             max: Some(1.0),
         });
-        assert!(MetricScorer::new("m", p).is_err());
+        assert!(MetricScorer::build("m", p).is_err());
         assert!(
             serde_yaml_ng::from_str::<MetricScorerParams>(
                 "metricName: x\noptimizationMode: Sideways\n"

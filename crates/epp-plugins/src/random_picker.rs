@@ -1,8 +1,9 @@
 //! `random-picker`: uniform choice, ignoring scores.
 
-use epp_core::{Candidate, CycleContext, Picker, Plugin};
+use epp_core::{BuildError, Candidate, CycleContext, Picker, Plugin};
 use rand::Rng;
 
+use crate::Builtin;
 use crate::PickerParams;
 
 /// `random-picker`.
@@ -12,17 +13,17 @@ pub struct RandomPicker {
     params: PickerParams,
 }
 
-impl RandomPicker {
-    /// YAML type.
-    pub const TYPE: &'static str = "random-picker";
+impl Builtin for RandomPicker {
+    const TYPE: &'static str = "random-picker";
+    type Params = PickerParams;
 
-    /// A picker named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PickerParams) -> Self {
-        Self {
+    /// # Errors
+    /// `maxNumOfEndpoints` below 1.
+    fn build(name: impl Into<String>, params: PickerParams) -> Result<Self, BuildError> {
+        Ok(Self {
             name: name.into(),
-            params,
-        }
+            params: params.validated(Self::TYPE)?,
+        })
     }
 }
 
@@ -66,12 +67,13 @@ mod tests {
 
     #[test]
     fn uniform_and_distinct() {
-        let p = RandomPicker::new(
+        let p = RandomPicker::build(
             "r",
             PickerParams {
                 max_num_of_endpoints: 2,
             },
-        );
+        )
+        .unwrap();
         let c = candidates(vec![EndpointMetrics::default(); 4]);
         let req = InferenceRequest::builder("m").build();
         let mut first = [0; 4];

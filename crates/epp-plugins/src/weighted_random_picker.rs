@@ -1,8 +1,9 @@
 //! `weighted-random-picker`: choose in proportion to score.
 
-use epp_core::{Candidate, CycleContext, Picker, Plugin};
+use epp_core::{BuildError, Candidate, CycleContext, Picker, Plugin};
 use rand::Rng;
 
+use crate::Builtin;
 use crate::PickerParams;
 
 /// `weighted-random-picker`: weighted sampling without replacement by the
@@ -15,17 +16,17 @@ pub struct WeightedRandomPicker {
     params: PickerParams,
 }
 
-impl WeightedRandomPicker {
-    /// YAML type.
-    pub const TYPE: &'static str = "weighted-random-picker";
+impl Builtin for WeightedRandomPicker {
+    const TYPE: &'static str = "weighted-random-picker";
+    type Params = PickerParams;
 
-    /// A picker named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PickerParams) -> Self {
-        Self {
+    /// # Errors
+    /// `maxNumOfEndpoints` below 1.
+    fn build(name: impl Into<String>, params: PickerParams) -> Result<Self, BuildError> {
+        Ok(Self {
             name: name.into(),
-            params,
-        }
+            params: params.validated(Self::TYPE)?,
+        })
     }
 }
 
@@ -105,12 +106,13 @@ mod tests {
     use crate::testing::{candidates, with_cx};
 
     fn freq(scores: &[f64], k: usize, rounds: u64) -> Vec<f64> {
-        let p = WeightedRandomPicker::new(
+        let p = WeightedRandomPicker::build(
             "w",
             PickerParams {
                 max_num_of_endpoints: k,
             },
-        );
+        )
+        .unwrap();
         let c = candidates(vec![EndpointMetrics::default(); scores.len()]);
         let req = InferenceRequest::builder("m").build();
         let mut first = vec![0u64; scores.len()];

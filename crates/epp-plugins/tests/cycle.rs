@@ -6,17 +6,22 @@
 
 use std::sync::Arc;
 
-use epp_plugins::{PrefixCacheParams, PrefixCacheScorer, builtin_registry};
+use epp_plugins::{
+    Builtin, PrefixCacheParams, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry,
+};
 use epp_test_support::workload::Workload;
 
 /// The benchmark's workload: 64 endpoints, 16 KiB prompts, the prefix index
 /// remembering `capacity` blocks per endpoint.
 fn workload(capacity: usize) -> Workload<PrefixCacheScorer> {
-    let params = PrefixCacheParams {
-        lru_capacity_per_server: capacity,
-        ..PrefixCacheParams::default()
+    let params = PrefixCacheScorerParams {
+        index: PrefixCacheParams {
+            lru_capacity_per_server: capacity,
+            ..PrefixCacheParams::default()
+        },
+        ..PrefixCacheScorerParams::default()
     };
-    let prefix = PrefixCacheScorer::new(PrefixCacheScorer::TYPE, params);
+    let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params).unwrap();
     Workload::new(64, 16, &builtin_registry(), Arc::new(prefix))
 }
 
