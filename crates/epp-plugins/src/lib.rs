@@ -1,15 +1,20 @@
 //! Built-in scheduling plugins (filters, scorers, pickers, profile handlers,
 //! saturation detectors, data producers) and [`register_builtins`], which
 //! adds every one of them to a [`Registry`] under the YAML `type:` names users
-//! know from the reference picker and llm-d.
+//! know from the reference picker and llm-d, names the defaults for the roles
+//! they fill, and registers [`DEFAULT_CONFIG`]. Every built-in has one shape,
+//! [`Builtin`]: a type name, a parameters struct and a validating `build`.
 //!
 //! ```
-//! use epp_core::{PluginSpec, Registry};
+//! use epp_core::{PluginSpec, Registry, Role};
+//! use epp_plugins::{Builtin, MaxScorePicker};
 //!
 //! let mut registry = Registry::new();
 //! epp_plugins::register_builtins(&mut registry);
 //! let scorer = registry.build(&PluginSpec::new("queue-scorer")).unwrap();
 //! assert!(scorer.as_scorer().is_some());
+//! assert_eq!(registry.default_type(Role::Picker), Some(MaxScorePicker::TYPE));
+//! assert_eq!(registry.default_config(), Some(epp_plugins::DEFAULT_CONFIG));
 //! ```
 #![warn(missing_docs)]
 
