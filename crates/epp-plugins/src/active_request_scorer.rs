@@ -3,8 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
-use crate::Builtin;
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Parameters of `active-request-scorer`.
 #[derive(Debug, Clone, serde::Deserialize)]

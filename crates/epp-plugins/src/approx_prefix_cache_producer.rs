@@ -17,8 +17,7 @@ use epp_core::{
     SchedulingResult,
 };
 
-use crate::Builtin;
-use crate::PrefixIndex;
+use crate::{Builtin, PrefixIndex};
 
 /// Parameters (REFERENCE §4 defaults); also accepted by `prefix-cache-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]

@@ -4,8 +4,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin, SaturationDetector};
 
-use crate::Builtin;
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// What the detector counts (`concurrencyMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]

@@ -3,8 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
-use crate::Builtin;
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Parameters of `header-label-affinity-scorer` (both required).
 #[derive(Debug, Clone, Default, serde::Deserialize)]

@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
+
+use crate::Builtin;
 
 /// The label llm-d uses for an endpoint's disaggregation role.
 pub const ROLE_LABEL: &str = "llm-d.ai/role";

@@ -2,8 +2,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
-use crate::Builtin;
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Parameters of `load-aware-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]

@@ -1,8 +1,9 @@
 //! `lora-affinity-scorer`: prefer endpoints that already serve the request's
 //! adapter, then those with room to load it.
 
-use crate::{Builtin, NoParams};
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
+
+use crate::{Builtin, NoParams};
 
 /// `lora-affinity-scorer`: 1.0 when the adapter (the request's target model)
 /// is active on the endpoint; 0.8 when the endpoint has room to load another

@@ -1,8 +1,9 @@
 //! `metric-scorer`: score any Prometheus metric a `prometheus-metric`
 //! extractor reads (stored in `EndpointMetrics::custom` under `metricName`).
 
-use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
+
+use crate::Builtin;
 
 /// Lower or higher is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

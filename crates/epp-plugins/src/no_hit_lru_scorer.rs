@@ -2,12 +2,13 @@
 
 use std::collections::VecDeque;
 
-use crate::Builtin;
 use epp_core::{
     BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, EndpointId, Plugin, PreRequest,
     SchedulingResult, Scorer,
 };
 use parking_lot::Mutex;
+
+use crate::Builtin;
 
 /// Parameters of `no-hit-lru-scorer` (llm-d's names).
 #[derive(Debug, Clone, Default, serde::Deserialize)]

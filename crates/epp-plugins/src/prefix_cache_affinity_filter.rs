@@ -1,9 +1,10 @@
 //! `prefix-cache-affinity-filter`: keep only endpoints holding most of the
 //! prompt, when some do.
 
-use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, Filter, Plugin};
 use rand::Rng;
+
+use crate::Builtin;
 
 /// Parameters of `prefix-cache-affinity-filter`.
 #[derive(Debug, Clone, serde::Deserialize)]

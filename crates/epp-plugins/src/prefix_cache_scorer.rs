@@ -17,8 +17,7 @@ use epp_core::{
     SchedulingResult, Scorer,
 };
 
-use crate::Builtin;
-use crate::{ApproxPrefixCacheProducer, PrefixCacheParams, PrefixIndex, invalid};
+use crate::{ApproxPrefixCacheProducer, Builtin, PrefixCacheParams, PrefixIndex, invalid};
 
 /// Parameters of `prefix-cache-scorer`: llm-d's scoring parameters and the
 /// reference's index parameters (see [`PrefixCacheParams`]). The default is

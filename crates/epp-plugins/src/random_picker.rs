@@ -1,9 +1,8 @@
 //! `random-picker`: uniform choice, ignoring scores.
 
-use epp_core::{BuildError, Candidate, CycleContext, Picker, Plugin};
+use epp_core::{Candidate, CycleContext, Picker};
 use rand::Rng;
 
-use crate::Builtin;
 use crate::PickerParams;
 
 /// `random-picker`.
@@ -13,31 +12,7 @@ pub struct RandomPicker {
     params: PickerParams,
 }
 
-impl Builtin for RandomPicker {
-    const TYPE: &'static str = "random-picker";
-    type Params = PickerParams;
-
-    /// # Errors
-    /// `maxNumOfEndpoints` below 1.
-    fn build(name: impl Into<String>, params: PickerParams) -> Result<Self, BuildError> {
-        Ok(Self {
-            name: name.into(),
-            params: params.validated(Self::TYPE)?,
-        })
-    }
-}
-
-impl Plugin for RandomPicker {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
+super::max_score_picker::picker_plugin!(RandomPicker, "random-picker");
 
 impl Picker for RandomPicker {
     fn pick(
@@ -63,7 +38,10 @@ mod tests {
     use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
-    use crate::testing::{candidates, with_cx};
+    use crate::{
+        Builtin,
+        testing::{candidates, with_cx},
+    };
 
     #[test]
     fn uniform_and_distinct() {

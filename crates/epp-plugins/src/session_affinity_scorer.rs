@@ -5,8 +5,7 @@ use epp_core::{
     ResponseHooks, Scorer,
 };
 
-use crate::Builtin;
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Header a client echoes to stay on its endpoint.
 pub const SESSION_HEADER: &str = "x-session-token";

@@ -1,7 +1,8 @@
 //! `token-load-scorer`: prefer endpoints with few prompt tokens to compute.
 
-use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
+
+use crate::Builtin;
 
 /// Parameters of `token-load-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use crate::Builtin;
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin, SaturationDetector};
+
+use crate::Builtin;
 
 /// Parameters (REFERENCE §4 defaults).
 #[derive(Debug, Clone, Copy, serde::Deserialize)]

@@ -3,8 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
 
-use crate::Builtin;
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// A metric a condition bounds (llm-d's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

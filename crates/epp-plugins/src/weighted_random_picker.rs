@@ -1,9 +1,8 @@
 //! `weighted-random-picker`: choose in proportion to score.
 
-use epp_core::{BuildError, Candidate, CycleContext, Picker, Plugin};
+use epp_core::{Candidate, CycleContext, Picker};
 use rand::Rng;
 
-use crate::Builtin;
 use crate::PickerParams;
 
 /// `weighted-random-picker`: weighted sampling without replacement by the
@@ -16,31 +15,7 @@ pub struct WeightedRandomPicker {
     params: PickerParams,
 }
 
-impl Builtin for WeightedRandomPicker {
-    const TYPE: &'static str = "weighted-random-picker";
-    type Params = PickerParams;
-
-    /// # Errors
-    /// `maxNumOfEndpoints` below 1.
-    fn build(name: impl Into<String>, params: PickerParams) -> Result<Self, BuildError> {
-        Ok(Self {
-            name: name.into(),
-            params: params.validated(Self::TYPE)?,
-        })
-    }
-}
-
-impl Plugin for WeightedRandomPicker {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
+super::max_score_picker::picker_plugin!(WeightedRandomPicker, "weighted-random-picker");
 
 impl Picker for WeightedRandomPicker {
     fn pick(
@@ -103,7 +78,10 @@ mod tests {
     use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
-    use crate::testing::{candidates, with_cx};
+    use crate::{
+        Builtin,
+        testing::{candidates, with_cx},
+    };
 
     fn freq(scores: &[f64], k: usize, rounds: u64) -> Vec<f64> {
         let p = WeightedRandomPicker::build(
