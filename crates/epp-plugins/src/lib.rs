@@ -21,6 +21,7 @@
 mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
+mod header_based_testing_filter;
 mod header_label_affinity_scorer;
 mod label_selector_filter;
 mod load_aware_scorer;
@@ -50,6 +51,7 @@ pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
+pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
@@ -201,6 +203,7 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<UtilizationFilter>(registry);
     reg::<PrefixCacheAffinityFilter>(registry);
     reg::<LabelSelectorFilter>(registry);
+    reg::<HeaderBasedTestingFilter>(registry);
     add(registry, "decode-filter", |name, NoParams {}| {
         Ok(LabelSelectorFilter::decode(name))
     });
