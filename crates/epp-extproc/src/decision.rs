@@ -111,8 +111,9 @@ pub(crate) struct Route {
     /// Target then fallbacks, `ip:port` comma-separated (Envoy's
     /// `envoy.lb` metadata value).
     pub(crate) targets: String,
-    /// Headers to set (the destination first).
-    pub(crate) set_headers: Vec<(&'static str, String)>,
+    /// Headers to set besides the destination (see [`Route::set_headers`]):
+    /// empty unless an id is generated or the body rewritten.
+    pub(crate) extra_headers: Vec<(&'static str, String)>,
     /// Control headers to remove before forwarding.
     pub(crate) remove_headers: Vec<&'static str>,
     /// The body to forward.
@@ -122,6 +123,14 @@ pub(crate) struct Route {
     pub(crate) restore_model: Option<String>,
     /// Metric labels of the request.
     pub(crate) labels: ModelLabels,
+}
+
+impl Route {
+    /// Every header to set: the destination first, then the extra ones.
+    pub(crate) fn set_headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::iter::once((DESTINATION_HEADER, self.dispatch.endpoint().addr_str()))
+            .chain(self.extra_headers.iter().map(|(k, v)| (*k, v.as_str())))
+    }
 }
 
 /// What happens to the request body.
@@ -320,19 +329,16 @@ impl Decider {
                 return self.reject(e.into(), "", &labels.model_name, &labels.target_model_name);
             }
         };
-        let mut set_headers = vec![(
-            DESTINATION_HEADER,
-            dispatch.endpoint().addr_str().to_owned(),
-        )];
-        set_headers.extend(request_id.map(|id| ("x-request-id", id)));
+        let mut extra_headers = Vec::new();
+        extra_headers.extend(request_id.map(|id| ("x-request-id", id)));
         if let BodyEdit::Replace(b) = &body {
-            set_headers.push(("content-length", b.len().to_string()));
+            extra_headers.push(("content-length", b.len().to_string()));
         }
         self.metrics.scheduled(&labels, body_len);
         Decision::Route(Box::new(Route {
             dispatch,
             targets,
-            set_headers,
+            extra_headers,
             remove_headers,
             body,
             restore_model,

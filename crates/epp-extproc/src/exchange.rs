@@ -260,22 +260,25 @@ impl Exchange {
                 return;
             }
         };
+        let mutation = HeaderMutation {
+            set_headers: route
+                .set_headers()
+                .map(|(k, v)| proto::set_header(k, v))
+                .collect(),
+            remove_headers: route
+                .remove_headers
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
+        };
         let Route {
             dispatch,
             targets,
-            set_headers,
-            remove_headers,
             body: edit,
             restore_model,
             labels,
+            ..
         } = route;
-        let mutation = HeaderMutation {
-            set_headers: set_headers
-                .iter()
-                .map(|(k, v)| proto::set_header(k, v))
-                .collect(),
-            remove_headers: remove_headers.iter().map(|h| (*h).to_owned()).collect(),
-        };
         let metadata = proto::metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, targets);
         self.routed = Some(Routed {
             dispatch: Some(dispatch),

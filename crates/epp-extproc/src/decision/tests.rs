@@ -101,8 +101,8 @@ fn a_route_names_the_target_and_leaves_the_body_alone() {
         Some(BODY),
     );
     assert_eq!(
-        route.set_headers,
-        [(DESTINATION_HEADER, "10.0.0.2:8000".to_owned())],
+        route.set_headers().collect::<Vec<_>>(),
+        [(DESTINATION_HEADER, "10.0.0.2:8000")],
         "the client's request id is kept, nothing else is set"
     );
     assert_eq!(route.targets, "10.0.0.2:8000");
@@ -146,7 +146,7 @@ fn a_rewrite_splices_the_model_and_says_how_to_restore_it() {
     assert_eq!(route.body, BodyEdit::Replace(want.to_vec()));
     assert!(
         route
-            .set_headers
+            .extra_headers
             .contains(&("content-length", want.len().to_string()))
     );
     assert_eq!(
@@ -163,7 +163,11 @@ fn a_request_without_an_id_gets_one_forwarded() {
     let route = f.route(&mut parts("/v1/completions", &[]), Some(BODY));
     let id = &route.dispatch.request().request_id;
     assert_eq!(id.len(), 36, "a UUID: {id}");
-    assert!(route.set_headers.contains(&("x-request-id", id.clone())));
+    assert!(
+        route
+            .set_headers()
+            .any(|h| h == ("x-request-id", id.as_str()))
+    );
 }
 
 #[test]
