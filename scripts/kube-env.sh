@@ -98,6 +98,10 @@ EOF
 }
 
 cmd_build() {
+  # Concurrent test binaries may all ask for the build: one builds, the others wait.
+  mkdir -p "$CACHE_ROOT"
+  exec 9>"$CACHE_ROOT/.build.lock"
+  flock 9
   if [ -x "$BIN_DIR/etcd" ] && [ -x "$BIN_DIR/kube-apiserver" ]; then
     log "cached: $BIN_DIR"
     return 0
@@ -310,6 +314,11 @@ cmd_start() { # dir
 EOF
   cmd_apiserver_start "$dir"
   install_crds "$dir"
+  # Tests pass their pid: the control plane goes when they do, even if killed.
+  if [ -n "${EPP_KUBE_OWNER_PID:-}" ]; then
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -f "$2/etcd.pid" ]; do sleep 1; done; "$3" stop "$2"' \
+      _ "$EPP_KUBE_OWNER_PID" "$dir" "$CHECKOUT/scripts/kube-env.sh" >/dev/null 2>&1 </dev/null &
+  fi
   log "kube-apiserver ready at $server (state in $dir)"
   echo "$dir/kubeconfig"
 }

@@ -52,6 +52,7 @@ mod client;
 mod core_extractor;
 mod discovery;
 mod error;
+pub mod kubernetes;
 mod prometheus_metric;
 mod scrape;
 mod source;
