@@ -25,12 +25,16 @@ pub(crate) fn can_route(source: &dyn EndpointSource, staleness: Duration) -> boo
         .any(|e| !e.metrics().is_stale(now, staleness))
 }
 
-/// Keeps the readiness services in step with [`can_route`] until `shutdown`,
+/// A further condition for readiness (Kubernetes discovery synced, ...).
+pub(crate) type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Keeps the readiness services in step with [`can_route`] and `gate` until `shutdown`,
 /// then reports NOT_SERVING everywhere (before the servers stop accepting).
 pub(crate) async fn track(
     reporter: HealthReporter,
     source: Arc<dyn EndpointSource>,
     staleness: Duration,
+    gate: Gate,
     shutdown: CancellationToken,
 ) {
     reporter
@@ -43,7 +47,7 @@ pub(crate) async fn track(
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let ready = can_route(&*source, staleness);
+        let ready = gate() && can_route(&*source, staleness);
         if last != Some(ready) {
             let status = if ready {
                 ServingStatus::Serving

@@ -4,6 +4,7 @@
 
 mod args;
 mod health;
+mod kube;
 mod metrics;
 mod tls;
 
@@ -179,6 +180,7 @@ async fn run(args: Args) -> Result<()> {
             })?;
         discovery.register_metrics(&mut prom);
     }
+    let kube = kube::Kube::start(&args, &store, &shutdown, &mut prom).await?;
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
         &built.data_layer,
@@ -191,7 +193,7 @@ async fn run(args: Args) -> Result<()> {
 
     let pool = Arc::new(metrics::PoolGauges::register(
         &mut prom,
-        &args.pool_name,
+        args.pool_label(),
         args.metrics_staleness_threshold,
     ));
     data_layer.register_metrics(&mut prom);
@@ -218,6 +220,7 @@ async fn run(args: Args) -> Result<()> {
         reporter,
         Arc::clone(&source),
         args.metrics_staleness_threshold,
+        kube.gate(),
         health_stop.clone(),
     ));
     let health_server = tokio::spawn(

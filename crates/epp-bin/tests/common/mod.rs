@@ -10,6 +10,8 @@
 )]
 
 pub mod http;
+#[path = "../../../epp-datalayer/tests/common/kube.rs"]
+pub mod kube_env;
 
 use std::{
     io::{BufRead, BufReader, Write},

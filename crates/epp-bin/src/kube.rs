@@ -1,0 +1,267 @@
+//! Kubernetes wiring: the flags that pick an InferencePool or a label
+//! selector, starting discovery, and the readiness it contributes.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use clap::Args as ClapArgs;
+use epp_datalayer::{
+    Discovery, EndpointStore,
+    kubernetes::{
+        KubeOptions, KubeTarget, KubernetesDiscovery, LabelSelector, PoolGroup, PoolSpec,
+        check_ports,
+    },
+};
+use tokio_util::sync::CancellationToken;
+
+/// Flags of Kubernetes discovery.
+#[derive(Debug, Clone, ClapArgs)]
+pub(crate) struct KubeArgs {
+    /// API group of the InferencePool: `inference.networking.k8s.io` (v1) or
+    /// the older `inference.networking.x-k8s.io` (v1alpha2).
+    #[arg(long, default_value = "inference.networking.k8s.io")]
+    pub(crate) pool_group: String,
+
+    /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config, then the
+    /// in-cluster service account).
+    #[arg(long)]
+    pub(crate) kubeconfig: Option<PathBuf>,
+
+    /// Standalone selector mode: the Ready pods matching this label selector
+    /// (`k=v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`) in
+    /// --pool-namespace, without an InferencePool object.
+    #[arg(long, conflicts_with_all = ["endpoints", "endpoints_file"],
+          requires = "endpoint_target_ports")]
+    pub(crate) endpoint_selector: Option<String>,
+
+    /// Ports of each selected pod for --endpoint-selector (1 to 8,
+    /// comma-separated; with several, endpoints are named `<pod>-rank-<i>`).
+    #[arg(long, value_delimiter = ',', requires = "endpoint_selector")]
+    pub(crate) endpoint_target_ports: Vec<i64>,
+
+    /// How long to wait at start for the first complete list of the pool and
+    /// its pods before giving up.
+    #[arg(long, default_value = "30s", value_parser = crate::args::parse_duration)]
+    pub(crate) kube_sync_timeout: Duration,
+}
+
+/// What Kubernetes discovery follows, from the flags; `None` when the
+/// endpoints come from `--endpoints` or `--endpoints-file`.
+fn options(
+    kube: &KubeArgs,
+    pool_name: Option<&str>,
+    namespace: &str,
+    static_endpoints: bool,
+) -> Result<Option<KubeOptions>> {
+    let target = if let Some(selector) = &kube.endpoint_selector {
+        let selector = LabelSelector::parse(selector).context("invalid --endpoint-selector")?;
+        let ports = check_ports(&kube.endpoint_target_ports)
+            .map_err(anyhow::Error::msg)
+            .context("invalid --endpoint-target-ports")?;
+        KubeTarget::Selector(PoolSpec { selector, ports })
+    } else if let (Some(name), false) = (pool_name, static_endpoints) {
+        if name.is_empty() {
+            bail!("--pool-name is empty");
+        }
+        KubeTarget::Pool {
+            name: name.to_owned(),
+            group: PoolGroup::parse(&kube.pool_group).context("invalid --pool-group")?,
+        }
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(KubeOptions {
+        namespace: namespace.to_owned(),
+        target,
+        kubeconfig: kube.kubeconfig.clone(),
+    }))
+}
+
+/// Running Kubernetes discovery, if configured.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Kube {
+    discovery: Option<Arc<KubernetesDiscovery>>,
+}
+
+impl Kube {
+    /// Connects, checks RBAC, starts following and waits for the first
+    /// complete sync; a missing permission or an unreachable API server is an
+    /// error (the process exits non-zero).
+    pub(crate) async fn start(
+        args: &crate::args::Args,
+        store: &Arc<EndpointStore>,
+        stop: &CancellationToken,
+        prom: &mut prometheus_client::registry::Registry,
+    ) -> Result<Self> {
+        let static_endpoints = !args.endpoints.is_empty() || args.endpoints_file.is_some();
+        let Some(options) = options(
+            &args.kube,
+            args.pool_name.as_deref(),
+            &args.pool_namespace,
+            static_endpoints,
+        )?
+        else {
+            return Ok(Self::default());
+        };
+        let discovery = KubernetesDiscovery::connect(options)
+            .await
+            .context("cannot start Kubernetes discovery")?;
+        discovery.start(Arc::clone(store), stop.child_token())?;
+        discovery.register_metrics(prom);
+        discovery
+            .wait_synced(args.kube.kube_sync_timeout)
+            .await
+            .context("Kubernetes discovery")?;
+        tracing::info!(
+            source = %discovery.source_name(),
+            endpoints = discovery.endpoints().len(),
+            ready = discovery.is_ready(),
+            "kubernetes discovery running"
+        );
+        Ok(Self {
+            discovery: Some(Arc::new(discovery)),
+        })
+    }
+
+    /// What readiness needs from Kubernetes: always true without it;
+    /// otherwise synced, pool present, nothing forbidden.
+    pub(crate) fn gate(&self) -> crate::health::Gate {
+        match &self.discovery {
+            Some(d) => {
+                let d = Arc::clone(d);
+                Arc::new(move || d.is_ready())
+            }
+            None => Arc::new(|| true),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::args::Args;
+
+    fn opts(argv: &[&str]) -> Result<Option<KubeOptions>> {
+        let a = Args::try_parse_from(argv)?;
+        let static_endpoints = !a.endpoints.is_empty() || a.endpoints_file.is_some();
+        options(
+            &a.kube,
+            a.pool_name.as_deref(),
+            &a.pool_namespace,
+            static_endpoints,
+        )
+    }
+
+    #[test]
+    fn which_discovery_the_flags_choose() {
+        assert!(
+            opts(&["epp", "--endpoints", "1.2.3.4:1"])
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            opts(&["epp", "--endpoints", "1.2.3.4:1", "--pool-name", "p"])
+                .unwrap()
+                .is_none(),
+            "with static endpoints --pool-name only names the pool in metrics"
+        );
+        let o = opts(&["epp", "--pool-name", "p", "--pool-namespace", "ns"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.namespace, "ns");
+        assert!(
+            matches!(o.target, KubeTarget::Pool { ref name, group: PoolGroup::V1 } if name == "p")
+        );
+        let o = opts(&[
+            "epp",
+            "--pool-name",
+            "p",
+            "--pool-group",
+            "inference.networking.x-k8s.io",
+        ])
+        .unwrap()
+        .unwrap();
+        assert!(matches!(
+            o.target,
+            KubeTarget::Pool {
+                group: PoolGroup::XV1Alpha2,
+                ..
+            }
+        ));
+        let o = opts(&[
+            "epp",
+            "--endpoint-selector",
+            "app in (a,b),!canary",
+            "--endpoint-target-ports",
+            "8000,8001",
+        ])
+        .unwrap()
+        .unwrap();
+        let KubeTarget::Selector(spec) = o.target else {
+            panic!("selector mode")
+        };
+        assert_eq!(spec.ports, vec![8000, 8001]);
+        assert_eq!(spec.selector.as_str(), "app in (a,b),!canary");
+    }
+
+    #[test]
+    fn bad_kubernetes_flags_are_errors() {
+        for (argv, needle) in [
+            (
+                vec!["epp", "--pool-name", "p", "--pool-group", "x.io"],
+                "--pool-group",
+            ),
+            (
+                vec![
+                    "epp",
+                    "--endpoint-selector",
+                    "a in (",
+                    "--endpoint-target-ports",
+                    "1",
+                ],
+                "--endpoint-selector",
+            ),
+            (
+                vec![
+                    "epp",
+                    "--endpoint-selector",
+                    "a",
+                    "--endpoint-target-ports",
+                    "0",
+                ],
+                "--endpoint-target-ports",
+            ),
+            (
+                vec![
+                    "epp",
+                    "--endpoint-selector",
+                    "a",
+                    "--endpoint-target-ports",
+                    "1,2,3,4,5,6,7,8,9",
+                ],
+                "9 target ports",
+            ),
+            (
+                vec!["epp", "--endpoint-selector", "a"],
+                "--endpoint-target-ports",
+            ),
+            (
+                vec![
+                    "epp",
+                    "--endpoint-selector",
+                    "a",
+                    "--endpoint-target-ports",
+                    "1",
+                    "--endpoints",
+                    "1.2.3.4:5",
+                ],
+                "cannot be used with",
+            ),
+        ] {
+            let e = format!("{:#}", opts(&argv).unwrap_err());
+            assert!(e.contains(needle), "{argv:?}: {e}");
+        }
+    }
+}

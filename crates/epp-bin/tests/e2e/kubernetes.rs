@@ -1,0 +1,185 @@
+//! The whole path on Kubernetes: a real kube-apiserver says which pods are
+//! Ready; simulators listen on those pods' IPs (127.0.0.2, 127.0.0.3, ...);
+//! epp follows the InferencePool and Envoy routes through it.
+
+use std::{
+    collections::BTreeMap,
+    net::TcpListener,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use crate::common::{
+    BodyMode, Proc, Sim, epp_command, http,
+    kube_env::{KubeCluster, Ns},
+    scratch_dir, spawn_epp, start_envoy, workspace_bin,
+};
+
+/// A port free on every loopback address the simulators use.
+fn shared_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.2:0").expect("127.0.0.2 is a loopback address");
+    l.local_addr().unwrap().port()
+}
+
+fn start_pod_sim(dir: &std::path::Path, pod: &str, ip: &str, port: u16) -> Sim {
+    let mut cmd = Command::new(workspace_bin("epp-sim"));
+    cmd.args(["--host", ip, "--port", &port.to_string(), "--pod-name", pod]);
+    let (proc, _) = Proc::spawn(pod, cmd, "listening on", dir.join(format!("{pod}.log")));
+    Sim { proc, port }
+}
+
+fn chat(i: usize) -> serde_json::Value {
+    serde_json::json!({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "messages": [{"role": "user", "content": format!("question number {i}")}],
+        "max_tokens": 2,
+    })
+}
+
+/// Sends `n` requests; returns how many each pod served. Every one must succeed.
+async fn served(envoy_port: u16, n: usize) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for i in 0..n {
+        let r = http::post_json(envoy_port, "/v1/chat/completions", &chat(i))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "request {i} failed: {}", r.text());
+        let pod = r.header("x-inference-pod").expect("simulator names itself");
+        *counts.entry(pod.to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Sends requests until `cond` holds on the pod that served one; returns
+/// how long that took.
+async fn until_served(envoy_port: u16, what: &str, cond: impl Fn(&str) -> bool) -> Duration {
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < Duration::from_secs(10) {
+        let r = http::post_json(envoy_port, "/v1/chat/completions", &chat(i))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "request {i} failed: {}", r.text());
+        if cond(r.header("x-inference-pod").unwrap_or_default()) {
+            return start.elapsed();
+        }
+        i += 1;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_to_the_ready_pods_of_the_pool() {
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "e2e").await;
+    let dir = scratch_dir("kube-e2e");
+    let port = shared_port();
+    let _sims: Vec<Sim> = [
+        ("pod-a", "127.0.0.2"),
+        ("pod-b", "127.0.0.3"),
+        ("pod-c", "127.0.0.4"),
+    ]
+    .iter()
+    .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port))
+    .collect();
+    ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
+        .await;
+    ns.pod("pod-b", &[("app", "model")], "127.0.0.3", true)
+        .await;
+    ns.pod("pod-c", &[("app", "model")], "127.0.0.4", false)
+        .await;
+
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--kubeconfig",
+        cluster.kubeconfig.to_str().unwrap(),
+    ])
+    .env("NAMESPACE", &ns.name)
+    .env("RUST_LOG", "info");
+    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let counts = served(envoy.port, 20).await;
+    assert!(
+        !counts.contains_key("pod-c"),
+        "a NotReady pod got traffic: {counts:?}"
+    );
+    assert!(
+        counts.contains_key("pod-a") && counts.contains_key("pod-b"),
+        "{counts:?}"
+    );
+    let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+    assert!(
+        metrics.contains("epp_kubernetes_discovery_ready 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("inference_pool_ready_pods{name=\"pool\"} 2"),
+        "{metrics}"
+    );
+
+    // Ready -> first request routed to it.
+    ns.set_ready("pod-c", true).await;
+    let took = until_served(envoy.port, "pod-c picked once Ready", |p| p == "pod-c").await;
+    eprintln!("pod Ready -> first request routed to it: {took:?}");
+
+    // NotReady, deleted: no longer picked.
+    ns.set_ready("pod-a", false).await;
+    ns.delete_pod("pod-b").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let counts = served(envoy.port, 20).await;
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["pod-c"], "{counts:?}");
+
+    // The pool deleted: nothing to route to, and the answer says so.
+    ns.delete_pool("pool").await;
+    let start = Instant::now();
+    loop {
+        let r = http::post_json(envoy.port, "/v1/chat/completions", &chat(0))
+            .await
+            .unwrap();
+        if r.status == 503 {
+            assert!(r.text().contains("no endpoints"), "{}", r.text());
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still routing after the pool was deleted"
+        );
+    }
+    let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+    assert!(
+        metrics.contains("epp_kubernetes_discovery_ready 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn missing_rbac_stops_epp_at_start_with_the_permission_named() {
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "e2e-rbac").await;
+    ns.apply_pool("pool", &[("app", "model")], &[8000]).await;
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+        &ns.name,
+        "--kubeconfig",
+        cluster.kubeconfig_for("restricted").to_str().unwrap(),
+    ]);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "epp must not run without RBAC");
+    assert!(
+        stderr.contains("forbidden to list, watch pods") && stderr.contains(&ns.name),
+        "{stderr}"
+    );
+}
