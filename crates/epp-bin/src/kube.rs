@@ -1,17 +1,20 @@
 //! Kubernetes wiring: the flags that pick an InferencePool or a label
 //! selector, starting discovery, and the readiness it contributes.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail};
+use arc_swap::ArcSwap;
 use clap::Args as ClapArgs;
+use epp_core::config::{ModelRewriteDecl, ModelRewriteRules};
 use epp_datalayer::{
     Discovery, EndpointStore,
     kubernetes::{
-        KubeOptions, KubeTarget, KubernetesDiscovery, LabelSelector, PoolGroup, PoolSpec,
-        check_ports,
+        ClusterResources, KubeOptions, KubeTarget, KubernetesDiscovery, LabelSelector, PoolGroup,
+        PoolResources, PoolSpec, check_ports,
     },
 };
+use epp_extproc::{ExtProcOptions, ModelRewrite, ObjectivePriority};
 use tokio_util::sync::CancellationToken;
 
 /// Flags of Kubernetes discovery.
@@ -78,9 +81,11 @@ fn options(
 }
 
 /// Running Kubernetes discovery, if configured.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub(crate) struct Kube {
     discovery: Option<Arc<KubernetesDiscovery>>,
+    /// The pool's objectives and rewrites (pool mode only).
+    resources: Option<PoolResources>,
 }
 
 impl Kube {
@@ -103,6 +108,11 @@ impl Kube {
         else {
             return Ok(Self::default());
         };
+        let pool = match &options.target {
+            KubeTarget::Pool { name, group } => Some((name.clone(), *group)),
+            KubeTarget::Selector(_) => None,
+        };
+        let namespace = options.namespace.clone();
         let discovery = KubernetesDiscovery::connect(options)
             .await
             .context("cannot start Kubernetes discovery")?;
@@ -118,9 +128,40 @@ impl Kube {
             ready = discovery.is_ready(),
             "kubernetes discovery running"
         );
+        let resources = pool.map(|(name, group)| {
+            PoolResources::new(discovery.client().clone(), &namespace, &name, group)
+        });
         Ok(Self {
             discovery: Some(Arc::new(discovery)),
+            resources,
         })
+    }
+
+    /// Adds the pool's InferenceObjective and InferenceModelRewrite resources
+    /// to the config's objectives and rules (see [`Directives`]); options
+    /// are unchanged without a pool.
+    pub(crate) async fn with_cluster_directives(
+        &self,
+        mut options: ExtProcOptions,
+        stop: &CancellationToken,
+    ) -> Result<ExtProcOptions> {
+        let Some(resources) = &self.resources else {
+            return Ok(options);
+        };
+        let directives = Arc::new(Directives::new(
+            options.objectives.clone(),
+            options.model_rewrite.clone(),
+        ));
+        let live = Arc::clone(&directives);
+        resources
+            .start(Arc::new(move |set| live.apply(set)), stop.child_token())
+            .await
+            .context(
+                "cannot follow the pool's InferenceObjective and InferenceModelRewrite resources",
+            )?;
+        options.objective_priority = Some(directives.clone() as Arc<dyn ObjectivePriority>);
+        options.model_rewrite = Some(directives as Arc<dyn ModelRewrite>);
+        Ok(options)
     }
 
     /// What readiness needs from Kubernetes: always true without it;
@@ -133,6 +174,85 @@ impl Kube {
             }
             None => Arc::new(|| true),
         }
+    }
+}
+
+/// Objectives and rewrite rules from the config file and from the pool's
+/// resources. The cluster's answer comes first: an InferenceObjective
+/// overrides a config objective of the same name, and an
+/// InferenceModelRewrite rule matching the model (a catch-all included)
+/// wins over the config's rules. Among resources whose rules conflict (the
+/// same model twice, two catch-alls), the oldest wins and the others are
+/// ignored with a warning.
+#[derive(Debug)]
+pub(crate) struct Directives {
+    config_objectives: HashMap<String, i32>,
+    config_rewrite: Option<Arc<dyn ModelRewrite>>,
+    cluster: ArcSwap<(HashMap<String, i32>, ModelRewriteRules)>,
+}
+
+impl Directives {
+    fn new(
+        config_objectives: HashMap<String, i32>,
+        config_rewrite: Option<Arc<dyn ModelRewrite>>,
+    ) -> Self {
+        Self {
+            config_objectives,
+            config_rewrite,
+            cluster: ArcSwap::default(),
+        }
+    }
+
+    /// Replaces the cluster's part.
+    fn apply(&self, set: &ClusterResources) {
+        let mut objectives = HashMap::with_capacity(set.objectives.len());
+        for o in &set.objectives {
+            objectives.entry(o.name.clone()).or_insert(o.priority);
+        }
+        let mut accepted: Vec<ModelRewriteDecl> = Vec::new();
+        let mut rules = ModelRewriteRules::default();
+        for r in &set.rewrites {
+            accepted.push(ModelRewriteDecl {
+                name: Some(r.name.clone()),
+                rules: r.rules.clone(),
+            });
+            match ModelRewriteRules::from_decls(&accepted) {
+                Ok(built) => rules = built,
+                Err(why) => {
+                    tracing::warn!(rewrite = %r.name, error = %why, "InferenceModelRewrite ignored: it conflicts with an older one or is invalid");
+                    accepted.pop();
+                }
+            }
+        }
+        tracing::info!(
+            objectives = objectives.len(),
+            rewrites = accepted.len(),
+            "cluster objectives and rewrites updated"
+        );
+        self.cluster.store(Arc::new((objectives, rules)));
+    }
+}
+
+impl ObjectivePriority for Directives {
+    fn priority(&self, objective: &str) -> Option<i32> {
+        self.cluster
+            .load()
+            .0
+            .get(objective)
+            .or_else(|| self.config_objectives.get(objective))
+            .copied()
+    }
+}
+
+impl ModelRewrite for Directives {
+    fn rewrite(&self, model: &str, headers: &[(String, String)]) -> Option<String> {
+        let cluster = self.cluster.load();
+        if let Some(target) = cluster.1.choose(model, &mut rand::rng()) {
+            return Some(target.to_owned());
+        }
+        self.config_rewrite
+            .as_ref()
+            .and_then(|r| r.rewrite(model, headers))
     }
 }
 

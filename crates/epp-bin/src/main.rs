@@ -181,6 +181,7 @@ async fn run(args: Args) -> Result<()> {
         discovery.register_metrics(&mut prom);
     }
     let kube = kube::Kube::start(&args, &store, &shutdown, &mut prom).await?;
+    let options = kube.with_cluster_directives(options, &shutdown).await?;
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
         &built.data_layer,

@@ -448,7 +448,10 @@ impl Exchange {
             .map(str::to_owned);
         let priority = objective
             .as_ref()
-            .and_then(|o| self.options.objectives.get(o).copied())
+            .and_then(|o| match &self.options.objective_priority {
+                Some(live) => live.priority(o),
+                None => self.options.objectives.get(o).copied(),
+            })
             .unwrap_or(0);
         let fairness_id = self
             .header(FAIRNESS_HEADER)

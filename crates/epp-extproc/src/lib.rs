@@ -63,7 +63,7 @@ pub use exchange::{
     CONTROL_HEADERS, DESTINATION_HEADER, DESTINATION_NAMESPACE, FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
 };
-pub use options::{BodyMode, ExtProcOptions, ModelRewrite};
+pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use parse::{ParsedBody, parse_body, rewrite_model_field, splice_model};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcService, ProcessStream};

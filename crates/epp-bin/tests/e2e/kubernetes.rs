@@ -183,3 +183,178 @@ async fn missing_rbac_stops_epp_at_start_with_the_permission_named() {
         "{stderr}"
     );
 }
+
+/// InferenceModelRewrite and InferenceObjective resources of the pool (from
+/// both API groups) take effect while epp runs; those of another pool do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrites_and_objectives_from_the_cluster_take_effect() {
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "e2e-res").await;
+    let dir = scratch_dir("kube-resources");
+    // The pod's IP is 127.0.0.1 so the test can read what the simulator received.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = Command::new(workspace_bin("epp-sim"));
+    cmd.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--pod-name",
+        "pod-r",
+    ])
+    .args([
+        "--record-requests",
+        "100",
+        "--served-model-name",
+        "chat,chat-v2",
+    ]);
+    let (_sim, _) = Proc::spawn("pod-r", cmd, "listening on", dir.join("pod-r.log"));
+    ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    ns.pod("pod-r", &[("app", "model")], "127.0.0.1", true)
+        .await;
+
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+        &ns.name,
+        "--kubeconfig",
+        cluster.kubeconfig.to_str().unwrap(),
+        "--config-text",
+        "objectives:\n- {name: batch, priority: 5}\n",
+    ])
+    .env("RUST_LOG", "info");
+    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
+
+    let send = |model: &'static str, objective: &'static str| async move {
+        let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        http::send(
+            envoy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-gateway-inference-objective", objective),
+            ],
+            body.to_string(),
+        )
+        .await
+        .unwrap()
+    };
+    let last_model = || {
+        crate::common::sim_requests(port)
+            .pop()
+            .map(|r| {
+                serde_json::from_str::<serde_json::Value>(r["body"].as_str().unwrap_or("{}"))
+                    .unwrap_or_default()["model"]
+                    .clone()
+            })
+            .unwrap_or_default()
+    };
+    poll_status(&send, "chat", "batch", 200).await;
+    assert_eq!(last_model(), "chat");
+
+    // A rewrite for another pool is ignored; one for ours applies.
+    let rewrite = |pool: &str, target: &str| {
+        serde_json::json!({"poolRef": {"name": pool}, "rules": [
+            {"matches": [{"model": {"type": "Exact", "value": "chat"}}],
+             "targets": [{"modelRewrite": target, "weight": 1}]}]})
+    };
+    let llm_d = ns.custom(
+        "llm-d.ai",
+        "v1alpha2",
+        "InferenceModelRewrite",
+        "inferencemodelrewrites",
+    );
+    ns.apply_object(
+        llm_d.clone(),
+        "InferenceModelRewrite",
+        ("llm-d.ai", "v1alpha2"),
+        "other",
+        rewrite("other-pool", "wrong"),
+    )
+    .await;
+    let created = Instant::now();
+    ns.apply_object(
+        llm_d,
+        "InferenceModelRewrite",
+        ("llm-d.ai", "v1alpha2"),
+        "canary",
+        rewrite("pool", "chat-v2"),
+    )
+    .await;
+    loop {
+        assert_eq!(send("chat", "batch").await.status, 200);
+        if last_model() == "chat-v2" {
+            break;
+        }
+        assert!(
+            created.elapsed() < Duration::from_secs(10),
+            "the rewrite never applied: {}",
+            last_model()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "InferenceModelRewrite created -> applied: {:?}",
+        created.elapsed()
+    );
+
+    // The cluster's objective overrides the config's: batch becomes
+    // sheddable, so a saturated pool answers 429.
+    crate::common::sim_admin(port, serde_json::json!({"extra_waiting": 40})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        send("chat", "batch").await.status,
+        200,
+        "priority 5 from the config: not shed"
+    );
+    let x_k8s = ns.custom(
+        "inference.networking.x-k8s.io",
+        "v1alpha2",
+        "InferenceObjective",
+        "inferenceobjectives",
+    );
+    ns.apply_object(
+        x_k8s,
+        "InferenceObjective",
+        ("inference.networking.x-k8s.io", "v1alpha2"),
+        "batch",
+        serde_json::json!({"poolRef": {"name": "pool"}, "priority": -1}),
+    )
+    .await;
+    poll_status(&send, "chat", "batch", 429).await;
+    assert_eq!(
+        send("chat", "live").await.status,
+        200,
+        "undeclared objectives are not shed"
+    );
+}
+
+async fn poll_status<F, Fut>(send: &F, model: &'static str, objective: &'static str, want: u16)
+where
+    F: Fn(&'static str, &'static str) -> Fut,
+    Fut: std::future::Future<Output = http::Response>,
+{
+    let start = Instant::now();
+    loop {
+        let r = send(model, objective).await;
+        if r.status == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never {want}: {} {}",
+            r.status,
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

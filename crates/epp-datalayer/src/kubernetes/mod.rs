@@ -16,6 +16,7 @@
 //! false; a deleted pool empties the set until it is re-created.
 
 mod model;
+mod resources;
 mod selector;
 mod watch;
 
@@ -43,6 +44,9 @@ use parking_lot::Mutex;
 use prometheus_client::{
     metrics::{counter::Counter, gauge::Gauge},
     registry::Registry,
+};
+pub use resources::{
+    ClusterObjective, ClusterResources, ClusterRewrite, OnResources, PoolResources, RESOURCE_GROUPS,
 };
 pub use selector::LabelSelector;
 use tokio::sync::watch as tokio_watch;

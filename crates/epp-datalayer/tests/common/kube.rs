@@ -320,6 +320,11 @@ impl Ns {
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["inference.networking.k8s.io", "inference.networking.x-k8s.io"],
                  "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["inference.networking.x-k8s.io", "llm-d.ai"],
+                 "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["get", "create", "update"]},
             ],
         });
         self.apply_raw(
