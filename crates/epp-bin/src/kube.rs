@@ -10,8 +10,8 @@ use epp_core::config::{ModelRewriteDecl, ModelRewriteRules};
 use epp_datalayer::{
     Discovery, EndpointStore,
     kubernetes::{
-        ClusterResources, KubeOptions, KubeTarget, KubernetesDiscovery, LabelSelector, PoolGroup,
-        PoolResources, PoolSpec, check_ports,
+        ClusterResources, KubeOptions, KubeTarget, KubernetesDiscovery, LabelSelector,
+        LeaderElector, LeaseTiming, PoolGroup, PoolResources, PoolSpec, check_ports,
     },
 };
 use epp_extproc::{ExtProcOptions, ModelRewrite, ObjectivePriority};
@@ -46,6 +46,17 @@ pub(crate) struct KubeArgs {
     /// its pods before giving up.
     #[arg(long, default_value = "30s", value_parser = crate::args::parse_duration)]
     pub(crate) kube_sync_timeout: Duration,
+
+    /// Elect a leader among replicas with a Lease `<pool-name>-epp-leader` in
+    /// --pool-namespace: only the leader reports ready; the lease is released
+    /// at once on SIGTERM.
+    #[arg(long)]
+    pub(crate) ha_enable_leader_election: bool,
+
+    /// How long a lease holds without renewal (renewed every 2/15 of it; the
+    /// leader steps down after failing to renew for 2/3 of it).
+    #[arg(long, default_value = "15s", value_parser = crate::args::parse_duration)]
+    pub(crate) ha_lease_duration: Duration,
 }
 
 /// What Kubernetes discovery follows, from the flags; `None` when the
@@ -86,6 +97,8 @@ pub(crate) struct Kube {
     discovery: Option<Arc<KubernetesDiscovery>>,
     /// The pool's objectives and rewrites (pool mode only).
     resources: Option<PoolResources>,
+    /// This replica's candidacy, with `--ha-enable-leader-election`.
+    elector: Option<(Arc<LeaderElector>, CancellationToken)>,
 }
 
 impl Kube {
@@ -106,6 +119,11 @@ impl Kube {
             static_endpoints,
         )?
         else {
+            if args.kube.ha_enable_leader_election {
+                bail!(
+                    "--ha-enable-leader-election needs Kubernetes (--pool-name without static endpoints, or --endpoint-selector)"
+                );
+            }
             return Ok(Self::default());
         };
         let pool = match &options.target {
@@ -131,10 +149,46 @@ impl Kube {
         let resources = pool.map(|(name, group)| {
             PoolResources::new(discovery.client().clone(), &namespace, &name, group)
         });
+        let elector = if args.kube.ha_enable_leader_election {
+            let identity = format!(
+                "{}-{}",
+                std::env::var("POD_NAME")
+                    .or_else(|_| std::env::var("HOSTNAME"))
+                    .unwrap_or_else(|_| "epp".into()),
+                std::process::id()
+            );
+            let lease = format!("{}-epp-leader", args.pool_label());
+            let elector = LeaderElector::new(
+                discovery.client().clone(),
+                &namespace,
+                &lease,
+                &identity,
+                LeaseTiming::from_duration(args.kube.ha_lease_duration),
+            )
+            .await
+            .context("cannot take part in leader election")?;
+            let elector = Arc::new(elector);
+            let token = CancellationToken::new();
+            elector.spawn(token.clone());
+            tracing::info!(%lease, %identity, "leader election on");
+            Some((elector, token))
+        } else {
+            None
+        };
         Ok(Self {
             discovery: Some(Arc::new(discovery)),
             resources,
+            elector,
         })
+    }
+
+    /// Releases the lease at once (on SIGTERM) when leading, so another
+    /// replica takes over without waiting for it to expire.
+    pub(crate) async fn step_down(&self) {
+        if let Some((elector, token)) = &self.elector {
+            token.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), elector.wait_released()).await;
+        }
     }
 
     /// Adds the pool's InferenceObjective and InferenceModelRewrite resources
@@ -165,12 +219,14 @@ impl Kube {
     }
 
     /// What readiness needs from Kubernetes: always true without it;
-    /// otherwise synced, pool present, nothing forbidden.
+    /// otherwise synced, pool present, nothing forbidden, and leading when
+    /// leader election is on.
     pub(crate) fn gate(&self) -> crate::health::Gate {
+        let elector = self.elector.as_ref().map(|(e, _)| Arc::clone(e));
         match &self.discovery {
             Some(d) => {
                 let d = Arc::clone(d);
-                Arc::new(move || d.is_ready())
+                Arc::new(move || d.is_ready() && elector.as_ref().is_none_or(|e| e.is_leader()))
             }
             None => Arc::new(|| true),
         }

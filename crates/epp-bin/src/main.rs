@@ -264,6 +264,7 @@ async fn run(args: Args) -> Result<()> {
     };
 
     wait_for_signal().await;
+    kube.step_down().await;
     tracing::info!(grace = ?args.shutdown_grace_period, "shutting down: health NOT_SERVING, draining streams");
     health_stop.cancel();
     let _ = health_task.await;

@@ -358,3 +358,121 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+async fn readiness(port: u16) -> Option<tonic_health::pb::health_check_response::ServingStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    let r = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "readiness".into(),
+        })
+        .await
+        .ok()?;
+    Some(r.into_inner().status())
+}
+
+async fn serving(epps: &[&crate::common::Epp]) -> Vec<bool> {
+    let mut out = Vec::new();
+    for e in epps {
+        out.push(
+            readiness(e.health_port).await
+                == Some(tonic_health::pb::health_check_response::ServingStatus::Serving),
+        );
+    }
+    out
+}
+
+/// Waits until exactly one of `epps` is ready; returns its index and the time taken.
+async fn one_leader(epps: &[&crate::common::Epp], within: Duration) -> (usize, Duration) {
+    let start = Instant::now();
+    loop {
+        let s = serving(epps).await;
+        if s.iter().filter(|r| **r).count() == 1 {
+            return (s.iter().position(|r| *r).unwrap(), start.elapsed());
+        }
+        assert!(start.elapsed() < within, "no single ready leader: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two epp processes with leader election: only the leader is ready; when
+/// it is killed the other takes over after the lease expires, and when it is
+/// stopped with SIGTERM the lease is released at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_makes_one_replica_ready() {
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "e2e-ha").await;
+    let dir = scratch_dir("kube-ha");
+    let port = shared_port();
+    let _sim = start_pod_sim(&dir, "pod-a", "127.0.0.2", port);
+    ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
+        .await;
+    ns.grant_discovery("epp", "epp").await;
+    let start = |name: &str| {
+        let mut cmd = epp_command();
+        cmd.args([
+            "--secure-serving=false",
+            "--pool-name",
+            "pool",
+            "--pool-namespace",
+            &ns.name,
+            "--kubeconfig",
+            cluster.kubeconfig_for("epp").to_str().unwrap(),
+            "--ha-enable-leader-election",
+            "--ha-lease-duration",
+            "3s",
+        ])
+        .env("RUST_LOG", "info")
+        .env("POD_NAME", name);
+        spawn_epp(name, cmd, dir.join(format!("{name}.log"))).0
+    };
+    let mut a = start("epp-a");
+    let mut b = start("epp-b");
+    let (leader, _) = one_leader(&[&a, &b], Duration::from_secs(15)).await;
+    for _ in 0..10 {
+        let s = serving(&[&a, &b]).await;
+        assert_eq!(
+            s.iter().filter(|r| **r).count(),
+            1,
+            "exactly one ready: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Killed without a chance to release: the other waits out the lease (3 s).
+    let (killed, survivor) = if leader == 0 {
+        (&mut a, &b)
+    } else {
+        (&mut b, &a)
+    };
+    Command::new("kill")
+        .args(["-9", &killed.proc.pid().to_string()])
+        .status()
+        .unwrap();
+    let (_, took) = one_leader(&[survivor], Duration::from_secs(15)).await;
+    eprintln!("leader killed -> the other ready: {took:?}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "took over before the lease could expire: {took:?}"
+    );
+
+    // SIGTERM: the lease is released at once, a new replica takes over fast.
+    let c = start("epp-c");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        serving(&[&c]).await,
+        [false],
+        "a second replica is not ready"
+    );
+    survivor.proc.signal_term();
+    let (_, took) = one_leader(&[&c], Duration::from_secs(10)).await;
+    eprintln!("leader SIGTERM -> the other ready: {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the lease was not released at once: {took:?}"
+    );
+}

@@ -15,6 +15,7 @@
 //! later is logged once, counted, and makes [`KubernetesDiscovery::is_ready`]
 //! false; a deleted pool empties the set until it is re-created.
 
+mod lease;
 mod model;
 mod resources;
 mod selector;
@@ -39,6 +40,7 @@ use kube::{
     api::PostParams,
     config::{KubeConfigOptions, Kubeconfig},
 };
+pub use lease::{LeaderElector, LeaseTiming};
 pub use model::{MAX_TARGET_PORTS, NamedEndpoint, PodView, PoolGroup, PoolSpec, check_ports};
 use parking_lot::Mutex;
 use prometheus_client::{
