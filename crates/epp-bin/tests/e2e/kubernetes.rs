@@ -476,3 +476,104 @@ async fn leader_election_makes_one_replica_ready() {
         "the lease was not released at once: {took:?}"
     );
 }
+
+/// The API server stopped for 10 s under load: no request fails, and changes
+/// made after it returns reach the routing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_outage_under_load_fails_no_request() {
+    let cluster = KubeCluster::start("e2e-outage");
+    let ns = Ns::create(&cluster, "e2e-outage").await;
+    let dir = scratch_dir("kube-outage");
+    let port = shared_port();
+    let _sims: Vec<Sim> = [("pod-a", "127.0.0.2"), ("pod-b", "127.0.0.3")]
+        .iter()
+        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port))
+        .collect();
+    ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
+        .await;
+    ns.pod("pod-b", &[("app", "model")], "127.0.0.3", true)
+        .await;
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+        &ns.name,
+        "--kubeconfig",
+        cluster.kubeconfig.to_str().unwrap(),
+    ])
+    .env("RUST_LOG", "info");
+    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
+    until_served(envoy.port, "pod-a serves", |p| p == "pod-a").await;
+
+    // Load: 4 clients sending back to back until told to stop.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let stop = stop.clone();
+        let port = envoy.port;
+        clients.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            let mut i = c * 1_000_000;
+            while !stop.is_cancelled() {
+                let r = http::post_json(port, "/v1/chat/completions", &chat(i))
+                    .await
+                    .unwrap();
+                if r.status == 200 {
+                    ok += 1;
+                } else {
+                    failed.push((r.status, r.text()));
+                }
+                i += 1;
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let c = &cluster;
+    tokio::task::block_in_place(|| c.stop_apiserver());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::task::block_in_place(|| c.start_apiserver());
+    let admin = Ns {
+        client: cluster.admin().await,
+        name: ns.name.clone(),
+    };
+    admin.set_ready("pod-a", false).await;
+    let changed = Instant::now();
+    // Once the change is seen, only pod-b serves.
+    let mut streak = 0;
+    while streak < 20 {
+        let r = http::post_json(envoy.port, "/v1/chat/completions", &chat(0))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        streak = if r.header("x-inference-pod") == Some("pod-b") {
+            streak + 1
+        } else {
+            0
+        };
+        assert!(
+            changed.elapsed() < Duration::from_secs(15),
+            "the change after the outage was never seen"
+        );
+    }
+    eprintln!(
+        "change after the API server returned seen within {:?}",
+        changed.elapsed()
+    );
+    stop.cancel();
+    let mut total = 0;
+    for c in clients {
+        let (ok, failed) = c.await.unwrap();
+        assert!(
+            failed.is_empty(),
+            "requests failed during the outage: {failed:?}"
+        );
+        total += ok;
+    }
+    eprintln!("{total} requests during the test, none failed");
+    assert!(total > 100, "the load ran: {total}");
+}
