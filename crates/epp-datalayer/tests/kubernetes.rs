@@ -73,7 +73,7 @@ impl Running {
         self.discovery
             .endpoints()
             .iter()
-            .map(|e| format!("{}@{}", e.name, e.spec.addr))
+            .map(|(name, addr)| format!("{name}@{addr}"))
             .collect()
     }
 

@@ -185,7 +185,8 @@ pub(crate) struct Shared {
     sync: tokio_watch::Sender<SyncState>,
     pool_present: AtomicBool,
     problems: Mutex<[Option<Problem>; 2]>,
-    endpoints: Mutex<Vec<NamedEndpoint>>,
+    /// Names and addresses of the endpoints published.
+    endpoints: Mutex<Vec<(String, std::net::SocketAddr)>>,
     forbidden: Counter,
     watch_errors: Counter,
     relists: Counter,
@@ -269,10 +270,12 @@ impl Shared {
         self.update_ready();
     }
 
-    fn set_endpoints(&self, endpoints: &[NamedEndpoint]) {
+    fn set_endpoints(&self, endpoints: &std::collections::BTreeMap<String, NamedEndpoint>) {
         self.endpoint_count
             .set(i64::try_from(endpoints.len()).unwrap_or(i64::MAX));
-        *self.endpoints.lock() = endpoints.to_vec();
+        let mut names = self.endpoints.lock();
+        names.clear();
+        names.extend(endpoints.values().map(|e| (e.name.clone(), e.spec.addr)));
     }
 
     fn synced(&self) {
@@ -432,9 +435,10 @@ impl KubernetesDiscovery {
         self.shared.is_ready()
     }
 
-    /// The endpoints last published, with their names.
+    /// The endpoints last published: name (`<pod>` or `<pod>-rank-<i>`) and
+    /// address, sorted by name.
     #[must_use]
-    pub fn endpoints(&self) -> Vec<NamedEndpoint> {
+    pub fn endpoints(&self) -> Vec<(String, std::net::SocketAddr)> {
         self.shared.endpoints.lock().clone()
     }
 

@@ -211,31 +211,48 @@ pub(super) fn endpoints<'a>(
     selector: &LabelSelector,
     ports: &[u16],
 ) -> Vec<NamedEndpoint> {
-    let mut out = Vec::new();
-    for pod in pods {
-        let Some(ip) = pod.ip.filter(|_| pod.ready) else {
-            continue;
-        };
-        if !selector.matches(&pod.labels) {
-            continue;
-        }
-        for (rank, &port) in ports.iter().enumerate() {
-            let name = if ports.len() == 1 {
-                pod.name.clone()
-            } else {
-                format!("{}-rank-{rank}", pod.name)
-            };
-            out.push(NamedEndpoint {
-                name,
-                spec: EndpointSpec {
-                    addr: SocketAddr::new(ip, port),
-                    labels: pod.labels.clone(),
-                },
-            });
-        }
-    }
+    let mut out: Vec<NamedEndpoint> = pods
+        .into_iter()
+        .flat_map(|pod| pod_endpoints(pod, selector, ports))
+        .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// The endpoints of one pod: none unless it serves and matches `selector`.
+#[must_use]
+pub(super) fn pod_endpoints(
+    pod: &PodView,
+    selector: &LabelSelector,
+    ports: &[u16],
+) -> Vec<NamedEndpoint> {
+    let Some(ip) = pod.ip.filter(|_| pod.ready) else {
+        return Vec::new();
+    };
+    if !selector.matches(&pod.labels) {
+        return Vec::new();
+    }
+    ports
+        .iter()
+        .enumerate()
+        .map(|(rank, &port)| NamedEndpoint {
+            name: endpoint_name(&pod.name, rank, ports.len()),
+            spec: EndpointSpec {
+                addr: SocketAddr::new(ip, port),
+                labels: pod.labels.clone(),
+            },
+        })
+        .collect()
+}
+
+/// `<pod>` with one port, `<pod>-rank-<rank>` with several.
+#[must_use]
+pub(super) fn endpoint_name(pod: &str, rank: usize, ports: usize) -> String {
+    if ports == 1 {
+        pod.to_owned()
+    } else {
+        format!("{pod}-rank-{rank}")
+    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Shared,
-    model::{NamedEndpoint, PodView, PoolSpec, endpoints},
+    model::{NamedEndpoint, PodView, PoolSpec, endpoint_name, endpoints, pod_endpoints},
     selector::LabelSelector,
 };
 use crate::EndpointStore;
@@ -103,7 +103,8 @@ pub(super) struct Runner {
     /// A pod re-list in progress.
     pods_relist: Option<BTreeMap<String, PodView>>,
     pods_synced: bool,
-    published: Vec<NamedEndpoint>,
+    /// The endpoints in the store, by name.
+    published: BTreeMap<String, NamedEndpoint>,
 }
 
 impl fmt::Debug for Runner {
@@ -151,7 +152,7 @@ impl Runner {
             pods: BTreeMap::new(),
             pods_relist: None,
             pods_synced: false,
-            published: Vec::new(),
+            published: BTreeMap::new(),
         };
         runner.follow_selector();
         runner
@@ -266,13 +267,12 @@ impl Runner {
 
     fn on_pods(&mut self, event: Event<Pod>) {
         match event {
-            Event::Init => return,
+            Event::Init => {}
             Event::InitApply(pod) => {
                 let view = PodView::from_pod(&pod);
                 self.pods_relist
                     .get_or_insert_default()
                     .insert(view.name.clone(), view);
-                return;
             }
             Event::InitDone => {
                 if self.pods_synced {
@@ -280,39 +280,88 @@ impl Runner {
                 }
                 self.pods = self.pods_relist.take().unwrap_or_default();
                 self.pods_synced = true;
+                self.publish();
             }
             Event::Apply(pod) => {
                 let view = PodView::from_pod(&pod);
-                self.pods.insert(view.name.clone(), view);
+                // Most pod updates change nothing discovery reads: skip them.
+                if self.pods.get(&view.name) == Some(&view) {
+                    return;
+                }
+                let old = self.pods.insert(view.name.clone(), view.clone());
+                self.update_pod(old.as_ref(), Some(&view));
             }
             Event::Delete(pod) => {
-                let view = PodView::from_pod(&pod);
-                self.pods.remove(&view.name);
+                let name = pod.metadata.name.unwrap_or_default();
+                let old = self.pods.remove(&name);
+                self.update_pod(old.as_ref(), None);
             }
         }
-        self.publish();
     }
 
-    /// Writes the endpoint set to the store when it changed.
+    /// Applies one pod's change to the published set without recomputing
+    /// the others (a pod update costs O(log n) here, plus the store's copy).
+    fn update_pod(&mut self, old: Option<&PodView>, new: Option<&PodView>) {
+        let Some(spec) = &self.pool else {
+            return;
+        };
+        let mut changed = false;
+        if let Some(old) = old {
+            for rank in 0..spec.ports.len() {
+                let name = endpoint_name(&old.name, rank, spec.ports.len());
+                if let Some(gone) = self.published.remove(&name) {
+                    changed = true;
+                    if new.is_none_or(|n| !n.serves()) {
+                        tracing::debug!(endpoint = %gone.name, addr = %gone.spec.addr, "endpoint removed");
+                    }
+                }
+            }
+        }
+        if let Some(new) = new {
+            for e in pod_endpoints(new, &spec.selector, &spec.ports) {
+                changed = true;
+                tracing::debug!(endpoint = %e.name, addr = %e.spec.addr, "endpoint added or updated");
+                self.published.insert(e.name.clone(), e);
+            }
+        }
+        if changed {
+            self.flush();
+        }
+    }
+
+    /// Recomputes the whole set (pool changed, a re-list completed) and
+    /// writes it to the store when it changed.
     fn publish(&mut self) {
-        let next = match &self.pool {
-            Some(spec) => endpoints(self.pods.values(), &spec.selector, &spec.ports),
-            None => Vec::new(),
+        let next: BTreeMap<String, NamedEndpoint> = match &self.pool {
+            Some(spec) => endpoints(self.pods.values(), &spec.selector, &spec.ports)
+                .into_iter()
+                .map(|e| (e.name.clone(), e))
+                .collect(),
+            None => BTreeMap::new(),
         };
         if next == self.published {
             return;
         }
-        for gone in self.published.iter().filter(|e| !next.contains(e)) {
-            tracing::debug!(endpoint = %gone.name, addr = %gone.spec.addr, "endpoint removed");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let old: Vec<&NamedEndpoint> = self.published.values().collect();
+            let new: Vec<&NamedEndpoint> = next.values().collect();
+            log_changes(&old, &new);
         }
-        for new in next.iter().filter(|e| !self.published.contains(e)) {
-            tracing::debug!(endpoint = %new.name, addr = %new.spec.addr, "endpoint added");
-        }
-        tracing::info!(endpoints = next.len(), "kubernetes endpoints changed");
-        self.store
-            .replace_source(&self.source, next.iter().map(|e| e.spec.clone()).collect());
-        self.shared.set_endpoints(&next);
         self.published = next;
+        self.flush();
+    }
+
+    /// Writes the published set to the store.
+    fn flush(&self) {
+        tracing::info!(
+            endpoints = self.published.len(),
+            "kubernetes endpoints changed"
+        );
+        self.store.replace_source(
+            &self.source,
+            self.published.values().map(|e| e.spec.clone()).collect(),
+        );
+        self.shared.set_endpoints(&self.published);
     }
 
     fn update_sync(&self) {
@@ -329,6 +378,33 @@ impl Runner {
 /// its first `InitApply` (or an `InitDone` alone, for an empty list).
 fn not_init<K>(item: &watcher::Result<Event<K>>) -> std::future::Ready<bool> {
     std::future::ready(!matches!(item, Ok(Event::Init)))
+}
+
+/// Logs endpoints added and removed; both lists are sorted by name, so one
+/// merge pass finds them.
+fn log_changes(old: &[&NamedEndpoint], new: &[&NamedEndpoint]) {
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (o.peek(), n.peek()) {
+            (Some(a), Some(b)) if a == b => {
+                o.next();
+                n.next();
+            }
+            (Some(a), Some(b)) if a.name <= b.name => {
+                tracing::debug!(endpoint = %a.name, addr = %a.spec.addr, "endpoint removed or changed");
+                o.next();
+            }
+            (Some(_), Some(b)) | (None, Some(b)) => {
+                tracing::debug!(endpoint = %b.name, addr = %b.spec.addr, "endpoint added or changed");
+                n.next();
+            }
+            (Some(a), None) => {
+                tracing::debug!(endpoint = %a.name, addr = %a.spec.addr, "endpoint removed");
+                o.next();
+            }
+            (None, None) => return,
+        }
+    }
 }
 
 async fn next<K>(stream: &mut Option<EventStream<K>>) -> Option<watcher::Result<Event<K>>> {
