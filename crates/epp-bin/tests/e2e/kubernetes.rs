@@ -577,3 +577,54 @@ async fn api_server_outage_under_load_fails_no_request() {
     eprintln!("{total} requests during the test, none failed");
     assert!(total > 100, "the load ran: {total}");
 }
+
+/// Editing the pool's `targetPorts` moves traffic between the ranks of a pod
+/// (one simulator per port on the pod's IP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_ports_edits_move_traffic() {
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "e2e-ports").await;
+    let dir = scratch_dir("kube-ports");
+    let (p0, p1) = (shared_port(), shared_port());
+    let _r0 = start_pod_sim(&dir, "rank-0", "127.0.0.2", p0);
+    let _r1 = start_pod_sim(&dir, "rank-1", "127.0.0.2", p1);
+    ns.apply_pool("pool", &[("app", "model")], &[p0]).await;
+    ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
+        .await;
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+        &ns.name,
+        "--kubeconfig",
+        cluster.kubeconfig.to_str().unwrap(),
+    ])
+    .env("RUST_LOG", "info");
+    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
+    until_served(envoy.port, "rank 0 serves", |p| p == "rank-0").await;
+    let counts = served(envoy.port, 10).await;
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["rank-0"], "{counts:?}");
+
+    ns.apply_pool("pool", &[("app", "model")], &[p0, p1]).await;
+    until_served(envoy.port, "rank 1 added", |p| p == "rank-1").await;
+    ns.apply_pool("pool", &[("app", "model")], &[p1]).await;
+    let start = Instant::now();
+    let mut streak = 0;
+    while streak < 10 {
+        let c = served(envoy.port, 1).await;
+        streak = if c.contains_key("rank-1") {
+            streak + 1
+        } else {
+            0
+        };
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "rank 0 still served"
+        );
+    }
+    let counts = served(envoy.port, 10).await;
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["rank-1"], "{counts:?}");
+}
