@@ -89,6 +89,24 @@ async fn api_server_away_keeps_endpoints_then_converges() {
     run.until_addrs("both pods", &["127.0.0.2:8000", "127.0.0.3:8000"])
         .await;
 
+    // Every set the store publishes from here on must keep b: neither the
+    // outage nor the re-list after it (the restarted API server answers the
+    // old watch with 410 Expired) may leave a gap.
+    let store = std::sync::Arc::clone(&run.store);
+    let mut changes = store.subscribe();
+    let b: std::net::SocketAddr = "127.0.0.3:8000".parse().unwrap();
+    let watch_b = tokio::spawn(async move {
+        let mut published = 0;
+        while changes.changed().await.is_ok() {
+            published += 1;
+            assert!(
+                epp_core::EndpointSource::snapshot(&*store)
+                    .by_addr(b)
+                    .is_some(),
+                "b dropped from the store at publication {published}"
+            );
+        }
+    });
     cluster.stop_apiserver();
     let away = Instant::now();
     while away.elapsed() < Duration::from_secs(4) {
@@ -113,9 +131,16 @@ async fn api_server_away_keeps_endpoints_then_converges() {
     run.until_addrs("a change after the return", &["127.0.0.3:8000"])
         .await;
     eprintln!(
-        "converged {:?} after the API server returned",
-        back.elapsed()
+        "converged {:?} after the API server returned; re-lists: {}",
+        back.elapsed(),
+        run.discovery.relists()
     );
+    assert!(
+        run.discovery.relists() >= 1,
+        "the restarted API server expired the watch (410): re-listed"
+    );
+    assert!(!watch_b.is_finished(), "b stayed through the re-list");
+    watch_b.abort();
 
     // RBAC revoked: the next list or watch is refused. The endpoints stay,
     // readiness goes, the refusal is counted once.
