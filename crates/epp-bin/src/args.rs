@@ -61,13 +61,19 @@ pub(crate) struct Args {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub(crate) metrics_staleness_threshold: Duration,
 
-    /// Name of the pool (metrics label `name`).
-    #[arg(long, default_value = "epp-pool")]
-    pub(crate) pool_name: String,
+    /// Name of the InferencePool to follow on Kubernetes (without --endpoints,
+    /// --endpoints-file or --endpoint-selector); also the metrics label `name`
+    /// (default `epp-pool`).
+    #[arg(long)]
+    pub(crate) pool_name: Option<String>,
 
-    /// Namespace of the pool (informational without Kubernetes).
-    #[arg(long, default_value = "default")]
+    /// Namespace of the pool and its pods.
+    #[arg(long, env = "NAMESPACE", default_value = "default")]
     pub(crate) pool_namespace: String,
+
+    /// Kubernetes discovery.
+    #[command(flatten)]
+    pub(crate) kube: crate::kube::KubeArgs,
 
     /// Verbosity: -v one debug line per request (decision and scores), -vv debug of
     /// every library, -vvv trace (prompts included).
@@ -85,6 +91,13 @@ pub(crate) struct Args {
     /// How long in-flight streams may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace_period: Duration,
+}
+
+impl Args {
+    /// The pool's name in metrics.
+    pub(crate) fn pool_label(&self) -> &str {
+        self.pool_name.as_deref().unwrap_or("epp-pool")
+    }
 }
 
 /// Parses `50ms`, `2s`, `1m30s`, or a bare number of seconds.

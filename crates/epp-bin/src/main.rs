@@ -4,6 +4,7 @@
 
 mod args;
 mod health;
+mod kube;
 mod metrics;
 mod tls;
 
@@ -168,7 +169,6 @@ async fn run(args: Args) -> Result<()> {
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 
-    let readiness = Arc::new(health::Readiness::new(false));
     for discovery in discoveries(&args)? {
         discovery
             .start(Arc::clone(&store), shutdown.child_token())
@@ -180,7 +180,11 @@ async fn run(args: Args) -> Result<()> {
             })?;
         discovery.register_metrics(&mut prom);
     }
-    // Every discovery published its first set before `start` returned.
+    let kube = kube::Kube::start(&args, &store, &shutdown, &mut prom).await?;
+    let options = kube.with_cluster_directives(options, &shutdown).await?;
+    // Every discovery published its first set before `start` returned;
+    // Kubernetes' own state (sync, pool, permissions, leadership) is the gate.
+    let readiness = Arc::new(health::Readiness::new(kube.gate()));
     readiness.set_synced(true);
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
@@ -194,7 +198,7 @@ async fn run(args: Args) -> Result<()> {
 
     let pool = Arc::new(metrics::PoolGauges::register(
         &mut prom,
-        &args.pool_name,
+        args.pool_label(),
         args.metrics_staleness_threshold,
     ));
     data_layer.register_metrics(&mut prom);
@@ -264,6 +268,7 @@ async fn run(args: Args) -> Result<()> {
     };
 
     wait_for_signal().await;
+    kube.step_down().await;
     tracing::info!(grace = ?args.shutdown_grace_period, "shutting down: health NOT_SERVING, draining streams");
     health_stop.cancel();
     let _ = health_task.await;

@@ -7,6 +7,7 @@ mod e2e {
     mod apis;
     mod custom_metric;
     mod errors;
+    mod kubernetes;
     mod logs;
     mod objectives;
     mod prefix;

@@ -1,6 +1,7 @@
-//! Discovery without Kubernetes: a YAML file of endpoints, watched for
-//! changes. (Kubernetes InferencePool discovery will be another source
-//! writing into the same [`EndpointStore`].)
+//! Discovery without Kubernetes: a static list, or a YAML file of endpoints
+//! watched for changes. (Kubernetes InferencePool discovery,
+//! [`crate::kubernetes::KubernetesDiscovery`], is another source writing into
+//! the same [`EndpointStore`].)
 
 use std::{
     collections::BTreeMap,
@@ -59,8 +60,8 @@ pub fn parse_endpoints_file(text: &str, path: &str) -> Result<Vec<EndpointSpec>>
         .collect())
 }
 
-/// A way of learning the endpoint set (a static list, a watched file, later
-/// Kubernetes InferencePools). Each discovery owns one named part of the
+/// A way of learning the endpoint set (a static list, a watched file, a
+/// Kubernetes InferencePool). Each discovery owns one named part of the
 /// [`EndpointStore`] and keeps it in step until stopped.
 pub trait Discovery: Send + Sync + fmt::Debug {
     /// The name of the store part this discovery writes.
@@ -68,7 +69,9 @@ pub trait Discovery: Send + Sync + fmt::Debug {
 
     /// Publishes the first endpoint set before returning (an error here is
     /// fatal to the caller), then keeps it up to date on the current tokio
-    /// runtime until `stop` is cancelled.
+    /// runtime until `stop` is cancelled. A source that needs the network for
+    /// its first set (Kubernetes) starts following here and offers its own
+    /// way to wait for it.
     ///
     /// # Errors
     /// When the first set cannot be obtained.

@@ -23,6 +23,22 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// Kubernetes discovery cannot work: bad options, an unreachable or
+    /// rejecting API server, or an invalid object.
+    #[error("kubernetes: {0}")]
+    Kubernetes(String),
+    /// The API server refuses an operation discovery needs (RBAC).
+    #[error(
+        "kubernetes: forbidden to {verbs} {resource} in namespace {namespace:?}: grant them to the picker's ServiceAccount with a Role and RoleBinding (see docs/kubernetes.md)"
+    )]
+    Forbidden {
+        /// The verbs missing, e.g. `list, watch`.
+        verbs: String,
+        /// The resource, e.g. `pods` or `inferencepools.inference.networking.k8s.io`.
+        resource: String,
+        /// The namespace.
+        namespace: String,
+    },
 }
 
 /// Result with [`Error`].

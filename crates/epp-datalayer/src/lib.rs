@@ -1,5 +1,6 @@
 //! The data layer of the epp-rs endpoint picker: the endpoint set, discovery
-//! (a static list or a watched file, behind the [`Discovery`] trait), and
+//! (a static list, a watched file or a Kubernetes InferencePool — see
+//! [`kubernetes`] — behind the [`Discovery`] trait), and
 //! scrapers that keep each endpoint's metrics fresh — and honest about their
 //! age — through pluggable extractors.
 //!
@@ -53,6 +54,7 @@ mod core_metrics_extractor;
 mod data_layer;
 mod discovery;
 mod error;
+pub mod kubernetes;
 mod prometheus_metric;
 mod scrape;
 mod source;

@@ -220,7 +220,10 @@ impl Decider {
         let objective = nonempty(OBJECTIVE_HEADER).map(str::to_owned);
         let priority = objective
             .as_ref()
-            .and_then(|o| options.objectives.get(o).copied())
+            .and_then(|o| match &options.objective_priority {
+                Some(live) => live.priority(o),
+                None => options.objectives.get(o).copied(),
+            })
             .unwrap_or(0);
         let fairness_id = nonempty(FAIRNESS_HEADER).unwrap_or(DEFAULT_FLOW).to_owned();
         let (request_id, generated_id) = match nonempty("x-request-id") {

@@ -63,7 +63,7 @@ pub use decision::{
     MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
 };
 pub use error::{ExtProcError, Result};
-pub use options::{BodyMode, ExtProcOptions, ModelRewrite};
+pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcService, ProcessStream};
 pub use usage::UsageReader;

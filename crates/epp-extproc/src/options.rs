@@ -53,6 +53,14 @@ impl ModelRewrite for epp_core::config::ModelRewriteRules {
     }
 }
 
+/// Objective priorities that change while serving (e.g. InferenceObjective
+/// resources on Kubernetes). When set, it answers instead of
+/// [`ExtProcOptions::objectives`].
+pub trait ObjectivePriority: Send + Sync + fmt::Debug {
+    /// The priority of `objective`, or `None` when it is not declared.
+    fn priority(&self, objective: &str) -> Option<i32>;
+}
+
 /// Settings of [`crate::ExtProcService`]. Build with struct-update syntax:
 /// `ExtProcOptions { max_body_bytes: 1 << 20, ..ExtProcOptions::default() }`.
 #[derive(Clone, Debug)]
@@ -74,6 +82,8 @@ pub struct ExtProcOptions {
     pub max_response_buffer_bytes: usize,
     /// Rewrite rules applied when no rewrite header is present.
     pub model_rewrite: Option<Arc<dyn ModelRewrite>>,
+    /// Live objective priorities, consulted instead of `objectives` when set.
+    pub objective_priority: Option<Arc<dyn ObjectivePriority>>,
 }
 
 impl Default for ExtProcOptions {
@@ -86,6 +96,7 @@ impl Default for ExtProcOptions {
             assumed_response_body_mode: BodyMode::FullDuplexStreamed,
             max_response_buffer_bytes: 4 << 20,
             model_rewrite: None,
+            objective_priority: None,
         }
     }
 }

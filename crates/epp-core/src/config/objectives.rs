@@ -178,6 +178,16 @@ impl ModelRewriteRules {
         Ok(out)
     }
 
+    /// Validates and builds rules declared outside the config file (e.g.
+    /// InferenceModelRewrite resources on Kubernetes).
+    ///
+    /// # Errors
+    /// The first invalid rule, as `field: why` (fields as if under
+    /// `modelRewrites`).
+    pub fn from_decls(decls: &[ModelRewriteDecl]) -> Result<Self, String> {
+        Self::build(decls).map_err(|(field, why)| format!("{field}: {why}"))
+    }
+
     /// Whether there is no rule.
     #[must_use]
     pub fn is_empty(&self) -> bool {

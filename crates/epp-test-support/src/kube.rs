@@ -1,0 +1,421 @@
+//! A real kube-apiserver (with etcd) for tests, started through
+//! `scripts/kube-env.sh`, and helpers that create the objects Kubernetes
+//! discovery reads: namespaces, InferencePools, pods with a status set
+//! through the status subresource (there is no kubelet), RBAC.
+//!
+//! The control plane is built once into a cache outside the checkout
+//! (`scripts/kube-env.sh build`, a few minutes cold); a test that needs it
+//! builds it when missing rather than skipping.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    core::{ApiResource, GroupVersionKind},
+};
+use serde_json::{Value, json};
+
+fn checkout() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the crate is two levels under the checkout")
+        .to_path_buf()
+}
+
+fn script() -> PathBuf {
+    checkout().join("scripts/kube-env.sh")
+}
+
+fn run_script(args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .arg(script())
+        .args(args)
+        .env("EPP_KUBE_OWNER_PID", std::process::id().to_string())
+        .output()
+        .expect("cannot run scripts/kube-env.sh");
+    assert!(
+        out.status.success(),
+        "scripts/kube-env.sh {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds the control plane once per process (a no-op when cached).
+fn ensure_built() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let t = Instant::now();
+        run_script(&["build"]);
+        if t.elapsed() > Duration::from_secs(5) {
+            eprintln!("built the test control plane in {:?}", t.elapsed());
+        }
+    });
+}
+
+/// A running etcd + kube-apiserver, stopped on drop.
+#[derive(Debug)]
+pub struct KubeCluster {
+    /// Its state directory (etcd data, certificates, logs, kubeconfigs).
+    pub dir: PathBuf,
+    /// The admin's kubeconfig.
+    pub kubeconfig: PathBuf,
+}
+
+impl KubeCluster {
+    /// Starts a control plane of its own (for tests that stop the API server).
+    pub fn start(tag: &str) -> Self {
+        ensure_built();
+        let dir = std::env::temp_dir().join(format!(
+            "epp-kube-{tag}-{}-{:08x}",
+            std::process::id(),
+            rand_u32()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = run_script(&["start", dir.to_str().expect("utf-8 temp dir")]);
+        let kubeconfig = PathBuf::from(
+            out.lines()
+                .last()
+                .expect("start prints the kubeconfig")
+                .trim(),
+        );
+        assert!(
+            kubeconfig.is_file(),
+            "no kubeconfig at {}",
+            kubeconfig.display()
+        );
+        Self { dir, kubeconfig }
+    }
+
+    /// One control plane shared by the tests of this process that leave the
+    /// API server running (each works in a namespace of its own).
+    pub fn shared() -> &'static Self {
+        static SHARED: OnceLock<KubeCluster> = OnceLock::new();
+        SHARED.get_or_init(|| Self::start("shared"))
+    }
+
+    /// The kubeconfig of a test ServiceAccount user
+    /// (`system:serviceaccount:default:<sa>`; `epp`, `epp-b`, `restricted`).
+    pub fn kubeconfig_for(&self, sa: &str) -> PathBuf {
+        self.dir.join(format!("kubeconfig-{sa}"))
+    }
+
+    /// A client with the admin token.
+    pub async fn admin(&self) -> Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("admin kubeconfig");
+        Client::try_from(config).expect("admin client")
+    }
+
+    /// Stops the API server (etcd stays).
+    pub fn stop_apiserver(&self) {
+        run_script(&["apiserver-stop", self.dir.to_str().expect("utf-8")]);
+    }
+
+    /// Starts the API server again on the same port; returns once ready.
+    pub fn start_apiserver(&self) {
+        run_script(&["apiserver-start", self.dir.to_str().expect("utf-8")]);
+    }
+}
+
+impl Drop for KubeCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .args(["stop", self.dir.to_str().unwrap_or_default()])
+            .output();
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish() as u32
+}
+
+/// A fresh namespace, with helpers for the objects discovery reads.
+#[derive(Clone)]
+pub struct Ns {
+    /// An admin client.
+    pub client: Client,
+    /// The namespace's name.
+    pub name: String,
+}
+
+impl std::fmt::Debug for Ns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ns")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The InferencePool API of GIE v1 (group, version).
+pub const POOL_V1: (&str, &str) = ("inference.networking.k8s.io", "v1");
+/// The older x-k8s.io InferencePool API (group, version).
+pub const POOL_V1ALPHA2: (&str, &str) = ("inference.networking.x-k8s.io", "v1alpha2");
+
+impl Ns {
+    /// Creates a namespace named `<prefix>-<random>`.
+    pub async fn create(cluster: &KubeCluster, prefix: &str) -> Self {
+        let client = cluster.admin().await;
+        let name = format!("{prefix}-{:08x}", rand_u32());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        Self { client, name }
+    }
+
+    /// Pods of this namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// InferencePools of this namespace in API `(group, version)`.
+    pub fn pools(&self, (group, version): (&str, &str)) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk(group, version, "InferencePool");
+        Api::namespaced_with(
+            self.client.clone(),
+            &self.name,
+            &ApiResource::from_gvk_with_plural(&gvk, "inferencepools"),
+        )
+    }
+
+    /// Custom objects of `kind` (`plural`) in this namespace.
+    pub fn custom(
+        &self,
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+    ) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        Api::namespaced_with(
+            self.client.clone(),
+            &self.name,
+            &ApiResource::from_gvk_with_plural(&gvk, plural),
+        )
+    }
+
+    /// Creates (or replaces the spec of) a v1 InferencePool.
+    pub async fn apply_pool(&self, name: &str, match_labels: &[(&str, &str)], ports: &[u16]) {
+        let labels: BTreeMap<_, _> = match_labels.iter().copied().collect();
+        let ports: Vec<Value> = ports.iter().map(|p| json!({"number": p})).collect();
+        let spec = json!({
+            "selector": {"matchLabels": labels},
+            "targetPorts": ports,
+            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
+        });
+        self.apply_object(self.pools(POOL_V1), "InferencePool", POOL_V1, name, spec)
+            .await;
+    }
+
+    /// Creates or replaces the spec of any namespaced custom object.
+    pub async fn apply_object(
+        &self,
+        api: Api<DynamicObject>,
+        kind: &str,
+        (group, version): (&str, &str),
+        name: &str,
+        spec: Value,
+    ) {
+        let obj = json!({
+            "apiVersion": format!("{group}/{version}"),
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        });
+        api.patch(
+            name,
+            &PatchParams::apply("epp-tests").force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+    }
+
+    /// Deletes a v1 InferencePool.
+    pub async fn delete_pool(&self, name: &str) {
+        self.pools(POOL_V1)
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete pool");
+    }
+
+    /// Creates a pod and sets its status: Running with `ip`, Ready as given.
+    /// `node` set makes deletion graceful (the pod stays, terminating, as
+    /// no kubelet confirms it).
+    pub async fn pod(&self, name: &str, labels: &[(&str, &str)], ip: &str, ready: bool) {
+        self.pod_on(name, labels, ip, ready, None).await;
+    }
+
+    /// [`Self::pod`], scheduled on `node` when given.
+    pub async fn pod_on(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        ip: &str,
+        ready: bool,
+        node: Option<&str>,
+    ) {
+        let labels: BTreeMap<_, _> = labels.iter().copied().collect();
+        let mut spec = json!({"containers": [{"name": "model", "image": "vllm"}]});
+        if let Some(node) = node {
+            spec["nodeName"] = json!(node);
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {name}: {e}"));
+        self.set_status(name, ip, ready).await;
+    }
+
+    /// Sets a pod's status through the status subresource.
+    pub async fn set_status(&self, name: &str, ip: &str, ready: bool) {
+        let status = json!({"status": {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+        }});
+        self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("set status of pod {name}: {e}"));
+    }
+
+    /// Flips a pod's Ready condition, keeping its IP.
+    pub async fn set_ready(&self, name: &str, ready: bool) {
+        let pod = self.pods().get(name).await.expect("get pod");
+        let ip = pod
+            .status
+            .and_then(|s| s.pod_ip)
+            .expect("the pod has an IP");
+        self.set_status(name, &ip, ready).await;
+    }
+
+    /// Deletes a pod.
+    pub async fn delete_pod(&self, name: &str) {
+        self.pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete pod {name}: {e}"));
+    }
+
+    /// Grants a test ServiceAccount user exactly the rules `docs/kubernetes.md`
+    /// lists for discovery, in this namespace.
+    pub async fn grant_discovery(&self, sa: &str, binding: &str) {
+        let role = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "epp-discovery"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["inference.networking.k8s.io", "inference.networking.x-k8s.io"],
+                 "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["inference.networking.x-k8s.io", "llm-d.ai"],
+                 "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["get", "create", "update"]},
+            ],
+        });
+        self.apply_raw(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "Role",
+            "roles",
+            "epp-discovery",
+            role,
+        )
+        .await;
+        let rb = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "epp-discovery"},
+            "subjects": [{"kind": "User", "name": format!("system:serviceaccount:default:{sa}")}],
+        });
+        self.apply_raw(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            binding,
+            rb,
+        )
+        .await;
+    }
+
+    /// Deletes the role binding `binding` (what `grant_discovery` made).
+    pub async fn revoke(&self, binding: &str) {
+        self.custom(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+        )
+        .delete(binding, &DeleteParams::default())
+        .await
+        .expect("delete rolebinding");
+    }
+
+    async fn apply_raw(
+        &self,
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        name: &str,
+        obj: Value,
+    ) {
+        self.custom(group, version, kind, plural)
+            .patch(
+                name,
+                &PatchParams::apply("epp-tests").force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+    }
+}
+
+/// Polls `check` every 20 ms until it is true, at most `timeout`; returns how
+/// long it took.
+pub async fn until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut check: F) -> Duration {
+    let start = Instant::now();
+    loop {
+        if check() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
