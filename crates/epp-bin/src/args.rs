@@ -75,6 +75,10 @@ pub(crate) struct Args {
     #[command(flatten)]
     pub(crate) kube: crate::kube::KubeArgs,
 
+    /// The reference picker's other flags (logging, metrics names, ...).
+    #[command(flatten)]
+    pub(crate) reference: crate::reference_flags::ReferenceFlags,
+
     /// Verbosity: -v one debug line per request (decision and scores), -vv debug of
     /// every library, -vvv trace (prompts included).
     #[arg(short = 'v', action = ArgAction::Count)]

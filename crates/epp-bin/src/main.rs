@@ -6,6 +6,7 @@ mod args;
 mod health;
 mod kube;
 mod metrics;
+mod reference_flags;
 mod tls;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
@@ -58,7 +59,8 @@ fn main() -> ExitCode {
 fn init_logging(args: &Args) {
     // -v: epp's own debug lines (one per request: the decision and its
     // scores); -vv: every library's debug; -vvv: trace, prompts included.
-    let default = match args.verbose {
+    let verbose = args.verbose.max(args.reference.verbosity().unwrap_or(0));
+    let default = match verbose {
         0 => "info",
         1 => {
             "info,epp=debug,epp_core=debug,epp_extproc=debug,epp_plugins=debug,epp_datalayer=debug"
@@ -70,7 +72,7 @@ fn init_logging(args: &Args) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if args.log_json {
+    if args.log_json || args.reference.json_logs() {
         builder.json().init();
     } else {
         builder.init();
@@ -79,10 +81,11 @@ fn init_logging(args: &Args) {
 
 /// Every plugin type this binary knows: scheduling built-ins and the data
 /// layer's sources and extractors.
-fn registry() -> Registry {
+fn registry(args: &Args) -> Registry {
     let mut registry = Registry::new();
     epp_plugins::register_builtins(&mut registry);
     epp_datalayer::register(&mut registry);
+    args.reference.apply(&mut registry);
     registry
 }
 
@@ -94,7 +97,7 @@ fn load_config(args: &Args) -> Result<EndpointPickerConfig> {
             EndpointPickerConfig::parse(&text, &path.display().to_string())?
         }
         (None, Some(text)) => EndpointPickerConfig::parse(text, "--config-text")?,
-        (None, None) => EndpointPickerConfig::default_config(&registry())?,
+        (None, None) => EndpointPickerConfig::default_config(&registry(args))?,
     };
     Ok(config)
 }
@@ -102,7 +105,7 @@ fn load_config(args: &Args) -> Result<EndpointPickerConfig> {
 /// `--check-config`: validate (including building every plugin), print the
 /// effective config, exit 0 when valid.
 fn check_config(args: &Args) -> ExitCode {
-    let checked = load_config(args).and_then(|config| Ok(config.build(&registry())?));
+    let checked = load_config(args).and_then(|config| Ok(config.build(&registry(args))?));
     match checked {
         Ok(built) => {
             print!("{}", built.effective_yaml);
@@ -155,8 +158,9 @@ async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    args.reference.report();
     let config = load_config(&args)?;
-    let built = config.build(&registry())?;
+    let built = config.build(&registry(&args))?;
     let options = extproc_options(&args, &built);
     let mut prom = prometheus_client::registry::Registry::default();
     let scheduler = built

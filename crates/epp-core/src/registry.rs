@@ -162,6 +162,7 @@ pub type Factory = Arc<dyn Fn(&PluginSpec) -> Result<Arc<dyn Plugin>, BuildError
 pub struct Registry {
     factories: BTreeMap<String, Factory>,
     defaults: BTreeMap<Role, String>,
+    default_parameters: BTreeMap<Role, serde_yaml_ng::Value>,
     default_config: Option<Arc<str>>,
 }
 
@@ -208,15 +209,33 @@ impl Registry {
         self.defaults.get(&role).map(String::as_str)
     }
 
-    /// The spec of `role`'s default: its type, no parameters, named after
-    /// the type. Config loading renames it where the role has a default name.
+    /// Gives `role`'s default plugin these parameters when config loading
+    /// builds it (a config that declares its own plugin for the role is not
+    /// affected). The binary sets them from flags, e.g. the metric names of
+    /// the default metrics extractor.
+    pub fn set_default_parameters(
+        &mut self,
+        role: Role,
+        parameters: serde_yaml_ng::Value,
+    ) -> &mut Self {
+        self.default_parameters.insert(role, parameters);
+        self
+    }
+
+    /// The spec of `role`'s default: its type, the parameters given with
+    /// [`Self::set_default_parameters`] (none otherwise), named after the type. Config loading renames it where the role has a default name.
     ///
     /// # Errors
     /// [`BuildError::NoDefault`] when the role has no default.
     pub fn default_spec(&self, role: Role) -> Result<PluginSpec, BuildError> {
-        self.default_type(role)
+        let mut spec = self
+            .default_type(role)
             .map(PluginSpec::new)
-            .ok_or(BuildError::NoDefault { role })
+            .ok_or(BuildError::NoDefault { role })?;
+        if let Some(p) = self.default_parameters.get(&role) {
+            spec.parameters = p.clone();
+        }
+        Ok(spec)
     }
 
     /// Sets the config text used when none is given (the binary's default

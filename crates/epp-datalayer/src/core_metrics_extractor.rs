@@ -26,37 +26,37 @@ pub const DEFAULT_ENGINE: &str = "vllm";
 ///
 /// An entry replaces the whole built-in entry of the same name (fields it
 /// leaves out are not scraped), as in the reference.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EngineConfig {
     /// Engine name (`vllm`, `sglang`, `trtllm-serve`, `triton-tensorrt-llm`, or a new one).
     pub name: String,
     /// Waiting requests.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_requests_spec: Option<String>,
     /// Running requests.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_requests_spec: Option<String>,
     /// KV-cache usage in [0, 1].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_usage_spec: Option<String>,
     /// LoRA info series (`running_lora_adapters`, `waiting_lora_adapters`, `max_lora` labels).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_spec: Option<String>,
     /// Cache-config info series whose labels hold block size and block count.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_info_spec: Option<String>,
     /// Label of `cacheInfoSpec` holding the block size (default `block_size`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_block_size_label_name: Option<String>,
     /// Label of `cacheInfoSpec` holding the block count (default `num_gpu_blocks`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_num_blocks_label_name: Option<String>,
     /// A gauge whose value is the block size (instead of `cacheInfoSpec`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_block_size_spec: Option<String>,
     /// A gauge whose value is the block count (instead of `cacheInfoSpec`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_num_blocks_spec: Option<String>,
 }
 
@@ -95,6 +95,14 @@ struct Engine {
     cache_labels: (String, String),
     /// Whether any of queue, running or KV usage is scraped.
     has_core: bool,
+}
+
+/// The built-in entry of engine `name` (`vllm`, `sglang`, `trtllm-serve`,
+/// `triton-tensorrt-llm`), e.g. to start an `engineConfigs` entry that
+/// changes one of its specs.
+#[must_use]
+pub fn builtin_engine(name: &str) -> Option<EngineConfig> {
+    builtins().into_iter().find(|e| e.name == name)
 }
 
 fn builtins() -> [EngineConfig; 4] {

@@ -67,6 +67,7 @@ use epp_core::{PluginRef, PluginSpec, Registry, Role, config::SourceWiring};
 
 pub use core_metrics_extractor::{
     CoreMetricsExtractor, CoreMetricsParams, DEFAULT_ENGINE, ENGINE_LABELS, EngineConfig,
+    builtin_engine,
 };
 pub use data_layer::DataLayer;
 pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_file};

@@ -367,6 +367,29 @@ fn example_envoy_config(file: &str) -> String {
         .replace("port_value: 10000", "port_value: 0")
 }
 
+/// Starts Envoy in FULL_DUPLEX_STREAMED mode (the streamed example config)
+/// talking TLS to epp's ext_proc port, as it must to epp's default
+/// `--secure-serving` (a self-signed certificate, not verified).
+pub fn start_envoy_tls(dir: &Path, ext_proc_port: u16) -> Envoy {
+    let template =
+        std::fs::read_to_string(workspace_root().join("examples/envoy/envoy-streamed.yaml"))
+            .unwrap();
+    let tls = "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        common_tls_context:\n          alpn_protocols: [h2]\n";
+    let config = template
+        .replace("port_value: 9901", "port_value: 0")
+        .replace("port_value: 10000", "port_value: 0")
+        .replace("port_value: 9002", &format!("port_value: {ext_proc_port}"))
+        .replace(
+            "  - name: ext_proc\n    type: STATIC\n",
+            &format!("  - name: ext_proc\n    type: STATIC\n{tls}"),
+        );
+    assert!(
+        config.contains("UpstreamTlsContext"),
+        "the example config changed shape"
+    );
+    start_envoy_with(dir, "envoy-tls.yaml", &config)
+}
+
 /// Starts Envoy with `config`, waiting until it is ready and its listener port known.
 pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
     let config_path = dir.join(file);

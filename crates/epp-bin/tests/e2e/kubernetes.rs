@@ -13,7 +13,8 @@ use epp_test_support::{
     http,
     kube::{KubeCluster, Ns},
     process::{
-        BodyMode, Proc, Sim, epp_command, scratch_dir, spawn_epp, start_envoy, workspace_bin,
+        BodyMode, Proc, Sim, epp_command, scratch_dir, spawn_epp, start_envoy, start_envoy_tls,
+        workspace_bin, workspace_root,
     },
 };
 
@@ -361,7 +362,10 @@ where
     }
 }
 
-async fn readiness(port: u16) -> Option<tonic_health::pb::health_check_response::ServingStatus> {
+async fn health_of(
+    port: u16,
+    service: &str,
+) -> Option<tonic_health::pb::health_check_response::ServingStatus> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .ok()?
         .connect()
@@ -369,7 +373,7 @@ async fn readiness(port: u16) -> Option<tonic_health::pb::health_check_response:
         .ok()?;
     let r = tonic_health::pb::health_client::HealthClient::new(channel)
         .check(tonic_health::pb::HealthCheckRequest {
-            service: "readiness".into(),
+            service: service.to_owned(),
         })
         .await
         .ok()?;
@@ -380,7 +384,7 @@ async fn serving(epps: &[&epp_test_support::process::Epp]) -> Vec<bool> {
     let mut out = Vec::new();
     for e in epps {
         out.push(
-            readiness(e.health_port).await
+            health_of(e.health_port, "readiness").await
                 == Some(tonic_health::pb::health_check_response::ServingStatus::Serving),
         );
     }
@@ -632,4 +636,129 @@ async fn target_ports_edits_move_traffic() {
     }
     let counts = served(envoy.port, 10).await;
     assert_eq!(counts.keys().collect::<Vec<_>>(), ["rank-1"], "{counts:?}");
+}
+
+/// The reference Helm chart as rendered (`shared/reference/gie-chart`, beside
+/// the checkout): every document, parsed.
+fn reference_chart() -> Vec<serde_yaml_ng::Value> {
+    use serde::Deserialize;
+    let path =
+        workspace_root().join("../shared/reference/gie-chart/inferencepool-v1.5.0-rendered.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml_ng::Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [serde_yaml_ng::Value], kind: &str) -> &'a serde_yaml_ng::Value {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("no {kind} in the chart"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_charts_deployment_runs_unchanged() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let chart = reference_chart();
+    let deployment = of_kind(&chart, "Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let config_map = of_kind(&chart, "ConfigMap");
+    let pool = of_kind(&chart, "InferencePool");
+
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "chart").await;
+    let dir = scratch_dir("kube-chart");
+    // The chart's InferencePool, as rendered (selector app=vllm, port 8000).
+    let pool_name = pool["metadata"]["name"].as_str().unwrap();
+    let spec: serde_json::Value = serde_json::to_value(&pool["spec"]).unwrap();
+    let port = u16::try_from(spec["targetPorts"][0]["number"].as_u64().unwrap()).unwrap();
+    ns.apply_object(
+        ns.pools(epp_test_support::kube::POOL_V1),
+        "InferencePool",
+        epp_test_support::kube::POOL_V1,
+        pool_name,
+        spec,
+    )
+    .await;
+    let _sims: Vec<Sim> = [("vllm-0", "127.0.0.5"), ("vllm-1", "127.0.0.6")]
+        .iter()
+        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port))
+        .collect();
+    ns.pod("vllm-0", &[("app", "vllm")], "127.0.0.5", true)
+        .await;
+    ns.pod("vllm-1", &[("app", "vllm")], "127.0.0.6", true)
+        .await;
+
+    // The ConfigMap where the chart mounts it; the chart's namespace is
+    // this test's. Every other argument is the chart's own.
+    let mount = container["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    let (file, text) = config_map["data"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .next()
+        .map(|(k, v)| (k.as_str().unwrap(), v.as_str().unwrap()))
+        .unwrap();
+    std::fs::write(dir.join(file), text).unwrap();
+    let chart_path = format!("{mount}/{file}");
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if *a == chart_path {
+                dir.join(file).to_str().unwrap().to_owned()
+            } else if a == "default" {
+                ns.name.clone()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    assert!(args.iter().any(|a| a == "--zap-encoder"), "{args:?}");
+    let mut cmd = epp_command();
+    cmd.args(&args)
+        .args(["--kubeconfig", cluster.kubeconfig.to_str().unwrap()]);
+    let (epp, line) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    assert!(line.contains("tls=true"), "the chart serves TLS: {line}");
+
+    // The chart's probes, by their service names.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let service = container[probe]["grpc"]["service"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let mut status = None;
+        for _ in 0..200 {
+            status = health_of(epp.health_port, &service).await;
+            if status == Some(ServingStatus::Serving) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(status, Some(ServingStatus::Serving), "{probe} ({service})");
+    }
+
+    // Envoy routes through it to the pool's pods.
+    let envoy = start_envoy_tls(&dir, epp.grpc_port);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counts = served(envoy.port, 12).await;
+    assert!(
+        counts.keys().all(|p| p.starts_with("vllm-")) && !counts.is_empty(),
+        "{counts:?}"
+    );
+    // --zap-encoder json: the log is JSON lines.
+    let log = std::fs::read_to_string(dir.join("epp.stderr")).unwrap();
+    let first = log.lines().next().expect("epp logged something");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(first).is_ok(),
+        "not a JSON line: {first}"
+    );
 }

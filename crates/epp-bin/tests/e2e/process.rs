@@ -10,8 +10,8 @@ use tonic_health::pb::{
 use epp_test_support::{
     http,
     process::{
-        BodyMode, Stack, epp_command, scratch_dir, spawn_epp, start_envoy_with, start_epp,
-        start_sims, workspace_bin, workspace_root,
+        BodyMode, Stack, epp_command, scratch_dir, spawn_epp, start_envoy_tls, start_epp,
+        start_sims, workspace_bin,
     },
     wait::poll,
 };
@@ -120,22 +120,7 @@ async fn envoy_talks_tls_to_epp_by_default() {
     cmd.args(["--endpoints", &endpoints]);
     let (epp, line) = spawn_epp("epp-tls", cmd, dir.join("epp.log"));
     assert!(line.contains("tls=true"), "{line}");
-    let grpc_port = epp.grpc_port;
-
-    let template =
-        std::fs::read_to_string(workspace_root().join("examples/envoy/envoy-streamed.yaml"))
-            .unwrap();
-    let tls = "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        common_tls_context:\n          alpn_protocols: [h2]\n";
-    let config = template
-        .replace("port_value: 9901", "port_value: 0")
-        .replace("port_value: 10000", "port_value: 0")
-        .replace("port_value: 9002", &format!("port_value: {grpc_port}"))
-        .replace(
-            "  - name: ext_proc\n    type: STATIC\n",
-            &format!("  - name: ext_proc\n    type: STATIC\n{tls}"),
-        );
-    assert!(config.contains("UpstreamTlsContext"));
-    let envoy = start_envoy_with(&dir, "envoy-tls.yaml", &config);
+    let envoy = start_envoy_tls(&dir, epp.grpc_port);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let body = serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 2});
     let r = http::post_json(envoy.port, "/v1/completions", &body)

@@ -279,9 +279,7 @@ impl Wiring {
     /// plugins and to the effective config.
     fn add(&mut self, registry: &Registry, spec: &PluginSpec) -> Result<PluginRef, BuildError> {
         let plugin = PluginRef::new(registry.build(spec)?);
-        self.effective
-            .plugins
-            .push(PluginDecl::without_parameters(spec));
+        self.effective.plugins.push(PluginDecl::of_spec(spec));
         self.plugins.push((spec.name.clone(), plugin.clone()));
         Ok(plugin)
     }
@@ -319,8 +317,8 @@ impl EndpointPickerConfig {
     }
 
     /// The plugin of `role`'s default type: a declared one of that type, else
-    /// one built with no parameters and added. `None` when the registry has
-    /// no default for `role`.
+    /// one built from the registry's default spec (its default parameters, if
+    /// any) and added. `None` when the registry has no default for `role`.
     fn default_plugin(
         &self,
         registry: &Registry,
@@ -337,8 +335,11 @@ impl EndpointPickerConfig {
         {
             return Ok(Some(p.clone()));
         }
+        let spec = registry
+            .default_spec(role)
+            .map_err(|e| self.err("plugins", e.to_string()))?;
         wiring
-            .add(registry, &PluginSpec::new(type_name))
+            .add(registry, &spec)
             .map(Some)
             .map_err(|e| self.err("plugins", format!("default {role} {type_name:?}: {e}")))
     }

@@ -42,10 +42,7 @@ impl EndpointPickerConfig {
                 format!("no profile handler is declared and the default one cannot be built: {e}"),
             )
         })?;
-        wiring
-            .effective
-            .plugins
-            .push(PluginDecl::without_parameters(&spec));
+        wiring.effective.plugins.push(PluginDecl::of_spec(&spec));
         Ok(handler)
     }
 

@@ -52,12 +52,13 @@ pub struct PluginDecl {
 }
 
 impl PluginDecl {
-    /// The declaration of a plugin built from `spec` with no parameters.
-    pub(crate) fn without_parameters(spec: &crate::PluginSpec) -> Self {
+    /// The declaration of a plugin built from `spec` (parameters left out
+    /// when it has none).
+    pub(crate) fn of_spec(spec: &crate::PluginSpec) -> Self {
         Self {
             type_name: spec.type_name.clone(),
             name: Some(spec.name.clone()),
-            parameters: None,
+            parameters: (!spec.parameters.is_null()).then(|| spec.parameters.clone()),
         }
     }
 }
