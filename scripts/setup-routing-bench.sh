@@ -18,11 +18,21 @@ if ! .venv/bin/python -c 'import sglang_router, vllm_router, matplotlib' >/dev/n
   .venv/bin/pip install "${PIP[@]}" 'sglang-router>=0.3,<0.4' 'vllm-router>=0.1,<0.2' matplotlib
 fi
 
+# A Python >= 3.12, found without relying on what a shell has selected: a
+# pyenv shim such as `python3.12` fails unless that version is selected, so
+# pyenv's installed interpreters are tried by their real paths too.
 find_py312() {
-  for cand in "${PYTHON312:-}" python3.12 python3.13; do
+  local cands=("${PYTHON312:-}" python3.12 python3.13 python3.14)
+  local root="${PYENV_ROOT:-$HOME/.pyenv}"
+  if [ -d "$root/versions" ]; then
+    # Oldest suitable first (the one wheels are likeliest to exist for).
+    while IFS= read -r v; do cands+=("$root/versions/$v/bin/python3"); done \
+      < <(ls "$root/versions" | sort -t. -k1,1n -k2,2n -k3,3n)
+  fi
+  for cand in "${cands[@]}"; do
     [ -n "$cand" ] || continue
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-      echo "$cand"; return 0
+    if "$cand" -c 'import sys, venv; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
+      command -v "$cand"; return 0
     fi
   done
   return 1

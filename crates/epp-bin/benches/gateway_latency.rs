@@ -20,25 +20,22 @@
 //! per request much less.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use common::{
-    BodyMode, Envoy, Epp, epp_command_at, http, scratch_dir, spawn_epp, start_envoy,
-    start_envoy_round_robin, start_epp, start_sims,
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Envoy, Epp, Sim, epp_command_at, scratch_dir, spawn_epp, start_envoy,
+        start_envoy_round_robin, start_epp, start_sims,
+    },
+    stats::percentile,
 };
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    percentile(sorted, p).unwrap_or_default()
 }
 
 fn ms(d: Duration) -> f64 {
@@ -234,11 +231,7 @@ async fn main() {
         4,
         &["--ttft-ms", "0", "--itl-ms", "0", "--max-num-seqs", "256"],
     );
-    let endpoints = sims
-        .iter()
-        .map(common::Sim::addr)
-        .collect::<Vec<_>>()
-        .join(",");
+    let endpoints = sims.iter().map(Sim::addr).collect::<Vec<_>>().join(",");
     let ports: Vec<u16> = sims.iter().map(|s| s.port).collect();
     let mut routes = vec![Route {
         name: "Envoy direct (RR)".to_owned(),

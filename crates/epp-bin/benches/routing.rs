@@ -19,19 +19,13 @@
 //! counts what the workload asks for.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[expect(
-    dead_code,
-    unreachable_pub,
-    reason = "the e2e tests' HTTP client, of which this uses only the POST"
-)]
-#[path = "../tests/common/http.rs"]
-mod http;
-
 use std::{
     io::Write,
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+
+use epp_test_support::{http, stats::percentile};
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const ADAPTERS: usize = 8;
@@ -193,14 +187,6 @@ async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<O
     })
 }
 
-fn pct(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
-}
-
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -353,11 +339,11 @@ async fn main() {
             "sent_rate": n as f64 / send_time.max(1e-9),
             "ok": ttft.len(),
             "errors": errors,
-            "ttft_p50_ms": pct(&ttft, 50.0),
-            "ttft_p90_ms": pct(&ttft, 90.0),
-            "ttft_p99_ms": pct(&ttft, 99.0),
-            "tpot_p50_ms": pct(&tpot, 50.0),
-            "tpot_p90_ms": pct(&tpot, 90.0),
+            "ttft_p50_ms": percentile(&ttft, 50.0),
+            "ttft_p90_ms": percentile(&ttft, 90.0),
+            "ttft_p99_ms": percentile(&ttft, 99.0),
+            "tpot_p50_ms": percentile(&tpot, 50.0),
+            "tpot_p90_ms": percentile(&tpot, 90.0),
             "output_tokens_per_s": tokens as f64 / elapsed,
             "requests_per_s": ttft.len() as f64 / elapsed,
         });

@@ -7,29 +7,22 @@
 //! `--mode streamed|buffered` (Envoy body mode, default streamed).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::{
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use common::{BodyMode, Stack, http};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+    stats::percentile,
+};
 
 fn flag(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn ms(d: Duration) -> String {
@@ -151,9 +144,9 @@ async fn main() {
     ] {
         println!(
             "{name}                 {:<10} {:<10} {:<10} {}",
-            ms(percentile(v, 50.0)),
-            ms(percentile(v, 90.0)),
-            ms(percentile(v, 99.0)),
+            ms(percentile(v, 50.0).unwrap_or_default()),
+            ms(percentile(v, 90.0).unwrap_or_default()),
+            ms(percentile(v, 99.0).unwrap_or_default()),
             ms(v.last().copied().unwrap_or_default())
         );
     }

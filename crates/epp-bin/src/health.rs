@@ -1,54 +1,107 @@
-//! gRPC health: tells the truth about whether this picker can route.
+//! gRPC health, as the reference's probes ask for it.
+//!
+//! - `liveness`: SERVING while the process runs. It never depends on model
+//!   servers, so a liveness probe cannot restart epp in a loop while they
+//!   load.
+//! - `""`, `readiness`, `inference-extension` (the reference chart's probe
+//!   name) and `envoy.service.ext_proc.v3.ExternalProcessor`: SERVING once the
+//!   config is loaded, discovery has published its first complete endpoint
+//!   set, and this replica leads (when leader election is on).
+//!
+//! Whether any endpoint has fresh metrics is not readiness (a picker with
+//! stale endpoints still routes, and restarting it fixes nothing): it is the
+//! `inference_pool_ready_pods` gauge and a log line when it changes between
+//! none and some.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use epp_core::EndpointSource;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-/// Services reported. `liveness` is SERVING while the process runs; the others
-/// only while a config is loaded and at least one endpoint has fresh metrics.
-pub(crate) const READY_SERVICES: [&str; 3] = [
+/// Services reported SERVING when the picker is ready.
+pub(crate) const READY_SERVICES: [&str; 4] = [
     "",
     "readiness",
+    "inference-extension",
     "envoy.service.ext_proc.v3.ExternalProcessor",
 ];
 
-/// Whether the picker can route now: some endpoint has metrics younger than
-/// `staleness`.
-pub(crate) fn can_route(source: &dyn EndpointSource, staleness: Duration) -> bool {
+/// What readiness waits for besides the config (loaded before the servers
+/// start): discovery's first complete sync, and leadership when leader
+/// election is on. Set from anywhere; the health task follows.
+#[derive(Debug)]
+pub(crate) struct Readiness {
+    synced: AtomicBool,
+    leader: AtomicBool,
+    changed: Notify,
+}
+
+impl Readiness {
+    /// Not synced; leader unless `leader_election` (then not until elected).
+    pub(crate) fn new(leader_election: bool) -> Self {
+        Self {
+            synced: AtomicBool::new(false),
+            leader: AtomicBool::new(!leader_election),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Discovery has (or no longer has) a complete endpoint set.
+    pub(crate) fn set_synced(&self, synced: bool) {
+        self.synced.store(synced, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    /// This replica leads (or stopped leading).
+    pub(crate) fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    /// Whether the picker should receive traffic.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.synced.load(Ordering::Acquire) && self.leader.load(Ordering::Acquire)
+    }
+}
+
+/// How many endpoints have metrics younger than `staleness`.
+fn fresh_endpoints(source: &dyn EndpointSource, staleness: Duration) -> usize {
     let now = std::time::Instant::now();
     source
         .snapshot()
         .endpoints()
         .iter()
-        .any(|e| !e.metrics().is_stale(now, staleness))
+        .filter(|e| !e.metrics().is_stale(now, staleness))
+        .count()
 }
 
-/// A further condition for readiness (Kubernetes discovery synced, ...).
-pub(crate) type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// Keeps the readiness services in step with [`can_route`] and `gate` until `shutdown`,
+/// Keeps the health services in step with `readiness` until `shutdown`,
 /// then reports NOT_SERVING everywhere (before the servers stop accepting).
+/// Logs when the fleet goes from some fresh endpoints to none and back.
 pub(crate) async fn track(
     reporter: HealthReporter,
+    readiness: Arc<Readiness>,
     source: Arc<dyn EndpointSource>,
     staleness: Duration,
-    gate: Gate,
     shutdown: CancellationToken,
 ) {
     reporter
         .set_service_status("liveness", ServingStatus::Serving)
         .await;
-    let mut last = None;
+    let mut last_ready = None;
+    let mut last_fresh = None;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        let ready = gate() && can_route(&*source, staleness);
-        if last != Some(ready) {
+        let ready = readiness.is_ready();
+        if last_ready != Some(ready) {
             let status = if ready {
                 ServingStatus::Serving
             } else {
@@ -58,12 +111,50 @@ pub(crate) async fn track(
                 reporter.set_service_status(svc, status).await;
             }
             tracing::info!(ready, "readiness changed");
-            last = Some(ready);
+            last_ready = Some(ready);
+        }
+        let fresh = fresh_endpoints(&*source, staleness) > 0;
+        if last_fresh != Some(fresh) {
+            if fresh {
+                tracing::info!("endpoints with fresh metrics available");
+            } else if ready {
+                tracing::warn!(
+                    ?staleness,
+                    "no endpoint has fresh metrics: routing on stale or no values"
+                );
+            }
+            last_fresh = Some(fresh);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = readiness.changed.notified() => {}
+            _ = tick.tick() => {}
         }
     }
     for svc in READY_SERVICES.into_iter().chain(["liveness"]) {
         reporter
             .set_service_status(svc, ServingStatus::NotServing)
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_needs_sync_and_leadership() {
+        let r = Readiness::new(false);
+        assert!(!r.is_ready(), "not before discovery's first sync");
+        r.set_synced(true);
+        assert!(r.is_ready());
+
+        let ha = Readiness::new(true);
+        ha.set_synced(true);
+        assert!(!ha.is_ready(), "a follower takes no traffic");
+        ha.set_leader(true);
+        assert!(ha.is_ready());
+        ha.set_leader(false);
+        assert!(!ha.is_ready());
     }
 }

@@ -94,7 +94,7 @@ fn load_config(args: &Args) -> Result<EndpointPickerConfig> {
             EndpointPickerConfig::parse(&text, &path.display().to_string())?
         }
         (None, Some(text)) => EndpointPickerConfig::parse(text, "--config-text")?,
-        (None, None) => EndpointPickerConfig::default_config(),
+        (None, None) => EndpointPickerConfig::default_config(&registry())?,
     };
     Ok(config)
 }
@@ -169,6 +169,7 @@ async fn run(args: Args) -> Result<()> {
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 
+    let readiness = Arc::new(health::Readiness::new(args.kube.ha_enable_leader_election));
     for discovery in discoveries(&args)? {
         discovery
             .start(Arc::clone(&store), shutdown.child_token())
@@ -182,6 +183,9 @@ async fn run(args: Args) -> Result<()> {
     }
     let kube = kube::Kube::start(&args, &store, &shutdown, &mut prom).await?;
     let options = kube.with_cluster_directives(options, &shutdown).await?;
+    // Static discoveries published their first set before `start` returned;
+    // Kubernetes discovery (and leader election) keep readiness in step.
+    kube.drive_readiness(Arc::clone(&readiness), shutdown.child_token());
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
         &built.data_layer,
@@ -214,14 +218,14 @@ async fn run(args: Args) -> Result<()> {
         args.secure_serving,
     );
 
-    // Health: NOT_SERVING until endpoints are fresh; first to turn on shutdown.
+    // Health: ready once discovery synced; first to turn on shutdown.
     let health_stop = CancellationToken::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health_task = tokio::spawn(health::track(
         reporter,
+        readiness,
         Arc::clone(&source),
         args.metrics_staleness_threshold,
-        kube.gate(),
         health_stop.clone(),
     ));
     let health_server = tokio::spawn(

@@ -3,7 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+#[path = "../../epp-datalayer/tests/common/kube.rs"]
+mod kube_env;
 
 mod e2e {
     mod apis;

@@ -61,6 +61,7 @@
 
 pub mod config;
 mod cycle;
+mod dispatch;
 mod endpoint;
 mod error;
 mod extract;
@@ -71,6 +72,7 @@ mod request;
 mod scheduler;
 
 pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape};
+pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
     Extensions, InflightCounters, InflightSample, LoraInfo,
@@ -82,7 +84,7 @@ pub use plugin::{
     DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
     ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
 };
-pub use registry::{BuildError, Factory, PluginSpec, Registry};
+pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

@@ -1,9 +1,13 @@
-//! The plugin registry: YAML `type:` → factory.
+//! The plugin registry: YAML `type:` → factory, and the defaults for each
+//! [`Role`].
 //!
 //! The registry is a value, not a global: the binary builds one, every crate
 //! that ships plugins adds its own (`epp_plugins::register_builtins`, the data
 //! layer's extractors, a downstream crate's scorer), and config loading asks it
-//! to build each declared plugin.
+//! to build each declared plugin. The crate that owns a plugin also names it
+//! the default for a role ([`Registry::set_default`]) and may register the
+//! config used when none is given ([`Registry::set_default_config`]), so
+//! config loading knows roles, never concrete plugin names.
 
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
@@ -91,6 +95,12 @@ pub enum BuildError {
         /// What serde said.
         reason: String,
     },
+    /// A role's default was asked for, and the registry names none.
+    #[error("no default {role} is registered")]
+    NoDefault {
+        /// The role without a default.
+        role: Role,
+    },
     /// A parameter has a value out of range or otherwise invalid.
     #[error("plugin {plugin:?}: parameter {field} = {value}: {reason}")]
     InvalidValue {
@@ -105,19 +115,62 @@ pub enum BuildError {
     },
 }
 
+/// A part config loading fills in when a config does not declare it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// Picks the endpoints of a profile that declares no picker.
+    Picker,
+    /// Chooses the profiles to run when no profile handler is declared.
+    ProfileHandler,
+    /// Judges saturation when no saturation detector is referenced; none
+    /// runs when the registry has no default.
+    SaturationDetector,
+    /// Parses request bodies when no parser is referenced; none is set when
+    /// the registry has no default.
+    Parser,
+    /// Scrapes each endpoint when no data layer is given; the data layer is
+    /// empty when the registry has no default for this role or for
+    /// [`Role::MetricsExtractor`].
+    MetricsSource,
+    /// Reads the default metrics source's pages.
+    MetricsExtractor,
+    /// Fills prefix-cache matches for readers that name the default producer
+    /// ([`crate::DEFAULT_PREFIX_PRODUCER`]) when no plugin has that name.
+    PrefixProducer,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Picker => "picker",
+            Self::ProfileHandler => "profile handler",
+            Self::SaturationDetector => "saturation detector",
+            Self::Parser => "parser",
+            Self::MetricsSource => "metrics source",
+            Self::MetricsExtractor => "metrics extractor",
+            Self::PrefixProducer => "prefix-match producer",
+        })
+    }
+}
+
 /// Builds a plugin from its spec.
 pub type Factory = Arc<dyn Fn(&PluginSpec) -> Result<Arc<dyn Plugin>, BuildError> + Send + Sync>;
 
-/// Maps plugin type names to factories.
+/// Maps plugin type names to factories, and roles to their default types.
 #[derive(Clone, Default)]
 pub struct Registry {
     factories: BTreeMap<String, Factory>,
+    defaults: BTreeMap<Role, String>,
+    default_config: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry")
             .field("types", &self.factories.keys().collect::<Vec<_>>())
+            .field("defaults", &self.defaults)
+            .field("default_config", &self.default_config.is_some())
             .finish()
     }
 }
@@ -138,6 +191,45 @@ impl Registry {
         self.factories
             .insert(type_name.to_owned(), Arc::new(factory));
         self
+    }
+
+    /// Makes `type_name` the plugin config loading builds for `role` when a
+    /// config leaves the role empty (replacing any earlier default). The
+    /// type's factory is looked up when the default is built, so the order
+    /// of `register` and `set_default` does not matter.
+    pub fn set_default(&mut self, role: Role, type_name: &str) -> &mut Self {
+        self.defaults.insert(role, type_name.to_owned());
+        self
+    }
+
+    /// The type registered as `role`'s default, if any.
+    #[must_use]
+    pub fn default_type(&self, role: Role) -> Option<&str> {
+        self.defaults.get(&role).map(String::as_str)
+    }
+
+    /// The spec of `role`'s default: its type, no parameters, named after
+    /// the type. Config loading renames it where the role has a default name.
+    ///
+    /// # Errors
+    /// [`BuildError::NoDefault`] when the role has no default.
+    pub fn default_spec(&self, role: Role) -> Result<PluginSpec, BuildError> {
+        self.default_type(role)
+            .map(PluginSpec::new)
+            .ok_or(BuildError::NoDefault { role })
+    }
+
+    /// Sets the config text used when none is given (the binary's default
+    /// config), replacing any earlier one.
+    pub fn set_default_config(&mut self, text: impl Into<Arc<str>>) -> &mut Self {
+        self.default_config = Some(text.into());
+        self
+    }
+
+    /// The config text used when none is given, if one is registered.
+    #[must_use]
+    pub fn default_config(&self) -> Option<&str> {
+        self.default_config.as_deref()
     }
 
     /// Whether `type_name` has a factory.
@@ -236,5 +328,30 @@ mod tests {
             .build(&PluginSpec::new("single-profile-handler").with_parameters(unknown))
             .unwrap_err();
         assert!(err.to_string().contains("unknown field `maxNumm`"), "{err}");
+    }
+
+    #[test]
+    fn roles_name_their_default_types_and_the_last_setting_wins() {
+        let mut r = Registry::new();
+        assert_eq!(
+            r.default_spec(Role::Picker).unwrap_err().to_string(),
+            "no default picker is registered"
+        );
+        assert_eq!(r.default_type(Role::Parser), None);
+        assert_eq!(r.default_config(), None);
+        r.set_default(Role::Picker, "a-picker")
+            .set_default(Role::Picker, "b-picker")
+            .set_default_config("plugins: []\n");
+        assert_eq!(
+            r.default_spec(Role::Picker),
+            Ok(PluginSpec::new("b-picker"))
+        );
+        assert_eq!(r.default_config(), Some("plugins: []\n"));
+        // A default need not be registered yet; building it says what is missing.
+        let err = r.build(&r.default_spec(Role::Picker).unwrap()).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown plugin type \"b-picker\""),
+            "{err}"
+        );
     }
 }

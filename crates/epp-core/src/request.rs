@@ -26,6 +26,16 @@ pub enum ApiKind {
 }
 
 impl ApiKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [Self; 6] = [
+        Self::Completions,
+        Self::ChatCompletions,
+        Self::Responses,
+        Self::Conversations,
+        Self::Embeddings,
+        Self::Messages,
+    ];
+
     /// The API a request path names (query string ignored); completions when unknown.
     #[must_use]
     pub fn from_path(path: &str) -> Self {

@@ -50,7 +50,8 @@
 #![warn(missing_docs)]
 
 mod client;
-mod core_extractor;
+mod core_metrics_extractor;
+mod data_layer;
 mod discovery;
 mod error;
 pub mod kubernetes;
@@ -62,22 +63,28 @@ mod store;
 
 use std::sync::Arc;
 
-use epp_core::{PluginRef, PluginSpec, Registry, config::SourceWiring};
+use epp_core::{PluginRef, PluginSpec, Registry, Role, config::SourceWiring};
 
-pub use core_extractor::{
+pub use core_metrics_extractor::{
     CoreMetricsExtractor, CoreMetricsParams, DEFAULT_ENGINE, ENGINE_LABELS, EngineConfig,
 };
+pub use data_layer::DataLayer;
 pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_file};
 pub use error::{Error, Result};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
-pub use scrape::{DataLayer, DataLayerOptions};
+pub use scrape::DataLayerOptions;
 pub use source::{MetricsDataSource, MetricsDataSourceParams};
 pub use status::ScrapeStatus;
 pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
 
 /// Registers the data layer's plugin types: `metrics-data-source`,
-/// `core-metrics-extractor`, `prometheus-metric`.
+/// `core-metrics-extractor`, `prometheus-metric`; the first two are the
+/// defaults for [`Role::MetricsSource`] and [`Role::MetricsExtractor`] (the
+/// data layer a config gets when it names none).
 pub fn register(registry: &mut Registry) {
+    registry
+        .set_default(Role::MetricsSource, MetricsDataSource::TYPE)
+        .set_default(Role::MetricsExtractor, CoreMetricsExtractor::TYPE);
     registry.register(MetricsDataSource::TYPE, |spec: &PluginSpec| {
         Ok(Arc::new(MetricsDataSource::new(
             spec.name.clone(),

@@ -46,25 +46,24 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod body;
+mod decision;
 mod error;
 mod exchange;
-mod messages;
 mod metrics;
 mod options;
-mod parse;
-mod prompt;
 mod proto;
 mod restore;
 mod service;
 mod usage;
 
-pub use error::{ExtProcError, Result};
-pub use exchange::{
+pub use body::{ParsedBody, parse_body, rewrite_model_field, splice_model};
+pub use decision::{
     CONTROL_HEADERS, DESTINATION_HEADER, DESTINATION_NAMESPACE, FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
 };
+pub use error::{ExtProcError, Result};
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
-pub use parse::{ParsedBody, parse_body, rewrite_model_field, splice_model};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcService, ProcessStream};
 pub use usage::UsageReader;

@@ -1,7 +1,7 @@
 //! Writing the client-facing model name back into responses when the request's
 //! model was rewritten, for plain JSON bodies and SSE streams.
 
-use crate::parse::rewrite_model_field;
+use crate::body::rewrite_model_field;
 
 /// Rewrites the top-level `model` of a response body chunk by chunk.
 ///

@@ -10,7 +10,6 @@ use std::{
     task::{Context, Poll},
 };
 
-use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingRequest, ProcessingResponse,
     external_processor_server::{ExternalProcessor, ExternalProcessorServer},
@@ -20,24 +19,7 @@ use prometheus_client::registry::Registry;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::{exchange::Exchange, metrics::Metrics, options::ExtProcOptions};
-
-/// State shared by all streams.
-pub(crate) struct Shared {
-    pub(crate) scheduler: ArcSwap<Scheduler>,
-    pub(crate) endpoints: Arc<dyn EndpointSource>,
-    pub(crate) options: ArcSwap<ExtProcOptions>,
-    pub(crate) metrics: Metrics,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("endpoints", &self.endpoints)
-            .field("options", &self.options.load())
-            .finish_non_exhaustive()
-    }
-}
+use crate::{decision::Decider, exchange::Exchange, options::ExtProcOptions};
 
 /// The `envoy.service.ext_proc.v3.ExternalProcessor` service.
 ///
@@ -46,7 +28,7 @@ impl fmt::Debug for Shared {
 /// (config reload) while the server runs.
 #[derive(Debug, Clone)]
 pub struct ExtProcService {
-    shared: Arc<Shared>,
+    decider: Arc<Decider>,
 }
 
 impl ExtProcService {
@@ -58,43 +40,38 @@ impl ExtProcService {
         options: ExtProcOptions,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                scheduler: ArcSwap::new(scheduler),
-                endpoints,
-                options: ArcSwap::from_pointee(options),
-                metrics: Metrics::default(),
-            }),
+            decider: Arc::new(Decider::new(scheduler, endpoints, options)),
         }
     }
 
     /// Replaces the scheduler; streams already past their decision keep the
     /// one that routed them (for their response hooks).
     pub fn set_scheduler(&self, scheduler: Arc<Scheduler>) {
-        self.shared.scheduler.store(scheduler);
+        self.decider.scheduler.store(scheduler);
     }
 
     /// The current scheduler.
     #[must_use]
     pub fn scheduler(&self) -> Arc<Scheduler> {
-        self.shared.scheduler.load_full()
+        self.decider.scheduler.load_full()
     }
 
     /// Replaces the options; new streams use them.
     pub fn set_options(&self, options: ExtProcOptions) {
-        self.shared.options.store(Arc::new(options));
+        self.decider.options.store(Arc::new(options));
     }
 
     /// The current options.
     #[must_use]
     pub fn options(&self) -> Arc<ExtProcOptions> {
-        self.shared.options.load_full()
+        self.decider.options.load_full()
     }
 
     /// Registers the per-request metrics (REFERENCE §7 names:
     /// `inference_objective_*` and
     /// `inference_extension_scheduler_e2e_duration_seconds`) in `registry`.
     pub fn register_metrics(&self, registry: &mut Registry) {
-        self.shared.metrics.register(registry);
+        self.decider.metrics.register(registry);
     }
 
     /// The tonic server to mount (`Server::builder().add_service(...)`).
@@ -118,7 +95,7 @@ impl ExternalProcessor for ExtProcService {
     ) -> Result<Response<Self::ProcessStream>, Status> {
         Ok(Response::new(ProcessStream {
             inbound: request.into_inner(),
-            exchange: Exchange::new(Arc::clone(&self.shared)),
+            exchange: Exchange::new(Arc::clone(&self.decider)),
             pending: VecDeque::with_capacity(4),
             done: false,
         }))

@@ -7,44 +7,30 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "support/workload.rs"]
-mod workload;
-
-use std::{
-    hint::black_box,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use workload::Workload;
+use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
+use epp_test_support::workload::Workload;
 
 fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
     // Built on first use, so a filtered-out setup costs nothing.
-    let mut setup: Option<Workload> = None;
+    let mut setup: Option<Workload<PrefixCacheScorer>> = None;
     let mut g = c.benchmark_group(group);
     g.bench_function(BenchmarkId::new(format!("{endpoints}ep"), format!("{kib}KiB")), |b| {
         let w = setup.get_or_insert_with(|| {
-            let mut w = Workload::new(endpoints, kib, None);
+            let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, PrefixCacheScorerParams::default())
+                .expect("default parameters are valid");
+            let mut w = Workload::new(endpoints, kib, &builtin_registry(), Arc::new(prefix));
             w.warm(10_000);
             eprintln!(
                 "{group} {endpoints} endpoints × {kib} KiB: index {} entries, {:.1} bytes per block",
                 w.prefix.index().entries(),
-                w.bytes_per_block()
+                w.prefix.index().bytes_per_entry()
             );
             w
         });
-        b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iters {
-                // Load changes and prompt assembly are not the cycle: untimed.
-                w.next();
-                let t = Instant::now();
-                w.cycle();
-                spent += t.elapsed();
-                black_box(&w.result);
-            }
-            spent
-        });
+        b.iter_custom(|iters| w.time_cycles(iters));
     });
     g.finish();
 }

@@ -11,22 +11,16 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-#[path = "support/workload.rs"]
-mod workload;
-
-use std::{
-    hint::black_box,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use epp_core::{CallSite, SchedulerObserver};
+use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
+use epp_test_support::workload::Workload;
 use prometheus_client::{
     metrics::histogram::{Histogram, exponential_buckets},
     registry::Registry,
 };
-use workload::Workload;
 
 /// One histogram per call site, with the binary's buckets (1 µs … ~0.5 s).
 #[derive(Debug)]
@@ -55,8 +49,11 @@ impl SchedulerObserver for Histograms {
     }
 }
 
-fn workload(observed: bool) -> Workload {
-    let mut w = Workload::new(64, 16, None);
+fn workload(observed: bool) -> Workload<PrefixCacheScorer> {
+    let prefix =
+        PrefixCacheScorer::build(PrefixCacheScorer::TYPE, PrefixCacheScorerParams::default())
+            .expect("default parameters are valid");
+    let mut w = Workload::new(64, 16, &builtin_registry(), Arc::new(prefix));
     if observed {
         let mut registry = Registry::default();
         let histograms = Arc::new(Histograms::new(&mut registry, &w.scheduler.call_sites()));
@@ -67,31 +64,20 @@ fn workload(observed: bool) -> Workload {
     eprintln!(
         "observer={observed}: index {} entries, {:.1} bytes per block",
         w.prefix.index().entries(),
-        w.bytes_per_block()
+        w.prefix.index().bytes_per_entry()
     );
     w
-}
-
-fn run(w: &mut Workload, iters: u64) -> Duration {
-    let mut spent = Duration::ZERO;
-    for _ in 0..iters {
-        // Load changes and prompt assembly are not the cycle: untimed.
-        w.next();
-        let t = Instant::now();
-        w.cycle();
-        spent += t.elapsed();
-        black_box(&w.result);
-    }
-    spent
 }
 
 fn observer(c: &mut Criterion) {
     let mut plain = workload(false);
     let mut observed = workload(true);
     let mut g = c.benchmark_group("observer");
-    g.bench_function("64ep-16KiB/none", |b| b.iter_custom(|n| run(&mut plain, n)));
+    g.bench_function("64ep-16KiB/none", |b| {
+        b.iter_custom(|n| plain.time_cycles(n))
+    });
     g.bench_function("64ep-16KiB/prometheus", |b| {
-        b.iter_custom(|n| run(&mut observed, n))
+        b.iter_custom(|n| observed.time_cycles(n))
     });
     g.finish();
 
@@ -99,8 +85,8 @@ fn observer(c: &mut Criterion) {
     let (mut none, mut prom) = (Duration::ZERO, Duration::ZERO);
     let (rounds, per_round) = (20_u32, 2_000_u32);
     for _ in 0..rounds {
-        none += run(&mut plain, u64::from(per_round));
-        prom += run(&mut observed, u64::from(per_round));
+        none += plain.time_cycles(u64::from(per_round));
+        prom += observed.time_cycles(u64::from(per_round));
     }
     let n = f64::from(rounds * per_round);
     let (none_us, prom_us) = (none.as_secs_f64() * 1e6 / n, prom.as_secs_f64() * 1e6 / n);

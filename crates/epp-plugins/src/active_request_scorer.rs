@@ -3,7 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Parameters of `active-request-scorer`.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -45,15 +45,13 @@ pub struct ActiveRequestScorer {
     params: ActiveRequestParams,
 }
 
-impl ActiveRequestScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "active-request-scorer";
+impl Builtin for ActiveRequestScorer {
+    const TYPE: &'static str = "active-request-scorer";
+    type Params = ActiveRequestParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
     /// `maxBusyScore` outside [0, 1].
-    pub fn new(name: impl Into<String>, params: ActiveRequestParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, params: ActiveRequestParams) -> Result<Self, BuildError> {
         if !(0.0..=1.0).contains(&params.max_busy_score) {
             return Err(invalid(
                 Self::TYPE,
@@ -116,7 +114,7 @@ mod tests {
                 c[i].endpoint.inflight().start(1);
             }
         }
-        let s = ActiveRequestScorer::new(
+        let s = ActiveRequestScorer::build(
             "a",
             ActiveRequestParams {
                 idle_threshold: 1,

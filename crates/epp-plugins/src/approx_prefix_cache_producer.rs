@@ -17,7 +17,7 @@ use epp_core::{
     SchedulingResult,
 };
 
-use crate::PrefixIndex;
+use crate::{Builtin, PrefixIndex};
 
 /// Parameters (REFERENCE §4 defaults); also accepted by `prefix-cache-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
@@ -80,12 +80,13 @@ impl Default for PrefixCacheParams {
 }
 
 impl PrefixCacheParams {
-    /// Checks ranges and resolves `maxPrefixTokensToMatch` into blocks.
+    /// Checks ranges and resolves `maxPrefixTokensToMatch` into blocks;
+    /// `plugin` names the plugin in errors.
     ///
     /// # Errors
     /// Any size zero, a block larger than 1 MiB of text, or a token cap
     /// smaller than one block.
-    pub fn validated(mut self, plugin: &str) -> Result<Self, BuildError> {
+    pub(crate) fn validated(mut self, plugin: &str) -> Result<Self, BuildError> {
         if self.block_size > 0 {
             tracing::warn!(
                 plugin,
@@ -239,13 +240,23 @@ pub struct ApproxPrefixCacheProducer {
     index: PrefixIndex,
 }
 
-impl ApproxPrefixCacheProducer {
-    /// YAML type.
-    pub const TYPE: &'static str = "approx-prefix-cache-producer";
+impl Builtin for ApproxPrefixCacheProducer {
+    const TYPE: &'static str = "approx-prefix-cache-producer";
+    type Params = PrefixCacheParams;
 
-    /// A producer named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PrefixCacheParams) -> Self {
+    /// # Errors
+    /// See [`PrefixCacheParams`]: a size of zero, a block larger than 1 MiB
+    /// of text, or a token cap smaller than one block.
+    fn build(name: impl Into<String>, params: PrefixCacheParams) -> Result<Self, BuildError> {
+        let name = name.into();
+        let params = params.validated(&name)?;
+        Ok(Self::with_valid(name, params))
+    }
+}
+
+impl ApproxPrefixCacheProducer {
+    /// A producer named `name` with parameters already validated.
+    pub(crate) fn with_valid(name: impl Into<String>, params: PrefixCacheParams) -> Self {
         Self {
             name: name.into(),
             params,
@@ -422,7 +433,7 @@ mod tests {
 
     #[test]
     fn auto_tune_takes_capacity_from_the_server() {
-        let p = ApproxPrefixCacheProducer::new("p", PrefixCacheParams::default());
+        let p = ApproxPrefixCacheProducer::build("p", PrefixCacheParams::default()).unwrap();
         let c = candidates(vec![
             EndpointMetrics {
                 cache: Some(CacheGeometry {
@@ -439,13 +450,14 @@ mod tests {
             "1000 blocks of 32 tokens = 2000 of 16"
         );
         assert_eq!(p.capacity_for(&c[1]), 31_250, "no geometry reported");
-        let off = ApproxPrefixCacheProducer::new(
+        let off = ApproxPrefixCacheProducer::build(
             "p",
             PrefixCacheParams {
                 auto_tune: false,
                 ..Default::default()
             },
-        );
+        )
+        .unwrap();
         assert_eq!(off.capacity_for(&c[0]), 31_250);
     }
 

@@ -4,7 +4,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin, SaturationDetector};
 
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// What the detector counts (`concurrencyMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -75,15 +75,13 @@ pub struct ConcurrencyDetector {
     token_limit: u64,
 }
 
-impl ConcurrencyDetector {
-    /// YAML type.
-    pub const TYPE: &'static str = "concurrency-detector";
+impl Builtin for ConcurrencyDetector {
+    const TYPE: &'static str = "concurrency-detector";
+    type Params = ConcurrencyDetectorParams;
 
-    /// A detector named `name`.
-    ///
     /// # Errors
     /// A zero limit or a negative (or non-finite) headroom.
-    pub fn new(name: impl Into<String>, p: ConcurrencyDetectorParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: ConcurrencyDetectorParams) -> Result<Self, BuildError> {
         if p.max_concurrency == 0 {
             return Err(invalid(
                 Self::TYPE,
@@ -119,7 +117,9 @@ impl ConcurrencyDetector {
             params: p,
         })
     }
+}
 
+impl ConcurrencyDetector {
     fn request_ratio(&self, c: &Candidate) -> f64 {
         f64::from(c.endpoint.inflight().requests()) / f64::from(self.params.max_concurrency)
     }
@@ -189,7 +189,7 @@ mod tests {
     use crate::testing::{candidates, with_cx};
 
     fn detector(p: ConcurrencyDetectorParams) -> ConcurrencyDetector {
-        ConcurrencyDetector::new("c", p).unwrap()
+        ConcurrencyDetector::build("c", p).unwrap()
     }
 
     /// Endpoint `i` with `load[i]` = (requests, tokens) in flight.
@@ -294,7 +294,7 @@ mod tests {
             headroom: -0.1,
             ..Default::default()
         };
-        let err = ConcurrencyDetector::new("c", negative).unwrap_err();
+        let err = ConcurrencyDetector::build("c", negative).unwrap_err();
         assert!(err.to_string().contains("headroom"), "{err}");
     }
 }

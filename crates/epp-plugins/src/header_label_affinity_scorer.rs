@@ -3,7 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Parameters of `header-label-affinity-scorer` (both required).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -27,15 +27,13 @@ pub struct HeaderLabelAffinityScorer {
     label: String,
 }
 
-impl HeaderLabelAffinityScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "header-label-affinity-scorer";
+impl Builtin for HeaderLabelAffinityScorer {
+    const TYPE: &'static str = "header-label-affinity-scorer";
+    type Params = HeaderLabelAffinityParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
     /// An empty `headerName` or `labelKey`.
-    pub fn new(name: impl Into<String>, p: HeaderLabelAffinityParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: HeaderLabelAffinityParams) -> Result<Self, BuildError> {
         for (field, v) in [("headerName", &p.header_name), ("labelKey", &p.label_key)] {
             if v.is_empty() {
                 return Err(invalid(Self::TYPE, field, "\"\"", "is required"));
@@ -76,31 +74,28 @@ impl Scorer for HeaderLabelAffinityScorer {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, sync::Arc};
-
-    use epp_core::{Endpoint, EndpointId, InferenceRequest};
+    use epp_core::InferenceRequest;
 
     use super::*;
-    use crate::testing::with_cx;
+    use crate::testing::{labelled, with_cx};
 
     #[test]
     fn the_matching_label_scores_one() {
-        let eps: Vec<Arc<Endpoint>> = ["a", "b", ""]
-            .iter()
+        let c: Vec<Candidate> = ["a", "b", ""]
+            .into_iter()
             .zip(0u32..)
             .map(|(v, i)| {
-                let mut labels = BTreeMap::new();
-                if !v.is_empty() {
-                    labels.insert("pool/variant".to_owned(), (*v).to_owned());
-                }
-                let addr = format!("10.0.0.{i}:8000").parse().unwrap();
-                Arc::new(Endpoint::with_labels(EndpointId(i), addr, labels))
+                let labels: &[(&str, &str)] = if v.is_empty() {
+                    &[]
+                } else {
+                    &[("pool/variant", v)]
+                };
+                Candidate::new(&labelled(i, labels))
             })
             .collect();
-        let c: Vec<Candidate> = eps.iter().map(Candidate::new).collect();
         let p: HeaderLabelAffinityParams =
             serde_yaml_ng::from_str("{headerName: X-Variant, labelKey: pool/variant}").unwrap();
-        let s = HeaderLabelAffinityScorer::new("h", p).unwrap();
+        let s = HeaderLabelAffinityScorer::build("h", p).unwrap();
         let score = |req: &InferenceRequest| {
             with_cx(req, 0, |cx| {
                 let mut out = vec![0.0; 3];
@@ -120,7 +115,7 @@ mod tests {
             header_name: "x".into(),
             label_key: String::new(),
         };
-        let err = HeaderLabelAffinityScorer::new("h", missing).unwrap_err();
+        let err = HeaderLabelAffinityScorer::build("h", missing).unwrap_err();
         assert!(err.to_string().contains("labelKey"), "{err}");
     }
 }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
 
+use crate::Builtin;
+
 /// The label llm-d uses for an endpoint's disaggregation role.
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
@@ -98,15 +100,13 @@ fn role_in(roles: &[&str]) -> LabelSelectorParams {
     }
 }
 
-impl LabelSelectorFilter {
-    /// YAML type.
-    pub const TYPE: &'static str = "label-selector-filter";
+impl Builtin for LabelSelectorFilter {
+    const TYPE: &'static str = "label-selector-filter";
+    type Params = LabelSelectorParams;
 
-    /// A filter named `name`.
-    ///
     /// # Errors
     /// `In`/`NotIn` without values, or `Exists`/`DoesNotExist` with values.
-    pub fn new(name: impl Into<String>, selector: LabelSelectorParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, selector: LabelSelectorParams) -> Result<Self, BuildError> {
         let name = name.into();
         for (i, e) in selector.match_expressions.iter().enumerate() {
             let needs_values = matches!(e.operator, Operator::In | Operator::NotIn);
@@ -130,7 +130,9 @@ impl LabelSelectorFilter {
             keep_without_role: false,
         })
     }
+}
 
+impl LabelSelectorFilter {
     /// `decode-filter`: endpoints whose role (label `llm-d.ai/role`) is
     /// `decode`, `prefill-decode`, `both` or `encode-prefill-decode`, or that
     /// have no role, as in llm-d.
@@ -194,28 +196,19 @@ impl Filter for LabelSelectorFilter {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use epp_core::{Endpoint, EndpointId, InferenceRequest};
+    use epp_core::InferenceRequest;
 
     use super::*;
-    use crate::testing::with_cx;
+    use crate::testing::{labelled, with_cx};
 
     fn cands(roles: &[Option<&str>]) -> Vec<Candidate> {
-        roles
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let mut labels = BTreeMap::new();
-                if let Some(r) = r {
-                    labels.insert(ROLE_LABEL.to_owned(), (*r).to_owned());
-                }
-                labels.insert("zone".to_owned(), format!("z{}", i % 2));
-                Candidate::new(&Arc::new(Endpoint::with_labels(
-                    EndpointId(i as u32),
-                    format!("10.0.0.1:{i}").parse().unwrap(),
-                    labels,
-                )))
+        (0u32..)
+            .zip(roles)
+            .map(|(i, role)| {
+                let zone = format!("z{}", i % 2);
+                let mut labels = vec![("zone", zone.as_str())];
+                labels.extend(role.map(|r| (ROLE_LABEL, r)));
+                Candidate::new(&labelled(i, &labels))
             })
             .collect()
     }
@@ -261,12 +254,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            kept(&LabelSelectorFilter::new("s", p).unwrap(), &c),
+            kept(&LabelSelectorFilter::build("s", p).unwrap(), &c),
             vec![0, 2]
         );
         let bad: LabelSelectorParams =
             serde_yaml_ng::from_str("matchExpressions:\n- {key: a, operator: In}\n").unwrap();
-        assert!(LabelSelectorFilter::new("s", bad).is_err());
+        assert!(LabelSelectorFilter::build("s", bad).is_err());
         assert!(
             serde_yaml_ng::from_str::<LabelSelectorParams>(
                 "matchExpressions:\n- {key: a, operator: Near}\n"

@@ -1,26 +1,31 @@
 //! Built-in scheduling plugins (filters, scorers, pickers, profile handlers,
 //! saturation detectors, data producers) and [`register_builtins`], which
 //! adds every one of them to a [`Registry`] under the YAML `type:` names users
-//! know from the reference picker and llm-d.
+//! know from the reference picker and llm-d, names the defaults for the roles
+//! they fill, and registers [`DEFAULT_CONFIG`]. Every built-in has one shape,
+//! [`Builtin`]: a type name, a parameters struct and a validating `build`.
 //!
 //! ```
-//! use epp_core::{PluginSpec, Registry};
+//! use epp_core::{PluginSpec, Registry, Role};
+//! use epp_plugins::{Builtin, MaxScorePicker};
 //!
 //! let mut registry = Registry::new();
 //! epp_plugins::register_builtins(&mut registry);
 //! let scorer = registry.build(&PluginSpec::new("queue-scorer")).unwrap();
 //! assert!(scorer.as_scorer().is_some());
+//! assert_eq!(registry.default_type(Role::Picker), Some(MaxScorePicker::TYPE));
+//! assert_eq!(registry.default_config(), Some(epp_plugins::DEFAULT_CONFIG));
 //! ```
 #![warn(missing_docs)]
 
 mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
+mod header_based_testing_filter;
 mod header_label_affinity_scorer;
-mod kv_cache_scorer;
 mod label_selector_filter;
 mod load_aware_scorer;
-mod load_signal;
+mod load_signal_scorer;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
@@ -29,9 +34,7 @@ mod openai_parser;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
-mod queue_scorer;
 mod random_picker;
-mod running_requests_size_scorer;
 mod session_affinity_scorer;
 mod token_load_scorer;
 mod utilization_detector;
@@ -40,7 +43,7 @@ mod weighted_random_picker;
 
 use std::sync::Arc;
 
-use epp_core::{BuildError, Plugin, PluginSpec, Registry, SingleProfileHandler};
+use epp_core::{BuildError, Plugin, PluginSpec, Registry, Role, SingleProfileHandler};
 use serde::de::DeserializeOwned;
 
 pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
@@ -48,13 +51,13 @@ pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
+pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
-pub use kv_cache_scorer::KvCacheUtilizationScorer;
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
-pub use load_signal::LoadSignalParams;
+pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
@@ -65,9 +68,7 @@ pub use prefix_cache_affinity_filter::{
 };
 pub use prefix_cache_scorer::{PrefixCacheScorer, PrefixCacheScorerParams};
 pub use prefix_index::PrefixIndex;
-pub use queue_scorer::QueueScorer;
 pub use random_picker::RandomPicker;
-pub use running_requests_size_scorer::RunningRequestsSizeScorer;
 pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
     session_token,
@@ -89,155 +90,129 @@ pub(crate) fn invalid(plugin: &str, field: &str, value: impl ToString, reason: &
     }
 }
 
-/// Parameters accepted by plugins that take none: any key is an error.
-#[derive(Debug, Default, serde::Deserialize)]
+/// Parameters of plugins that take none: any key is an error.
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NoParams {}
+pub struct NoParams {}
 
-fn register<P, F>(registry: &mut Registry, type_name: &'static str, build: F)
-where
-    P: DeserializeOwned + 'static,
-    F: Fn(String, P) -> Result<Arc<dyn Plugin>, BuildError> + Send + Sync + 'static,
+/// A built-in plugin as [`register_builtins`] builds it: one YAML type, one
+/// parameters struct, one `build` that validates them. The registry's
+/// factory is the same for every built-in: deserialise [`Builtin::Params`]
+/// from `parameters:` (absent = an empty mapping), then [`Builtin::build`].
+///
+/// The trait is for building and naming only; the scheduler holds plugins
+/// through the object-safe [`Plugin`] traits.
+pub trait Builtin: Plugin + Sized + 'static {
+    /// The YAML `type:`.
+    const TYPE: &'static str;
+    /// The parameters as written under `parameters:` (unknown keys rejected).
+    type Params: DeserializeOwned;
+    /// Validates `params` and builds the plugin named `name`.
+    ///
+    /// # Errors
+    /// A parameter out of range or otherwise invalid, naming the field and
+    /// the value.
+    fn build(name: impl Into<String>, params: Self::Params) -> Result<Self, BuildError>;
+}
+
+/// Registers `type_name`, built by `build` from the deserialised parameters.
+fn add<T, P>(
+    registry: &mut Registry,
+    type_name: &str,
+    build: impl Fn(String, P) -> Result<T, BuildError> + Send + Sync + 'static,
+) where
+    T: Plugin + 'static,
+    P: DeserializeOwned,
 {
     registry.register(type_name, move |spec: &PluginSpec| {
-        let params: P = spec.params()?;
-        build(spec.name.clone(), params)
+        Ok(Arc::new(build(spec.name.clone(), spec.params()?)?))
     });
 }
 
-/// Registers every built-in scheduling plugin.
+/// Registers `T` under [`Builtin::TYPE`].
+fn reg<T: Builtin>(registry: &mut Registry) {
+    add(registry, T::TYPE, |name, params| T::build(name, params));
+}
+
+impl Builtin for SingleProfileHandler {
+    const TYPE: &'static str = SingleProfileHandler::TYPE;
+    type Params = NoParams;
+    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
+        Ok(Self::new(name))
+    }
+}
+
+/// The config used when none is given: the reference picker's default
+/// profile. [`register_builtins`] registers it
+/// ([`Registry::set_default_config`]).
+pub const DEFAULT_CONFIG: &str = "\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: max-score-picker}
+";
+
+/// Registers every built-in scheduling plugin, the defaults for the roles
+/// they fill (picker, profile handler, saturation detector, parser,
+/// prefix-match producer) and [`DEFAULT_CONFIG`].
 pub fn register_builtins(registry: &mut Registry) {
-    register(registry, QueueScorer::TYPE, |name, p: LoadSignalParams| {
-        Ok(Arc::new(QueueScorer::with_params(name, p)))
-    });
-    register(
-        registry,
-        RunningRequestsSizeScorer::TYPE,
-        |name, p: LoadSignalParams| Ok(Arc::new(RunningRequestsSizeScorer::with_params(name, p))),
-    );
-    register(
-        registry,
-        KvCacheUtilizationScorer::TYPE,
-        |name, p: LoadSignalParams| Ok(Arc::new(KvCacheUtilizationScorer::with_params(name, p))),
-    );
-    register(
-        registry,
-        PrefixCacheScorer::TYPE,
-        |name, p: PrefixCacheScorerParams| Ok(Arc::new(PrefixCacheScorer::from_params(name, p)?)),
-    );
-    register(
-        registry,
-        ApproxPrefixCacheProducer::TYPE,
-        |name, p: PrefixCacheParams| {
-            let p = p.validated(&name)?;
-            Ok(Arc::new(ApproxPrefixCacheProducer::new(name, p)))
-        },
-    );
-    register(registry, MaxScorePicker::TYPE, |name, p: PickerParams| {
-        Ok(Arc::new(MaxScorePicker::new(
-            name,
-            p.validated(MaxScorePicker::TYPE)?,
-        )))
-    });
-    register(registry, RandomPicker::TYPE, |name, p: PickerParams| {
-        Ok(Arc::new(RandomPicker::new(
-            name,
-            p.validated(RandomPicker::TYPE)?,
-        )))
-    });
-    register(registry, SingleProfileHandler::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(SingleProfileHandler::new(name)))
-    });
-    register(
-        registry,
-        UtilizationDetector::TYPE,
-        |name, p: UtilizationDetectorParams| {
-            Ok(Arc::new(UtilizationDetector::new(name, p.validated()?)))
-        },
-    );
-    register(registry, OpenAiParser::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(OpenAiParser::new(name)))
-    });
-    register(
+    registry
+        .set_default(Role::Picker, MaxScorePicker::TYPE)
+        .set_default(Role::ProfileHandler, SingleProfileHandler::TYPE)
+        .set_default(Role::SaturationDetector, UtilizationDetector::TYPE)
+        .set_default(Role::Parser, OpenAiParser::TYPE)
+        .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
+        .set_default_config(DEFAULT_CONFIG);
+    for signal in Signal::ALL {
+        add(registry, signal.type_name(), move |name, p| {
+            Ok(LoadSignalScorer::new(name, signal, p))
+        });
+    }
+    reg::<PrefixCacheScorer>(registry);
+    reg::<ApproxPrefixCacheProducer>(registry);
+    reg::<MaxScorePicker>(registry);
+    reg::<RandomPicker>(registry);
+    reg::<WeightedRandomPicker>(registry);
+    reg::<SingleProfileHandler>(registry);
+    reg::<UtilizationDetector>(registry);
+    reg::<ConcurrencyDetector>(registry);
+    reg::<OpenAiParser>(registry);
+    add(
         registry,
         OpenAiParser::ANTHROPIC_TYPE,
-        |name, NoParams {}| Ok(Arc::new(OpenAiParser::anthropic(name))),
+        |name, NoParams {}| Ok(OpenAiParser::anthropic(name)),
     );
-    register(registry, LoraAffinityScorer::TYPE, |name, NoParams {}| {
-        Ok(Arc::new(LoraAffinityScorer::new(name)))
+    reg::<LoraAffinityScorer>(registry);
+    reg::<TokenLoadScorer>(registry);
+    reg::<LoadAwareScorer>(registry);
+    reg::<ActiveRequestScorer>(registry);
+    reg::<SessionAffinityScorer>(registry);
+    reg::<NoHitLruScorer>(registry);
+    reg::<MetricScorer>(registry);
+    reg::<HeaderLabelAffinityScorer>(registry);
+    reg::<UtilizationFilter>(registry);
+    reg::<PrefixCacheAffinityFilter>(registry);
+    reg::<LabelSelectorFilter>(registry);
+    reg::<HeaderBasedTestingFilter>(registry);
+    add(registry, "decode-filter", |name, NoParams {}| {
+        Ok(LabelSelectorFilter::decode(name))
     });
-    register(
-        registry,
-        TokenLoadScorer::TYPE,
-        |name, p: TokenLoadParams| Ok(Arc::new(TokenLoadScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        LoadAwareScorer::TYPE,
-        |name, p: LoadAwareParams| Ok(Arc::new(LoadAwareScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        ActiveRequestScorer::TYPE,
-        |name, p: ActiveRequestParams| Ok(Arc::new(ActiveRequestScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        SessionAffinityScorer::TYPE,
-        |name, p: SessionAffinityParams| Ok(Arc::new(SessionAffinityScorer::from_params(name, p)?)),
-    );
-    register(registry, NoHitLruScorer::TYPE, |name, p: NoHitLruParams| {
-        Ok(Arc::new(NoHitLruScorer::new(name, p)?))
+    add(registry, "prefill-filter", |name, NoParams {}| {
+        Ok(LabelSelectorFilter::prefill(name))
     });
-    register(
-        registry,
-        MetricScorer::TYPE,
-        |name, p: MetricScorerParams| Ok(Arc::new(MetricScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        LabelSelectorFilter::TYPE,
-        |name, p: LabelSelectorParams| Ok(Arc::new(LabelSelectorFilter::new(name, p)?)),
-    );
-    register(registry, "decode-filter", |name, NoParams {}| {
-        Ok(Arc::new(LabelSelectorFilter::decode(name)))
+    add(registry, "encode-filter", |name, NoParams {}| {
+        Ok(LabelSelectorFilter::encode(name))
     });
-    register(registry, "prefill-filter", |name, NoParams {}| {
-        Ok(Arc::new(LabelSelectorFilter::prefill(name)))
-    });
-    register(registry, "encode-filter", |name, NoParams {}| {
-        Ok(Arc::new(LabelSelectorFilter::encode(name)))
-    });
-    register(
-        registry,
-        HeaderLabelAffinityScorer::TYPE,
-        |name, p: HeaderLabelAffinityParams| Ok(Arc::new(HeaderLabelAffinityScorer::new(name, p)?)),
-    );
-    register(
-        registry,
-        UtilizationFilter::TYPE,
-        |name, p: UtilizationFilterParams| Ok(Arc::new(UtilizationFilter::new(name, p)?)),
-    );
-    register(
-        registry,
-        PrefixCacheAffinityFilter::TYPE,
-        |name, p: PrefixAffinityParams| Ok(Arc::new(PrefixCacheAffinityFilter::new(name, p)?)),
-    );
-    register(
-        registry,
-        WeightedRandomPicker::TYPE,
-        |name, p: PickerParams| {
-            Ok(Arc::new(WeightedRandomPicker::new(
-                name,
-                p.validated(WeightedRandomPicker::TYPE)?,
-            )))
-        },
-    );
-    register(
-        registry,
-        ConcurrencyDetector::TYPE,
-        |name, p: ConcurrencyDetectorParams| Ok(Arc::new(ConcurrencyDetector::new(name, p)?)),
-    );
 }
 
 /// The filter role of a saturation detector: keep the endpoints with
@@ -261,5 +236,6 @@ pub fn builtin_registry() -> Registry {
     registry
 }
 
+/// The unit tests' candidates and cycle contexts.
 #[cfg(test)]
-pub(crate) mod testing;
+use epp_test_support::endpoints as testing;

@@ -2,7 +2,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Parameters of `load-aware-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
@@ -32,15 +32,13 @@ pub struct LoadAwareScorer {
     threshold: u32,
 }
 
-impl LoadAwareScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "load-aware-scorer";
+impl Builtin for LoadAwareScorer {
+    const TYPE: &'static str = "load-aware-scorer";
+    type Params = LoadAwareParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
     /// A zero threshold.
-    pub fn new(name: impl Into<String>, p: LoadAwareParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: LoadAwareParams) -> Result<Self, BuildError> {
         if p.threshold == 0 {
             return Err(invalid(Self::TYPE, "threshold", 0, "must be at least 1"));
         }
@@ -90,7 +88,7 @@ mod tests {
             ..Default::default()
         };
         let c = candidates(vec![m(0), m(64), m(500)]);
-        let s = LoadAwareScorer::new("l", LoadAwareParams::default()).unwrap();
+        let s = LoadAwareScorer::build("l", LoadAwareParams::default()).unwrap();
         assert_eq!(scores(&s, &c), vec![0.5, 0.25, 0.0]);
     }
 }

@@ -1,7 +1,9 @@
 //! `lora-affinity-scorer`: prefer endpoints that already serve the request's
 //! adapter, then those with room to load it.
 
-use epp_core::{Candidate, CycleContext, Plugin, Scorer};
+use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
+
+use crate::{Builtin, NoParams};
 
 /// `lora-affinity-scorer`: 1.0 when the adapter (the request's target model)
 /// is active on the endpoint; 0.8 when the endpoint has room to load another
@@ -13,14 +15,12 @@ pub struct LoraAffinityScorer {
     name: String,
 }
 
-impl LoraAffinityScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "lora-affinity-scorer";
+impl Builtin for LoraAffinityScorer {
+    const TYPE: &'static str = "lora-affinity-scorer";
+    type Params = NoParams;
 
-    /// A scorer named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
+    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
+        Ok(Self { name: name.into() })
     }
 }
 
@@ -84,7 +84,9 @@ mod tests {
             .build();
         let s = with_cx(&req, 0, |cx| {
             let mut out = vec![0.0; c.len()];
-            LoraAffinityScorer::new("l").score(cx, &c, &mut out);
+            LoraAffinityScorer::build("l", NoParams {})
+                .unwrap()
+                .score(cx, &c, &mut out);
             out
         });
         // The last endpoint reports no LoRA limit: llm-d gives it no room (0).

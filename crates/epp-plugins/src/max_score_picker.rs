@@ -1,6 +1,6 @@
 //! `max-score-picker`: the highest total wins; ties are broken at random.
 
-use epp_core::{BuildError, Candidate, CycleContext, Picker, Plugin};
+use epp_core::{BuildError, Candidate, CycleContext, Picker};
 use rand::Rng;
 
 /// Parameters shared by the pickers.
@@ -31,11 +31,8 @@ impl Default for PickerParams {
 }
 
 impl PickerParams {
-    /// Checks ranges.
-    ///
-    /// # Errors
-    /// `maxNumOfEndpoints` must be at least 1.
-    pub fn validated(self, plugin: &str) -> Result<Self, BuildError> {
+    /// Checks ranges; `plugin` names the plugin in errors.
+    pub(crate) fn validated(self, plugin: &str) -> Result<Self, BuildError> {
         if self.max_num_of_endpoints == 0 {
             return Err(BuildError::InvalidValue {
                 plugin: plugin.to_owned(),
@@ -48,6 +45,43 @@ impl PickerParams {
     }
 }
 
+/// The parts every picker shares: a `name`, [`PickerParams`] (field
+/// `params`) and a `build` that validates them, under YAML type `$type`. Each
+/// picker's file defines the struct and its `pick`.
+macro_rules! picker_plugin {
+    ($picker:ident, $type:literal) => {
+        impl $crate::Builtin for $picker {
+            const TYPE: &'static str = $type;
+            type Params = $crate::PickerParams;
+
+            /// # Errors
+            /// `maxNumOfEndpoints` below 1.
+            fn build(
+                name: impl Into<String>,
+                params: $crate::PickerParams,
+            ) -> Result<Self, epp_core::BuildError> {
+                Ok(Self {
+                    name: name.into(),
+                    params: params.validated(<Self as $crate::Builtin>::TYPE)?,
+                })
+            }
+        }
+
+        impl epp_core::Plugin for $picker {
+            fn type_name(&self) -> &str {
+                <Self as $crate::Builtin>::TYPE
+            }
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn as_picker(&self) -> Option<&dyn epp_core::Picker> {
+                Some(self)
+            }
+        }
+    };
+}
+pub(crate) use picker_plugin;
+
 /// `max-score-picker`.
 #[derive(Debug, Clone)]
 pub struct MaxScorePicker {
@@ -55,31 +89,7 @@ pub struct MaxScorePicker {
     params: PickerParams,
 }
 
-impl MaxScorePicker {
-    /// YAML type.
-    pub const TYPE: &'static str = "max-score-picker";
-
-    /// A picker named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PickerParams) -> Self {
-        Self {
-            name: name.into(),
-            params,
-        }
-    }
-}
-
-impl Plugin for MaxScorePicker {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
+picker_plugin!(MaxScorePicker, "max-score-picker");
 
 impl Picker for MaxScorePicker {
     fn pick(
@@ -125,7 +135,10 @@ mod tests {
     use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
-    use crate::testing::{candidates, with_cx};
+    use crate::{
+        Builtin,
+        testing::{candidates, with_cx},
+    };
 
     #[test]
     fn zero_or_negative_max_num_of_endpoints_means_one_as_in_llm_d() {
@@ -149,32 +162,34 @@ mod tests {
 
     #[test]
     fn highest_wins_and_fallbacks_follow_in_order() {
-        let one = MaxScorePicker::new("p", PickerParams::default());
+        let one = MaxScorePicker::build("p", PickerParams::default()).unwrap();
         assert_eq!(pick(&one, &[0.1, 0.9, 0.5], 0), vec![1]);
-        let three = MaxScorePicker::new(
+        let three = MaxScorePicker::build(
             "p",
             PickerParams {
                 max_num_of_endpoints: 3,
             },
-        );
+        )
+        .unwrap();
         assert_eq!(pick(&three, &[0.1, 0.9, 0.5, 0.7], 0), vec![1, 3, 2]);
     }
 
     #[test]
     fn ties_are_broken_randomly() {
-        let one = MaxScorePicker::new("p", PickerParams::default());
+        let one = MaxScorePicker::build("p", PickerParams::default()).unwrap();
         let mut seen = [0; 3];
         for seed in 0..300 {
             seen[pick(&one, &[1.0, 0.2, 1.0], seed)[0]] += 1;
         }
         assert_eq!(seen[1], 0);
         assert!(seen[0] > 100 && seen[2] > 100, "{seen:?}");
-        let two = MaxScorePicker::new(
+        let two = MaxScorePicker::build(
             "p",
             PickerParams {
                 max_num_of_endpoints: 2,
             },
-        );
+        )
+        .unwrap();
         let mut first = [0; 3];
         for seed in 0..300 {
             let p = pick(&two, &[0.5, 0.5, 0.5], seed);

@@ -3,6 +3,8 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
+use crate::Builtin;
+
 /// Lower or higher is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 pub enum OptimizationMode {
@@ -54,15 +56,13 @@ pub struct MetricScorer {
 /// Softmax sharpness applied to linear scores in [0, 1].
 const SOFTMAX_SCALE: f64 = 4.0;
 
-impl MetricScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "metric-scorer";
+impl Builtin for MetricScorer {
+    const TYPE: &'static str = "metric-scorer";
+    type Params = MetricScorerParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
     /// `min >= max`, non-finite bounds, or an empty metric name.
-    pub fn new(name: impl Into<String>, params: MetricScorerParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, params: MetricScorerParams) -> Result<Self, BuildError> {
         let name = name.into();
         let bad = |field: &str, value: String, reason: &str| BuildError::InvalidValue {
             plugin: name.clone(),
@@ -161,7 +161,7 @@ mod tests {
         min: Option<f64>,
         max: Option<f64>,
     ) -> MetricScorer {
-        MetricScorer::new(
+        MetricScorer::build(
             "m",
             MetricScorerParams {
                 metric_name: "temp".into(),
@@ -233,7 +233,7 @@ mod tests {
             min: Some(5.0),
             max: Some(1.0),
         });
-        assert!(MetricScorer::new("m", p).is_err());
+        assert!(MetricScorer::build("m", p).is_err());
         assert!(
             serde_yaml_ng::from_str::<MetricScorerParams>(
                 "metricName: x\noptimizationMode: Sideways\n"

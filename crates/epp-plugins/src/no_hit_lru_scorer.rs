@@ -8,6 +8,8 @@ use epp_core::{
 };
 use parking_lot::Mutex;
 
+use crate::Builtin;
+
 /// Parameters of `no-hit-lru-scorer` (llm-d's names).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -47,15 +49,13 @@ pub struct NoHitLruScorer {
     recent: Mutex<VecDeque<EndpointId>>,
 }
 
-impl NoHitLruScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "no-hit-lru-scorer";
+impl Builtin for NoHitLruScorer {
+    const TYPE: &'static str = "no-hit-lru-scorer";
+    type Params = NoHitLruParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
-    /// None today; kept fallible like the other factories.
-    pub fn new(name: impl Into<String>, p: NoHitLruParams) -> Result<Self, BuildError> {
+    /// None: an unset or non-positive `lruSize` means the default size.
+    fn build(name: impl Into<String>, p: NoHitLruParams) -> Result<Self, BuildError> {
         let size = usize::try_from(p.lru_size)
             .ok()
             .filter(|&n| n > 0)
@@ -67,7 +67,9 @@ impl NoHitLruScorer {
             recent: Mutex::new(VecDeque::new()),
         })
     }
+}
 
+impl NoHitLruScorer {
     /// Cold: no candidate matched any block (or no matches were produced).
     fn cold(cx: &CycleContext<'_>, candidates: &[Candidate]) -> bool {
         let prefix = &cx.state.prefix;
@@ -166,7 +168,7 @@ mod tests {
     #[test]
     fn cold_requests_go_to_least_recently_used() {
         let c = candidates(vec![EndpointMetrics::default(); 3]);
-        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let s = NoHitLruScorer::build("n", NoHitLruParams::default()).unwrap();
         s.recent.lock().extend([c[0].id(), c[2].id()]);
         assert_eq!(
             cold_scores(&s, &c),
@@ -180,7 +182,7 @@ mod tests {
         // llm-d: the i-th never-used candidate scores 1 − i/(n−1); used ones
         // follow by LRU position, oldest first.
         let c = candidates(vec![EndpointMetrics::default(); 5]);
-        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let s = NoHitLruScorer::build("n", NoHitLruParams::default()).unwrap();
         s.recent.lock().extend([c[3].id(), c[1].id()]);
         // never used: c0, c2, c4 → ranks 0, 1, 2; c3 (oldest) rank 3; c1 rank 4.
         assert_eq!(cold_scores(&s, &c), vec![1.0, 0.0, 0.75, 0.25, 0.5]);
@@ -191,7 +193,7 @@ mod tests {
         // The LRU holds endpoints filtered out of this request; positions
         // are global, clamped at 0 (llm-d).
         let all = candidates(vec![EndpointMetrics::default(); 4]);
-        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let s = NoHitLruScorer::build("n", NoHitLruParams::default()).unwrap();
         s.recent
             .lock()
             .extend([all[0].id(), all[1].id(), all[2].id(), all[3].id()]);
@@ -203,7 +205,7 @@ mod tests {
     #[test]
     fn a_hit_on_a_filtered_out_endpoint_leaves_the_request_cold() {
         let all = candidates(vec![EndpointMetrics::default(); 3]);
-        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let s = NoHitLruScorer::build("n", NoHitLruParams::default()).unwrap();
         let req = InferenceRequest::builder("m").build();
         let out = with_cx(&req, 0, |cx| {
             cx.state.prefix.computed = true;
@@ -219,7 +221,7 @@ mod tests {
     #[test]
     fn the_lru_records_picks_cold_among_the_scored_candidates() {
         let all = candidates(vec![EndpointMetrics::default(); 3]);
-        let s = NoHitLruScorer::new("n", NoHitLruParams::default()).unwrap();
+        let s = NoHitLruScorer::build("n", NoHitLruParams::default()).unwrap();
         let req = InferenceRequest::builder("m").build();
         let result = |prefix_hit| SchedulingResult {
             runs: vec![epp_core::ProfilePicks {
@@ -253,7 +255,7 @@ mod tests {
              prefixMatchInfoProducerName: my-producer}",
         )
         .unwrap();
-        let s = NoHitLruScorer::new("n", p).unwrap();
+        let s = NoHitLruScorer::build("n", p).unwrap();
         assert_eq!(s.size, DEFAULT_LRU, "0 means the default, as in llm-d");
         assert_eq!(s.prefix_match_source(), Some("my-producer"));
     }

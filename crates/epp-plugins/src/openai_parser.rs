@@ -1,7 +1,9 @@
 //! `openai-parser` and `anthropic-parser`: declare the request parser the
 //! ext_proc edge runs.
 
-use epp_core::Plugin;
+use epp_core::{BuildError, Plugin};
+
+use crate::{Builtin, NoParams};
 
 /// `openai-parser` / `anthropic-parser`: requests are parsed by the ext_proc
 /// service, which reads the OpenAI-compatible APIs and Anthropic Messages by
@@ -14,20 +16,21 @@ pub struct OpenAiParser {
     type_name: &'static str,
 }
 
-impl OpenAiParser {
-    /// YAML type.
-    pub const TYPE: &'static str = "openai-parser";
-    /// llm-d's YAML type for the Anthropic Messages parser.
-    pub const ANTHROPIC_TYPE: &'static str = "anthropic-parser";
+impl Builtin for OpenAiParser {
+    const TYPE: &'static str = "openai-parser";
+    type Params = NoParams;
 
-    /// A parser plugin named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>) -> Self {
-        Self {
+    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
+        Ok(Self {
             name: name.into(),
             type_name: Self::TYPE,
-        }
+        })
     }
+}
+
+impl OpenAiParser {
+    /// llm-d's YAML type for the Anthropic Messages parser.
+    pub const ANTHROPIC_TYPE: &'static str = "anthropic-parser";
 
     /// The same parser declared as llm-d's `anthropic-parser`.
     #[must_use]

@@ -4,6 +4,8 @@
 use epp_core::{BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, Filter, Plugin};
 use rand::Rng;
 
+use crate::Builtin;
+
 /// Parameters of `prefix-cache-affinity-filter`.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -84,17 +86,15 @@ pub struct PrefixCacheAffinityFilter {
     params: PrefixAffinityParams,
 }
 
-impl PrefixCacheAffinityFilter {
-    /// YAML type.
-    pub const TYPE: &'static str = "prefix-cache-affinity-filter";
+impl Builtin for PrefixCacheAffinityFilter {
+    const TYPE: &'static str = "prefix-cache-affinity-filter";
+    type Params = PrefixAffinityParams;
 
-    /// A filter named `name`.
-    ///
     /// # Errors
     /// Threshold above 1, probability outside [0, 1], a negative penalty or
     /// throughput, a zero throughput with a positive penalty, or
     /// `ttftSource: latencyPredictor`.
-    pub fn new(name: impl Into<String>, params: PrefixAffinityParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, params: PrefixAffinityParams) -> Result<Self, BuildError> {
         let bad = |field: &str, v: f64, reason: &str| BuildError::InvalidValue {
             plugin: Self::TYPE.into(),
             field: field.into(),
@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn a_busy_affine_endpoint_breaks_stickiness_as_in_llm_d() {
         let c = candidates(vec![EndpointMetrics::default(); 2]);
-        let f = PrefixCacheAffinityFilter::new(
+        let f = PrefixCacheAffinityFilter::build(
             "f",
             PrefixAffinityParams {
                 exploration_probability: 0.0,
@@ -265,22 +265,22 @@ mod tests {
              peakPrefillThroughput: 5000, prefixMatchInfoProducerName: p}",
         )
         .unwrap();
-        let f = PrefixCacheAffinityFilter::new("f", p).unwrap();
+        let f = PrefixCacheAffinityFilter::build("f", p).unwrap();
         let c = candidates(vec![EndpointMetrics::default(); 2]);
         assert_eq!(run(&f, &c, &[4, 0]), vec![0, 1], "threshold 0: filter off");
         let p: PrefixAffinityParams =
             serde_yaml_ng::from_str("{ttftSource: latencyPredictor}").unwrap();
-        let err = PrefixCacheAffinityFilter::new("f", p).unwrap_err();
+        let err = PrefixCacheAffinityFilter::build("f", p).unwrap_err();
         assert!(err.to_string().contains("latency predictor"), "{err}");
         let p: PrefixAffinityParams =
             serde_yaml_ng::from_str("{peakPrefillThroughput: 0}").unwrap();
-        assert!(PrefixCacheAffinityFilter::new("f", p).is_err());
+        assert!(PrefixCacheAffinityFilter::build("f", p).is_err());
     }
 
     #[test]
     fn affinity_filter_keeps_affine_endpoints() {
         let c = candidates(vec![EndpointMetrics::default(); 3]);
-        let f = PrefixCacheAffinityFilter::new(
+        let f = PrefixCacheAffinityFilter::build(
             "f",
             PrefixAffinityParams {
                 affinity_threshold: 0.5,

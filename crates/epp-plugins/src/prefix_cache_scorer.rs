@@ -17,11 +17,12 @@ use epp_core::{
     SchedulingResult, Scorer,
 };
 
-use crate::{ApproxPrefixCacheProducer, PrefixCacheParams, PrefixIndex, invalid};
+use crate::{ApproxPrefixCacheProducer, Builtin, PrefixCacheParams, PrefixIndex, invalid};
 
 /// Parameters of `prefix-cache-scorer`: llm-d's scoring parameters and the
-/// reference's index parameters (see [`PrefixCacheParams`]).
-#[derive(Debug, Clone, Default)]
+/// reference's index parameters (see [`PrefixCacheParams`]). The default is
+/// what an empty `parameters:` gives.
+#[derive(Debug, Clone)]
 pub struct PrefixCacheScorerParams {
     /// Parameters of the scorer's own index.
     pub index: PrefixCacheParams,
@@ -34,6 +35,21 @@ pub struct PrefixCacheScorerParams {
     /// Matched tokens at which the length term is 1. Default 8192.
     pub match_length_scale_tokens: i64,
 }
+
+impl Default for PrefixCacheScorerParams {
+    fn default() -> Self {
+        Self {
+            index: PrefixCacheParams::default(),
+            index_params_given: false,
+            prefix_match_info_producer_name: None,
+            match_length_weight: 0.0,
+            match_length_scale_tokens: DEFAULT_SCALE_TOKENS,
+        }
+    }
+}
+
+/// `matchLengthScaleTokens` when not given.
+const DEFAULT_SCALE_TOKENS: i64 = 8192;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -83,7 +99,7 @@ impl<'de> serde::Deserialize<'de> for PrefixCacheScorerParams {
             index_params_given: given,
             prefix_match_info_producer_name: r.prefix_match_info_producer_name,
             match_length_weight: r.match_length_weight.unwrap_or(0.0),
-            match_length_scale_tokens: r.match_length_scale_tokens.unwrap_or(8192),
+            match_length_scale_tokens: r.match_length_scale_tokens.unwrap_or(DEFAULT_SCALE_TOKENS),
         })
     }
 }
@@ -99,35 +115,16 @@ pub struct PrefixCacheScorer {
     length_scale: f64,
 }
 
-impl PrefixCacheScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "prefix-cache-scorer";
+impl Builtin for PrefixCacheScorer {
+    const TYPE: &'static str = "prefix-cache-scorer";
+    type Params = PrefixCacheScorerParams;
 
-    /// A scorer named `name` scoring the matched fraction, with its own
-    /// index built from `params`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PrefixCacheParams) -> Self {
-        let name = name.into();
-        Self {
-            own: ApproxPrefixCacheProducer::new(name.clone(), params),
-            name,
-            source: None,
-            length_weight: 0.0,
-            length_scale: 8192.0,
-        }
-    }
-
-    /// A scorer from its YAML parameters.
-    ///
     /// # Errors
     /// `matchLengthWeight` outside [0, 1]; `matchLengthScaleTokens` ≤ 0 with a
     /// positive weight; index parameters given together with
     /// `prefixMatchInfoProducerName` (they would have no effect); or a bad
     /// index parameter.
-    pub fn from_params(
-        name: impl Into<String>,
-        p: PrefixCacheScorerParams,
-    ) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: PrefixCacheScorerParams) -> Result<Self, BuildError> {
         let name = name.into();
         let w = p.match_length_weight;
         if !(0.0..=1.0).contains(&w) {
@@ -158,13 +155,18 @@ impl PrefixCacheScorer {
                  them on the producer",
             ));
         }
-        let mut s = Self::new(name, p.index.validated(Self::TYPE)?);
-        s.source = p.prefix_match_info_producer_name.filter(|n| !n.is_empty());
-        s.length_weight = w;
-        s.length_scale = p.match_length_scale_tokens as f64;
-        Ok(s)
+        let index = p.index.validated(Self::TYPE)?;
+        Ok(Self {
+            own: ApproxPrefixCacheProducer::with_valid(name.clone(), index),
+            name,
+            source: p.prefix_match_info_producer_name.filter(|n| !n.is_empty()),
+            length_weight: w,
+            length_scale: p.match_length_scale_tokens as f64,
+        })
     }
+}
 
+impl PrefixCacheScorer {
     /// The scorer's own index (for inspection and tests).
     #[must_use]
     pub fn index(&self) -> &PrefixIndex {

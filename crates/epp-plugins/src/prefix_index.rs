@@ -317,6 +317,13 @@ impl PrefixIndex {
             + inner.table.bytes()
             + inner.lrus.capacity() * size_of::<Lru>()
     }
+
+    /// [`heap_bytes`](Self::heap_bytes) per (block, endpoint) entry: what
+    /// remembering one block on one endpoint costs (0 entries count as 1).
+    #[must_use]
+    pub fn bytes_per_entry(&self) -> f64 {
+        self.heap_bytes() as f64 / self.entries().max(1) as f64
+    }
 }
 
 #[cfg(test)]

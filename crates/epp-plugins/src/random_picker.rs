@@ -1,6 +1,6 @@
 //! `random-picker`: uniform choice, ignoring scores.
 
-use epp_core::{Candidate, CycleContext, Picker, Plugin};
+use epp_core::{Candidate, CycleContext, Picker};
 use rand::Rng;
 
 use crate::PickerParams;
@@ -12,31 +12,7 @@ pub struct RandomPicker {
     params: PickerParams,
 }
 
-impl RandomPicker {
-    /// YAML type.
-    pub const TYPE: &'static str = "random-picker";
-
-    /// A picker named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PickerParams) -> Self {
-        Self {
-            name: name.into(),
-            params,
-        }
-    }
-}
-
-impl Plugin for RandomPicker {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
+super::max_score_picker::picker_plugin!(RandomPicker, "random-picker");
 
 impl Picker for RandomPicker {
     fn pick(
@@ -62,16 +38,20 @@ mod tests {
     use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
-    use crate::testing::{candidates, with_cx};
+    use crate::{
+        Builtin,
+        testing::{candidates, with_cx},
+    };
 
     #[test]
     fn uniform_and_distinct() {
-        let p = RandomPicker::new(
+        let p = RandomPicker::build(
             "r",
             PickerParams {
                 max_num_of_endpoints: 2,
             },
-        );
+        )
+        .unwrap();
         let c = candidates(vec![EndpointMetrics::default(); 4]);
         let req = InferenceRequest::builder("m").build();
         let mut first = [0; 4];

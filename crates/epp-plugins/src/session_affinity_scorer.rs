@@ -5,7 +5,7 @@ use epp_core::{
     ResponseHooks, Scorer,
 };
 
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// Header a client echoes to stay on its endpoint.
 pub const SESSION_HEADER: &str = "x-session-token";
@@ -64,27 +64,16 @@ pub struct SessionAffinityScorer {
     header: String,
 }
 
-impl SessionAffinityScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "session-affinity-scorer";
+impl Builtin for SessionAffinityScorer {
+    const TYPE: &'static str = "session-affinity-scorer";
+    type Params = SessionAffinityParams;
 
-    /// A scorer named `name` reading and writing `x-session-token`.
-    #[must_use]
-    pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            header: SESSION_HEADER.to_owned(),
-        }
-    }
-
-    /// A scorer from its YAML parameters.
+    /// Reads and writes `x-session-token` unless the parameters name
+    /// another header.
     ///
     /// # Errors
     /// A strategy other than `encoded_endpoint_header`.
-    pub fn from_params(
-        name: impl Into<String>,
-        p: SessionAffinityParams,
-    ) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: SessionAffinityParams) -> Result<Self, BuildError> {
         match p.strategy.as_deref() {
             None | Some("encoded_endpoint_header") => {}
             Some("session_id") => {
@@ -109,11 +98,14 @@ impl SessionAffinityScorer {
             .header
             .trim()
             .to_ascii_lowercase();
-        let mut s = Self::new(name);
-        if !header.is_empty() {
-            s.header = header;
-        }
-        Ok(s)
+        Ok(Self {
+            name: name.into(),
+            header: if header.is_empty() {
+                SESSION_HEADER.to_owned()
+            } else {
+                header
+            },
+        })
     }
 }
 
@@ -218,11 +210,13 @@ mod tests {
     fn session_header_picks_its_endpoint() {
         let c = candidates(vec![EndpointMetrics::default(); 3]);
         let req = InferenceRequest::builder("m")
-            .header(SESSION_HEADER, session_token("10.0.0.1:8001"))
+            .header(SESSION_HEADER, session_token("10.0.0.2:8000"))
             .build();
         let s = with_cx(&req, 0, |cx| {
             let mut out = vec![0.0; 3];
-            SessionAffinityScorer::new("s").score(cx, &c, &mut out);
+            SessionAffinityScorer::build("s", SessionAffinityParams::default())
+                .unwrap()
+                .score(cx, &c, &mut out);
             out
         });
         assert_eq!(s, vec![0.0, 1.0, 0.0]);
@@ -234,10 +228,10 @@ mod tests {
             "{strategy: encoded_endpoint_header, encodedEndpointHeaderConfig: {header: ' X-My-Session '}}",
         )
         .unwrap();
-        let s = SessionAffinityScorer::from_params("s", p).unwrap();
+        let s = SessionAffinityScorer::build("s", p).unwrap();
         let c = candidates(vec![EndpointMetrics::default(); 2]);
         let req = InferenceRequest::builder("m")
-            .header("x-my-session", session_token("10.0.0.1:8001"))
+            .header("x-my-session", session_token("10.0.0.2:8000"))
             .header(SESSION_HEADER, session_token("10.0.0.1:8000"))
             .build();
         let scores = with_cx(&req, 0, |cx| {
@@ -250,7 +244,7 @@ mod tests {
         s.add_response_headers(&req, &c[0].endpoint, &mut out);
         assert_eq!(out[0].0, "x-my-session");
         let p: SessionAffinityParams = serde_yaml_ng::from_str("{strategy: session_id}").unwrap();
-        let err = SessionAffinityScorer::from_params("s", p).unwrap_err();
+        let err = SessionAffinityScorer::build("s", p).unwrap_err();
         assert!(err.to_string().contains("not implemented"), "{err}");
     }
 
@@ -259,10 +253,12 @@ mod tests {
         let c = candidates(vec![EndpointMetrics::default(); 2]);
         let req = InferenceRequest::builder("m").build();
         let mut out: Vec<(String, String)> = Vec::new();
-        SessionAffinityScorer::new("s").add_response_headers(&req, &c[1].endpoint, &mut out);
+        SessionAffinityScorer::build("s", SessionAffinityParams::default())
+            .unwrap()
+            .add_response_headers(&req, &c[1].endpoint, &mut out);
         assert_eq!(
             out,
-            vec![(SESSION_HEADER.to_owned(), session_token("10.0.0.1:8001"))]
+            vec![(SESSION_HEADER.to_owned(), session_token("10.0.0.2:8000"))]
         );
     }
 }

@@ -2,6 +2,8 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 
+use crate::Builtin;
+
 /// Parameters of `token-load-scorer`.
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -39,15 +41,14 @@ pub struct TokenLoadScorer {
     threshold: u64,
 }
 
-impl TokenLoadScorer {
-    /// YAML type.
-    pub const TYPE: &'static str = "token-load-scorer";
+impl Builtin for TokenLoadScorer {
+    const TYPE: &'static str = "token-load-scorer";
+    type Params = TokenLoadParams;
 
-    /// A scorer named `name`.
-    ///
     /// # Errors
-    /// None today; kept fallible like the other factories.
-    pub fn new(name: impl Into<String>, p: TokenLoadParams) -> Result<Self, BuildError> {
+    /// None: an unset or non-positive `queueThresholdTokens` means the
+    /// default threshold.
+    fn build(name: impl Into<String>, p: TokenLoadParams) -> Result<Self, BuildError> {
         let threshold = u64::try_from(p.queue_threshold_tokens)
             .ok()
             .filter(|&t| t > 0)
@@ -110,7 +111,7 @@ mod tests {
         let c = candidates(vec![EndpointMetrics::default(); 3]);
         c[1].endpoint.inflight().start(50);
         c[2].endpoint.inflight().start(500);
-        let s = TokenLoadScorer::new(
+        let s = TokenLoadScorer::build(
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 100,
@@ -126,7 +127,7 @@ mod tests {
         // 1000 prompt tokens in flight on each; endpoint 1 had 900 cached.
         c[0].endpoint.inflight().start(1000);
         c[1].endpoint.inflight().start_with(1000, 100);
-        let s = TokenLoadScorer::new(
+        let s = TokenLoadScorer::build(
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 1000,
@@ -138,7 +139,7 @@ mod tests {
 
     #[test]
     fn zero_threshold_means_the_default_as_in_llm_d() {
-        let s = TokenLoadScorer::new(
+        let s = TokenLoadScorer::build(
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 0,
@@ -151,7 +152,7 @@ mod tests {
     #[test]
     fn this_requests_uncached_tokens_count() {
         let c = candidates(vec![EndpointMetrics::default(); 2]);
-        let s = TokenLoadScorer::new(
+        let s = TokenLoadScorer::build(
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 1000,

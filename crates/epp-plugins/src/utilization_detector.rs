@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin, SaturationDetector};
 
+use crate::Builtin;
+
 /// Parameters (REFERENCE §4 defaults).
 #[derive(Debug, Clone, Copy, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -82,10 +84,7 @@ impl Default for UtilizationDetectorParams {
 
 impl UtilizationDetectorParams {
     /// Checks ranges.
-    ///
-    /// # Errors
-    /// Zero queue threshold, or a KV threshold outside (0, 1].
-    pub fn validated(self) -> Result<Self, BuildError> {
+    fn validated(self) -> Result<Self, BuildError> {
         let bad = |field: &str, value: String, reason: &str| BuildError::InvalidValue {
             plugin: UtilizationDetector::TYPE.into(),
             field: field.into(),
@@ -119,19 +118,25 @@ pub struct UtilizationDetector {
     params: UtilizationDetectorParams,
 }
 
-impl UtilizationDetector {
-    /// YAML type.
-    pub const TYPE: &'static str = "utilization-detector";
+impl Builtin for UtilizationDetector {
+    const TYPE: &'static str = "utilization-detector";
+    type Params = UtilizationDetectorParams;
 
-    /// A detector named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: UtilizationDetectorParams) -> Self {
-        Self {
+    /// # Errors
+    /// Zero queue threshold, a KV threshold outside (0, 1], or a negative
+    /// headroom.
+    fn build(
+        name: impl Into<String>,
+        params: UtilizationDetectorParams,
+    ) -> Result<Self, BuildError> {
+        Ok(Self {
             name: name.into(),
-            params,
-        }
+            params: params.validated()?,
+        })
     }
+}
 
+impl UtilizationDetector {
     fn load(&self, cx: &CycleContext<'_>, c: &Candidate) -> f64 {
         if c.metrics
             .is_stale(cx.now, self.params.metrics_staleness_threshold)
@@ -197,7 +202,7 @@ mod tests {
     fn headroom_relaxes_the_filter_but_not_saturation() {
         let p: UtilizationDetectorParams =
             serde_yaml_ng::from_str("{queueDepthThreshold: 5, headroom: 0.2}").unwrap();
-        let d = UtilizationDetector::new("u", p.validated().unwrap());
+        let d = UtilizationDetector::build("u", p).unwrap();
         let m = |waiting, kv_usage| EndpointMetrics {
             waiting,
             kv_usage,
@@ -233,7 +238,7 @@ mod tests {
             headroom: 0.5,
             ..Default::default()
         };
-        let d = UtilizationDetector::new("u", p);
+        let d = UtilizationDetector::build("u", p).unwrap();
         let c = candidates(vec![EndpointMetrics::default(); 2]);
         let req = InferenceRequest::builder("m").build();
         with_cx(&req, 0, |cx| {
@@ -245,7 +250,7 @@ mod tests {
 
     #[test]
     fn saturation_is_the_mean_of_per_endpoint_load() {
-        let d = UtilizationDetector::new("u", UtilizationDetectorParams::default());
+        let d = UtilizationDetector::build("u", UtilizationDetectorParams::default()).unwrap();
         let m = |waiting, kv_usage| EndpointMetrics {
             waiting,
             kv_usage,

@@ -3,7 +3,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
 
-use crate::invalid;
+use crate::{Builtin, invalid};
 
 /// A metric a condition bounds (llm-d's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -55,16 +55,14 @@ pub struct UtilizationFilter {
     fallback_on_empty: bool,
 }
 
-impl UtilizationFilter {
-    /// YAML type.
-    pub const TYPE: &'static str = "utilization-filter";
+impl Builtin for UtilizationFilter {
+    const TYPE: &'static str = "utilization-filter";
+    type Params = UtilizationFilterParams;
 
-    /// A filter named `name`.
-    ///
     /// # Errors
     /// No condition, a condition without `maxValue`, a negative ceiling, or a
     /// KV ceiling above 1.
-    pub fn new(name: impl Into<String>, p: UtilizationFilterParams) -> Result<Self, BuildError> {
+    fn build(name: impl Into<String>, p: UtilizationFilterParams) -> Result<Self, BuildError> {
         if p.conditions.is_empty() {
             return Err(invalid(
                 Self::TYPE,
@@ -98,7 +96,9 @@ impl UtilizationFilter {
             fallback_on_empty: p.fallback_on_empty,
         })
     }
+}
 
+impl UtilizationFilter {
     fn passes(&self, c: &Candidate) -> bool {
         self.conditions.iter().all(|&(metric, max)| {
             let v = match metric {
@@ -150,7 +150,7 @@ mod tests {
     }
 
     fn filter(yaml: &str) -> Result<UtilizationFilter, BuildError> {
-        UtilizationFilter::new("u", serde_yaml_ng::from_str(yaml).unwrap())
+        UtilizationFilter::build("u", serde_yaml_ng::from_str(yaml).unwrap())
     }
 
     #[test]

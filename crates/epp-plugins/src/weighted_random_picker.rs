@@ -1,6 +1,6 @@
 //! `weighted-random-picker`: choose in proportion to score.
 
-use epp_core::{Candidate, CycleContext, Picker, Plugin};
+use epp_core::{Candidate, CycleContext, Picker};
 use rand::Rng;
 
 use crate::PickerParams;
@@ -15,31 +15,7 @@ pub struct WeightedRandomPicker {
     params: PickerParams,
 }
 
-impl WeightedRandomPicker {
-    /// YAML type.
-    pub const TYPE: &'static str = "weighted-random-picker";
-
-    /// A picker named `name`.
-    #[must_use]
-    pub fn new(name: impl Into<String>, params: PickerParams) -> Self {
-        Self {
-            name: name.into(),
-            params,
-        }
-    }
-}
-
-impl Plugin for WeightedRandomPicker {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
+super::max_score_picker::picker_plugin!(WeightedRandomPicker, "weighted-random-picker");
 
 impl Picker for WeightedRandomPicker {
     fn pick(
@@ -102,15 +78,19 @@ mod tests {
     use epp_core::{EndpointMetrics, InferenceRequest};
 
     use super::*;
-    use crate::testing::{candidates, with_cx};
+    use crate::{
+        Builtin,
+        testing::{candidates, with_cx},
+    };
 
     fn freq(scores: &[f64], k: usize, rounds: u64) -> Vec<f64> {
-        let p = WeightedRandomPicker::new(
+        let p = WeightedRandomPicker::build(
             "w",
             PickerParams {
                 max_num_of_endpoints: k,
             },
-        );
+        )
+        .unwrap();
         let c = candidates(vec![EndpointMetrics::default(); scores.len()]);
         let req = InferenceRequest::builder("m").build();
         let mut first = vec![0u64; scores.len()];

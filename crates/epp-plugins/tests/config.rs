@@ -2,12 +2,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-
-use epp_core::{
-    Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, config::EndpointPickerConfig,
-};
+use epp_core::{InferenceRequest, config::EndpointPickerConfig};
 use epp_plugins::builtin_registry;
+use epp_test_support::endpoints::snapshot;
 
 #[test]
 fn an_llm_d_style_config_with_a_declared_producer_schedules() {
@@ -33,17 +30,7 @@ schedulingProfiles:
         .unwrap()
         .build(&builtin_registry())
         .unwrap();
-    let endpoints: Vec<Arc<Endpoint>> = (0..3)
-        .map(|i| {
-            let e = Arc::new(Endpoint::new(
-                i,
-                format!("10.0.0.{i}:8000").parse().unwrap(),
-            ));
-            e.set_metrics(EndpointMetrics::fresh());
-            e
-        })
-        .collect();
-    let snapshot = EndpointSnapshot::new(endpoints);
+    let snapshot = snapshot(3);
     let prompt = "a shared system prompt ".repeat(20);
     let req = InferenceRequest::builder("m").prompt(prompt).build();
     let first = built.scheduler.schedule(&req, &snapshot).unwrap();
@@ -82,4 +69,44 @@ plugins:
         err.starts_with("epp.yaml:4:5: plugins[0].parameters.blockSizeTokens"),
         "{err}"
     );
+}
+
+#[test]
+fn the_registered_default_config_is_the_reference_pickers_and_fills_each_role() {
+    let registry = builtin_registry();
+    assert_eq!(registry.default_config(), Some(epp_plugins::DEFAULT_CONFIG));
+    let built = EndpointPickerConfig::default_config(&registry)
+        .unwrap()
+        .build(&registry)
+        .unwrap();
+    let profiles = built.scheduler.profiles();
+    assert_eq!(profiles.len(), 1);
+    let scorers: Vec<(&str, f64)> = profiles[0]
+        .scorers()
+        .iter()
+        .map(|s| (s.plugin.plugin().type_name(), s.weight))
+        .collect();
+    assert_eq!(
+        scorers,
+        [
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("prefix-cache-scorer", 3.0)
+        ]
+    );
+    assert_eq!(
+        profiles[0].picker().unwrap().plugin().type_name(),
+        "max-score-picker"
+    );
+    let y = &built.effective_yaml;
+    for default in [
+        "type: single-profile-handler",
+        "type: utilization-detector",
+        "saturationDetector:\n  pluginRef: utilization-detector",
+        "parser:\n  pluginRef: openai-parser",
+    ] {
+        assert!(y.contains(default), "{default} missing from\n{y}");
+    }
+    // The data layer's defaults come with its own registration.
+    assert!(y.contains("dataLayer:\n  sources: []"), "{y}");
 }

@@ -4,14 +4,30 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../benches/support/workload.rs"]
-mod workload;
+use std::sync::Arc;
 
-use workload::Workload;
+use epp_plugins::{
+    Builtin, PrefixCacheParams, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry,
+};
+use epp_test_support::workload::Workload;
+
+/// The benchmark's workload: 64 endpoints, 16 KiB prompts, the prefix index
+/// remembering `capacity` blocks per endpoint.
+fn workload(capacity: usize) -> Workload<PrefixCacheScorer> {
+    let params = PrefixCacheScorerParams {
+        index: PrefixCacheParams {
+            lru_capacity_per_server: capacity,
+            ..PrefixCacheParams::default()
+        },
+        ..PrefixCacheScorerParams::default()
+    };
+    let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params).unwrap();
+    Workload::new(64, 16, &builtin_registry(), Arc::new(prefix))
+}
 
 /// Allocations over `cycles` cycles (request preparation and load changes,
 /// which are the client's and the data layer's work, not counted).
-fn allocations(w: &mut Workload, cycles: usize) -> u64 {
+fn allocations(w: &mut Workload<PrefixCacheScorer>, cycles: usize) -> u64 {
     let mut total = 0;
     for _ in 0..cycles {
         w.next();
@@ -24,7 +40,7 @@ fn allocations(w: &mut Workload, cycles: usize) -> u64 {
 fn a_full_index_schedules_without_allocating() {
     // 64 endpoints, 16 KiB prompts; each endpoint remembers 2,048 blocks, so
     // after 4,000 requests every LRU is full and each record evicts.
-    let mut w = Workload::new(64, 16, Some(2_048));
+    let mut w = workload(2_048);
     w.warm(4_000);
     assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
     let growths = w.prefix.index().growths();
@@ -46,9 +62,9 @@ fn the_benchmark_setup_allocates_only_to_grow_the_index() {
     // not reached by 10,000 requests, so the index still grows: one 96 KiB
     // slab chunk per 4,096 new blocks and a table doubling now and then, and
     // nothing else allocates.
-    let mut w = Workload::new(64, 16, None);
+    let mut w = workload(PrefixCacheParams::default().lru_capacity_per_server);
     w.warm(10_000);
-    let per_block = w.bytes_per_block();
+    let per_block = w.prefix.index().bytes_per_entry();
     assert!(per_block <= 50.0, "{per_block:.1} bytes per indexed block");
     let growths = w.prefix.index().growths();
     let allocs = allocations(&mut w, 1_000);

@@ -9,67 +9,58 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use epp_core::{
-    CacheGeometry, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, Scheduler,
-    config::{DEFAULT_CONFIG, EndpointPickerConfig},
+    CacheGeometry, Dispatch, EndpointMetrics, EndpointSnapshot, InferenceRequest, Scheduler,
+    config::EndpointPickerConfig,
 };
-use epp_plugins::builtin_registry;
+use epp_plugins::{DEFAULT_CONFIG, builtin_registry};
+use epp_test_support::endpoints::endpoints;
 
-fn scheduler(text: &str) -> Scheduler {
-    EndpointPickerConfig::parse(text, "epp.yaml")
-        .unwrap()
-        .build(&builtin_registry())
-        .unwrap()
-        .scheduler
+fn scheduler(text: &str) -> Arc<Scheduler> {
+    Arc::new(
+        EndpointPickerConfig::parse(text, "epp.yaml")
+            .unwrap()
+            .build(&builtin_registry())
+            .unwrap()
+            .scheduler,
+    )
 }
 
 /// Four endpoints with empty queues and KV usage 10 %, 11 %, 12 %, 13 % in
 /// their last scrape, which left while nothing was in flight.
 fn fleet() -> EndpointSnapshot {
-    EndpointSnapshot::new(
-        (0..4u32)
-            .map(|i| {
-                let e = Arc::new(Endpoint::new(
-                    i,
-                    format!("10.0.0.{i}:8000").parse().unwrap(),
-                ));
-                e.set_metrics(EndpointMetrics {
-                    kv_usage: 0.10 + f64::from(i) / 100.0,
-                    cache: Some(CacheGeometry {
-                        block_size_tokens: 16,
-                        num_blocks: 2048,
-                    }),
-                    ..EndpointMetrics::fresh()
-                });
-                e
-            })
-            .collect(),
-    )
+    EndpointSnapshot::new(endpoints((0..4u32).map(|i| EndpointMetrics {
+        kv_usage: 0.10 + f64::from(i) / 100.0,
+        cache: Some(CacheGeometry {
+            block_size_tokens: 16,
+            num_blocks: 2048,
+        }),
+        ..EndpointMetrics::default()
+    })))
 }
 
-/// Schedules `prompts` back to back, each counted in flight on its target as
-/// the gateway path does (prompt tokens, and the part of them the target's
-/// prefix match does not cover), and returns the picks per endpoint.
+/// Schedules `prompts` back to back, each dispatched (counted in flight on
+/// its target, as any front end does by holding the [`Dispatch`]) and none
+/// completed, and returns the picks per endpoint.
 fn schedule_all(
-    scheduler: &Scheduler,
+    scheduler: &Arc<Scheduler>,
     prompts: impl Iterator<Item = String>,
 ) -> BTreeMap<u32, usize> {
     let fleet = fleet();
     let mut picks = BTreeMap::new();
+    let mut in_flight: Vec<Dispatch> = Vec::new();
     for prompt in prompts {
         let request = InferenceRequest::builder("m").prompt(prompt).build();
         let result = scheduler.schedule(&request, &fleet).unwrap();
-        let target = result.primary().unwrap();
-        let tokens = request.prompt_tokens_estimate();
-        let uncached = (tokens as f64 * (1.0 - result.primary_prefix_hit)).ceil() as u64;
-        target.inflight().start_with(tokens, uncached);
-        *picks.entry(target.id().0).or_insert(0) += 1;
+        let dispatch = result.dispatch(Arc::clone(scheduler), request).unwrap();
+        *picks.entry(dispatch.endpoint().id().0).or_insert(0) += 1;
+        in_flight.push(dispatch);
     }
     picks
 }
 
 /// `n` unrelated requests: different from the first block on, so the prefix
 /// scorer sees no hit.
-fn burst(scheduler: &Scheduler, n: usize) -> BTreeMap<u32, usize> {
+fn burst(scheduler: &Arc<Scheduler>, n: usize) -> BTreeMap<u32, usize> {
     schedule_all(
         scheduler,
         (0..n).map(|i| format!("request {i:04}: {}", "some words ".repeat(150))),

@@ -4,13 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{collections::BTreeMap, sync::Arc};
-
 use epp_core::{
-    Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, InferenceRequest,
+    EndpointId, EndpointMetrics, EndpointSnapshot, InferenceRequest,
     config::{BuiltConfig, EndpointPickerConfig},
 };
 use epp_plugins::builtin_registry;
+use epp_test_support::endpoints::{snapshot, with_roles};
 
 fn load(text: &str) -> BuiltConfig {
     EndpointPickerConfig::parse(text, "llmd.yaml")
@@ -34,18 +33,6 @@ fn config(plugins: &str, profile: &str) -> String {
     )
 }
 
-fn endpoints(n: u32) -> EndpointSnapshot {
-    let eps = (0..n)
-        .map(|i| {
-            let addr = format!("10.0.0.{i}:8000").parse().unwrap();
-            let e = Arc::new(Endpoint::new(i, addr));
-            e.set_metrics(EndpointMetrics::fresh());
-            e
-        })
-        .collect();
-    EndpointSnapshot::new(eps)
-}
-
 fn request(prompt: String) -> InferenceRequest {
     InferenceRequest::builder("m").prompt(prompt).build()
 }
@@ -53,7 +40,7 @@ fn request(prompt: String) -> InferenceRequest {
 /// Schedules `first`, then `second`; returns the weighted score of the
 /// second's target, which must be the first's target.
 fn score_of_second(built: &BuiltConfig, first: &str, second: &str) -> f64 {
-    let snapshot = endpoints(3);
+    let snapshot = snapshot(3);
     let a = built
         .scheduler
         .schedule(&request(first.to_owned()), &snapshot)
@@ -126,7 +113,7 @@ fn a_default_producer_is_created_for_readers_without_one() {
     );
     // Cold requests rotate over the pool: three different prompts, three
     // different endpoints (each pick becomes the most recent).
-    let snapshot = endpoints(3);
+    let snapshot = snapshot(3);
     let mut seen: Vec<EndpointId> = (0..3)
         .map(|i| {
             let r = request(format!("{i}").repeat(4 * BLOCK));
@@ -248,7 +235,7 @@ fn deprecated_block_size_sets_the_block_size() {
     let head = "h".repeat(BLOCK);
     let first = format!("{head}{}", "a".repeat(3 * BLOCK));
     let second = format!("{head}{}", "b".repeat(3 * BLOCK));
-    let snapshot = endpoints(1);
+    let snapshot = snapshot(1);
     let second_score = |built: &BuiltConfig| {
         built
             .scheduler
@@ -276,7 +263,7 @@ fn concurrency_detector_tokens_mode_with_headroom() {
          - type: queue-scorer\n",
         "  - {pluginRef: concurrency-detector}\n  - {pluginRef: queue-scorer}\n",
     ));
-    let snapshot = endpoints(2);
+    let snapshot = snapshot(2);
     let e0 = snapshot.get(EndpointId(0)).unwrap();
     let e1 = snapshot.get(EndpointId(1)).unwrap();
     e0.inflight().start(1500);
@@ -402,20 +389,7 @@ fn encode_filter_keeps_encode_roles() {
         None,
         Some("prefill"),
     ];
-    let eps = (0u32..)
-        .zip(roles)
-        .map(|(i, role)| {
-            let mut labels = BTreeMap::new();
-            if let Some(r) = role {
-                labels.insert("llm-d.ai/role".to_owned(), r.to_owned());
-            }
-            let addr = format!("10.0.0.{i}:8000").parse().unwrap();
-            let e = Arc::new(Endpoint::with_labels(EndpointId(i), addr, labels));
-            e.set_metrics(EndpointMetrics::fresh());
-            e
-        })
-        .collect();
-    let snapshot = EndpointSnapshot::new(eps);
+    let snapshot = EndpointSnapshot::new(with_roles(&roles));
     let mut seen: Vec<u32> = (0..64)
         .map(|i| {
             let res = built
@@ -443,7 +417,7 @@ fn utilization_filter_as_llm_d_documents_it() {
          - type: random-picker\n",
         "  - {pluginRef: drop-overloaded-endpoints}\n  - {pluginRef: random-picker}\n",
     ));
-    let snapshot = endpoints(3);
+    let snapshot = snapshot(3);
     let set = |i: u32, waiting: u32, kv_usage: f64| {
         snapshot
             .get(EndpointId(i))

@@ -6,13 +6,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{collections::BTreeMap, sync::Arc};
-
 use epp_core::{
-    Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, InferenceRequest,
+    EndpointSnapshot, InferenceRequest,
     config::{BuiltConfig, EndpointPickerConfig},
 };
 use epp_plugins::builtin_registry;
+use epp_test_support::endpoints::{snapshot, with_roles};
 
 fn load(text: &str) -> BuiltConfig {
     EndpointPickerConfig::parse(text, "ref.yaml")
@@ -57,28 +56,6 @@ fn shape(built: &BuiltConfig) -> Shape {
 
 fn s(v: &str) -> String {
     v.to_owned()
-}
-
-/// Fresh endpoints, endpoint `i` with `llm-d.ai/role: roles[i]` when given.
-fn endpoints_with_roles(roles: &[Option<&str>]) -> EndpointSnapshot {
-    let eps = (0u32..)
-        .zip(roles)
-        .map(|(i, role)| {
-            let mut labels = BTreeMap::new();
-            if let Some(r) = role {
-                labels.insert(s("llm-d.ai/role"), s(r));
-            }
-            let addr = format!("10.0.0.{i}:8000").parse().unwrap();
-            let e = Arc::new(Endpoint::with_labels(EndpointId(i), addr, labels));
-            e.set_metrics(EndpointMetrics::fresh());
-            e
-        })
-        .collect();
-    EndpointSnapshot::new(eps)
-}
-
-fn endpoints(n: usize) -> EndpointSnapshot {
-    endpoints_with_roles(&vec![None; n])
 }
 
 /// The reference's integration-test config: scorers listed without weights
@@ -231,7 +208,12 @@ schedulingProfiles:
         )]
     );
     // llm-d keeps decode workers and workers without a role.
-    let snapshot = endpoints_with_roles(&[Some("prefill"), Some("decode"), None, Some("encode")]);
+    let snapshot = EndpointSnapshot::new(with_roles(&[
+        Some("prefill"),
+        Some("decode"),
+        None,
+        Some("encode"),
+    ]));
     let req = InferenceRequest::builder("m").prompt("hello").build();
     let mut seen = [false; 4];
     for _ in 0..40 {
@@ -338,7 +320,7 @@ schedulingProfiles:
 "
         )
     };
-    let snapshot = endpoints(3);
+    let snapshot = snapshot(3);
     // Blocks are 16 × 4 = 64 characters.
     let head = "h".repeat(128);
     let first = InferenceRequest::builder("m")

@@ -4,13 +4,9 @@
 
 use epp_promtext::{Selector, SelectorSet, lines, samples};
 
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("fixture file")
-}
+mod common;
+
+use common::fixture;
 
 #[test]
 fn hot_paths_allocate_nothing() {

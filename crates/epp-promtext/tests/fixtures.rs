@@ -7,13 +7,9 @@ use epp_promtext::{
     ErrorKind, Line, MetricType, Mode, Selector, SelectorSet, families, lines, samples,
 };
 
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("fixture file")
-}
+mod common;
+
+use common::fixture;
 
 const ALL: [&str; 9] = [
     "vllm.txt",

@@ -15,6 +15,10 @@ use proptest::{prelude::*, test_runner::RngSeed};
 #[path = "../fuzz/fuzz_targets/check.rs"]
 mod fuzz_check;
 
+mod common;
+
+use common::fixture;
+
 #[derive(Debug, Clone)]
 struct Series {
     name: String,
@@ -277,14 +281,6 @@ fn check_everything(page: &str) {
         let _ = s.labels().count();
     });
     let _ = Selector::parse(page);
-}
-
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("fixture file")
 }
 
 #[test]

@@ -15,7 +15,7 @@ use tokio::{
 
 use crate::{
     config::SimConfig,
-    sched::{Core, Injected, unix_now},
+    engine_core::{Core, Injected, unix_now},
 };
 
 /// Characters per token: the tokenizer-free rule every client and router uses.

@@ -38,9 +38,9 @@ mod apis;
 pub mod blocks;
 pub mod config;
 pub mod engine;
+pub mod engine_core;
 pub mod metrics;
 mod openai;
-pub mod sched;
 pub mod server;
 pub mod stats;
 

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     config::Engine,
-    sched::{Core, unix_now},
+    engine_core::{Core, unix_now},
     stats::{FinishReason, Histogram},
 };
 

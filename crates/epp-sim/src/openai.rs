@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{
     engine::{Event, Generation, NewRequest, Outcome, Sim, count_tokens},
-    sched::Injected,
+    engine_core::Injected,
 };
 
 /// An OpenAI-style error reply.

@@ -366,7 +366,7 @@ async fn admin_view(State(sim): State<Arc<Sim>>) -> Json<Value> {
     }))
 }
 
-fn knobs_json(k: &crate::sched::Knobs) -> Value {
+fn knobs_json(k: &crate::engine_core::Knobs) -> Value {
     json!({"ok": true, "extra_waiting": k.extra_waiting, "error_rate": k.error_rate,
            "hang_rate": k.hang_rate, "hang": k.hang, "slow_metrics_ms": k.slow_metrics_ms,
            "unhealthy": k.unhealthy, "stall": k.stall, "gauges": k.gauges})

@@ -11,7 +11,10 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use crate::common::{BodyMode, Stack, http};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+};
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const TENANTS: usize = 3;

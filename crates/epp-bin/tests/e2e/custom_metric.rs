@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::common::{BodyMode, Stack, http, workspace_root};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack, workspace_root},
+};
 
 async fn set_gauge(port: u16, value: f64) {
     let body = serde_json::json!({"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": value}});

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::common::{BodyMode, Epp, Stack, http, scratch_dir, start_envoy, start_epp};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Epp, Stack, scratch_dir, start_envoy, start_epp},
+};
 
 async fn malformed_bodies_get_400(mode: BodyMode) {
     let stack = Stack::start("bad-body", 1, &[], &[], mode);

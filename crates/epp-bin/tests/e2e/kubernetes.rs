@@ -9,11 +9,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::common::{
-    BodyMode, Proc, Sim, epp_command, http,
-    kube_env::{KubeCluster, Ns},
-    scratch_dir, spawn_epp, start_envoy, workspace_bin,
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Proc, Sim, epp_command, scratch_dir, sim_admin, sim_requests, spawn_epp,
+        start_envoy, workspace_bin,
+    },
 };
+
+use crate::kube_env::{KubeCluster, Ns};
 
 /// A port free on every loopback address the simulators use.
 fn shared_port() -> u16 {
@@ -249,7 +253,7 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
         .unwrap()
     };
     let last_model = || {
-        crate::common::sim_requests(port)
+        sim_requests(port)
             .pop()
             .map(|r| {
                 serde_json::from_str::<serde_json::Value>(r["body"].as_str().unwrap_or("{}"))
@@ -309,7 +313,7 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
 
     // The cluster's objective overrides the config's: batch becomes
     // sheddable, so a saturated pool answers 429.
-    crate::common::sim_admin(port, serde_json::json!({"extra_waiting": 40})).await;
+    sim_admin(port, serde_json::json!({"extra_waiting": 40})).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         send("chat", "batch").await.status,
@@ -374,7 +378,7 @@ async fn readiness(port: u16) -> Option<tonic_health::pb::health_check_response:
     Some(r.into_inner().status())
 }
 
-async fn serving(epps: &[&crate::common::Epp]) -> Vec<bool> {
+async fn serving(epps: &[&epp_test_support::process::Epp]) -> Vec<bool> {
     let mut out = Vec::new();
     for e in epps {
         out.push(
@@ -386,7 +390,10 @@ async fn serving(epps: &[&crate::common::Epp]) -> Vec<bool> {
 }
 
 /// Waits until exactly one of `epps` is ready; returns its index and the time taken.
-async fn one_leader(epps: &[&crate::common::Epp], within: Duration) -> (usize, Duration) {
+async fn one_leader(
+    epps: &[&epp_test_support::process::Epp],
+    within: Duration,
+) -> (usize, Duration) {
     let start = Instant::now();
     loop {
         let s = serving(epps).await;

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use crate::common::{
-    BodyMode, Proc, epp_command, http, poll, scratch_dir, spawn_epp, start_envoy, start_sims,
+use epp_test_support::{
+    http,
+    process::{BodyMode, Proc, epp_command, scratch_dir, spawn_epp, start_envoy, start_sims},
+    wait::poll,
 };
 
 /// epp with `flags` and no RUST_LOG (the flags alone choose the level).

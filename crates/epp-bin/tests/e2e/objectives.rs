@@ -1,7 +1,11 @@
 //! Objectives from the config: `x-gateway-inference-objective` → priority;
 //! sheddable (negative priority) requests get 429 while the pool is saturated.
 
-use crate::common::{BodyMode, Stack, http, poll, sim_admin};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack, sim_admin},
+    wait::poll,
+};
 
 const CONFIG: &str = "objectives:\n- {name: batch, priority: -1}\n- {name: live, priority: 10}\n";
 

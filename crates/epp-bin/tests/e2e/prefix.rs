@@ -3,7 +3,10 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use crate::common::{BodyMode, Stack, http};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+};
 
 async fn served_by(stack: &Stack, prompt: String) -> usize {
     let body = serde_json::json!({

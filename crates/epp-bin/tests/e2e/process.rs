@@ -7,9 +7,13 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::common::{
-    BodyMode, Stack, epp_command, http, scratch_dir, spawn_epp, start_envoy_with, start_epp,
-    start_sims, workspace_bin, workspace_root,
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Stack, epp_command, scratch_dir, spawn_epp, start_envoy_with, start_epp,
+        start_sims, workspace_bin, workspace_root,
+    },
+    wait::poll,
 };
 
 async fn health(port: u16, service: &str) -> ServingStatus {
@@ -39,7 +43,7 @@ async fn wait_health(port: u16, service: &str, want: ServingStatus) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_follows_endpoint_freshness_and_shutdown() {
+async fn health_answers_the_reference_probes_and_stale_endpoints_are_not_a_restart() {
     let dir = scratch_dir("health");
     let sims = start_sims(&dir, 1, &[]);
     // One live endpoint and one where nothing listens.
@@ -56,24 +60,50 @@ async fn health_follows_endpoint_freshness_and_shutdown() {
             "300ms",
         ],
     );
-    for svc in [
+    let services = [
         "",
         "readiness",
+        "inference-extension",
         "envoy.service.ext_proc.v3.ExternalProcessor",
         "liveness",
-    ] {
+    ];
+    for svc in services {
         wait_health(epp.health_port, svc, ServingStatus::Serving).await;
     }
-    // The only live model server dies: no endpoint is fresh any more.
+    let ready_pods = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("inference_pool_ready_pods{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    let metrics = || http::get_blocking(epp.metrics_port, "/metrics").unwrap().1;
+    poll("one fresh endpoint", 100, || async {
+        (ready_pods(&metrics()).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    // The only live model server dies: no endpoint is fresh any more. That
+    // is visible in the pool gauge, and it is no reason to take epp out of
+    // service or restart it: every probe stays SERVING.
     drop(sims);
-    wait_health(epp.health_port, "readiness", ServingStatus::NotServing).await;
-    assert_eq!(
-        health(epp.health_port, "liveness").await,
-        ServingStatus::Serving
-    );
+    poll("no fresh endpoint", 100, || async {
+        (ready_pods(&metrics()).as_deref() == Some("0")).then_some(())
+    })
+    .await;
+    for svc in services {
+        assert_eq!(
+            health(epp.health_port, svc).await,
+            ServingStatus::Serving,
+            "{svc:?}"
+        );
+    }
 
     let code = epp.proc.terminate(Duration::from_secs(10));
     assert_eq!(code, Some(0), "SIGTERM ends epp cleanly");
+    let log = std::fs::read_to_string(dir.join("epp.stderr")).unwrap_or_default();
+    assert!(
+        log.contains("no endpoint has fresh metrics"),
+        "the loss of every fresh endpoint is logged:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +112,7 @@ async fn envoy_talks_tls_to_epp_by_default() {
     let sims = start_sims(&dir, 2, &[]);
     let endpoints = sims
         .iter()
-        .map(crate::common::Sim::addr)
+        .map(epp_test_support::process::Sim::addr)
         .collect::<Vec<_>>()
         .join(",");
     // No --secure-serving=false: the default is TLS with a self-signed certificate.
@@ -160,7 +190,9 @@ async fn endpoints_file_edits_reach_the_picker_and_bad_edits_are_kept_out() {
     let dir = scratch_dir("endpoints-file");
     let sims = start_sims(&dir, 2, &[]);
     let file = dir.join("endpoints.yaml");
-    let entry = |s: &crate::common::Sim| format!("- {{address: 127.0.0.1, port: {}}}\n", s.port);
+    let entry = |s: &epp_test_support::process::Sim| {
+        format!("- {{address: 127.0.0.1, port: {}}}\n", s.port)
+    };
     std::fs::write(&file, entry(&sims[0]) + &entry(&sims[1])).unwrap();
     let epp = start_epp(
         &dir,
@@ -181,8 +213,9 @@ async fn endpoints_file_edits_reach_the_picker_and_bad_edits_are_kept_out() {
         }
         panic!("never: {what}\n{}", metrics());
     };
-    let up =
-        |s: &crate::common::Sim| format!("epp_metrics_scrape_up{{endpoint=\"{}\"}} 1", s.addr());
+    let up = |s: &epp_test_support::process::Sim| {
+        format!("epp_metrics_scrape_up{{endpoint=\"{}\"}} 1", s.addr())
+    };
     wait_for("both endpoints scraped", &|m| {
         m.contains("inference_pool_ready_pods{name=\"p\"} 2")
             && m.contains(&up(&sims[0]))

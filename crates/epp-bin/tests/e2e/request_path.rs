@@ -2,9 +2,13 @@
 //! in preference order, the subset hint matched by ip AND port (an empty
 //! match is 503), and the body-size limit (413), through a real Envoy.
 
-use crate::common::{
-    BodyMode, Envoy, Stack, http, poll, scratch_dir, sim_admin, start_envoy_with, start_epp,
-    start_sims, workspace_root,
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Envoy, Stack, scratch_dir, sim_admin, start_envoy_with, start_epp, start_sims,
+        workspace_root,
+    },
+    wait::poll,
 };
 
 const CONFIG: &str = "plugins:\n- type: queue-scorer\n- type: max-score-picker\n  parameters: {maxNumOfEndpoints: 3}\n";
@@ -66,7 +70,10 @@ async fn send(port: u16, prompt: &str) -> http::Response {
 async fn fallbacks_and_subsets(mode: BodyMode) {
     let dir = scratch_dir("request-path");
     let sims = start_sims(&dir, 3, &[]);
-    let addrs: Vec<String> = sims.iter().map(crate::common::Sim::addr).collect();
+    let addrs: Vec<String> = sims
+        .iter()
+        .map(epp_test_support::process::Sim::addr)
+        .collect();
     let epp = start_epp(
         &dir,
         &["--endpoints", &addrs.join(","), "--config-text", CONFIG],

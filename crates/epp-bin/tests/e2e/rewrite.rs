@@ -5,7 +5,10 @@
 //! splits traffic in proportion to its weights, and a zero weight is never
 //! drawn.
 
-use crate::common::{BodyMode, Stack, http, recorded_header, sim_requests};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack, recorded_header, sim_requests},
+};
 
 const CONFIG: &str = "modelRewrites:
 - name: canary

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::common::{BodyMode, Stack, http};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+};
 
 fn chat(i: usize) -> serde_json::Value {
     serde_json::json!({

@@ -2,7 +2,11 @@
 //! `x-session-token` naming the endpoint that served it; a client echoing the
 //! token sticks to that endpoint even when it becomes the busiest.
 
-use crate::common::{BodyMode, Stack, http, poll, sim_admin};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack, sim_admin},
+    wait::poll,
+};
 
 const CONFIG: &str = "plugins:\n- type: session-affinity-scorer\n- type: queue-scorer\n- type: max-score-picker\nschedulingProfiles:\n- name: default\n  plugins:\n  - {pluginRef: session-affinity-scorer, weight: 10}\n  - {pluginRef: queue-scorer, weight: 1}\n  - {pluginRef: max-score-picker}\n";
 

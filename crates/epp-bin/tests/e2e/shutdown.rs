@@ -5,7 +5,11 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::common::{BodyMode, Stack, http, poll, sim_admin};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack, sim_admin},
+    wait::poll,
+};
 
 async fn health(port: u16) -> Option<ServingStatus> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::common::{BodyMode, Stack, http};
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+};
 
 async fn streams_through(mode: BodyMode) {
     // 20 tokens at 10 ms each: the response must arrive in several chunks.

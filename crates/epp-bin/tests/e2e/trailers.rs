@@ -1,8 +1,9 @@
 //! Response trailers from the model server reach the client through Envoy
 //! and epp (trailers SEND in FULL_DUPLEX_STREAMED mode), plain and streamed.
 
-use crate::common::{
-    BodyMode, http, scratch_dir, start_envoy_with, start_epp, start_sims, workspace_root,
+use epp_test_support::{
+    http,
+    process::{BodyMode, scratch_dir, start_envoy_with, start_epp, start_sims, workspace_root},
 };
 
 async fn send(port: u16, stream: bool) -> http::Response {

@@ -7,14 +7,12 @@
 //! it reads; they must all name the same one. That producer must exist and
 //! produce prefix matches; the default name, when no plugin has it, means a
 //! reader's own index (a `prefix-cache-scorer` keeps one, as the reference
-//! picker's does) or else a default `approx-prefix-cache-producer` created
-//! here, as llm-d creates it. Other prefix producers then stay idle.
+//! picker's does) or else the registry's default prefix-match producer
+//! created here under the default name, as llm-d creates its
+//! `approx-prefix-cache-producer`. Other prefix producers then stay idle.
 
-use super::{EndpointPickerConfig, PluginDecl, raw::RawConfig};
-use crate::{
-    DEFAULT_PREFIX_PRODUCER, PluginRef, PluginSpec, Registry,
-    config::{ConfigError, find_plugin},
-};
+use super::{ConfigError, EndpointPickerConfig, Wiring};
+use crate::{BuildError, DEFAULT_PREFIX_PRODUCER, PluginRef, Registry, Role};
 
 const FIELD: &str = "prefixMatchInfoProducerName";
 
@@ -43,14 +41,14 @@ impl EndpointPickerConfig {
     }
 
     /// Resolves the prefix-match producer every reader names; returns its
-    /// name, or `None` when nothing reads prefix matches. May add a default
-    /// `approx-prefix-cache-producer` to `plugins`.
+    /// name, or `None` when nothing reads prefix matches. May add the
+    /// registry's default producer, named [`DEFAULT_PREFIX_PRODUCER`].
     pub(super) fn wire_prefix_matches(
         &self,
         registry: &Registry,
-        plugins: &mut Vec<(String, PluginRef)>,
-        effective: &mut RawConfig,
+        wiring: &mut Wiring,
     ) -> Result<Option<String>, ConfigError> {
+        let plugins = &wiring.plugins;
         let readers: Vec<(usize, String)> = plugins
             .iter()
             .enumerate()
@@ -70,7 +68,7 @@ impl EndpointPickerConfig {
                 ),
             ));
         }
-        if let Some(p) = find_plugin(plugins, &wanted) {
+        if let Some(p) = wiring.find(&wanted) {
             if !produces_prefix(&p) {
                 return Err(self.err(
                     self.reader_field(first),
@@ -88,8 +86,8 @@ impl EndpointPickerConfig {
                 format!("no plugin named {wanted:?} is declared"),
             ));
         }
-        // The default producer: a reader with an index of its own, else a
-        // default approx-prefix-cache-producer.
+        // The default producer: a reader with an index of its own, else the
+        // registry's default producer.
         if let Some((_, (name, _))) = readers
             .iter()
             .map(|&(i, _)| (i, &plugins[i]))
@@ -97,28 +95,29 @@ impl EndpointPickerConfig {
         {
             return Ok(Some(name.clone()));
         }
-        let built = registry
-            .build(&PluginSpec::new(DEFAULT_PREFIX_PRODUCER))
-            .map_err(|e| {
-                self.err(
-                    self.reader_field(first),
-                    format!(
-                        "reads prefix matches from {DEFAULT_PREFIX_PRODUCER:?}, which is not \
-                         declared and cannot be created: {e}"
-                    ),
-                )
-            })?;
-        let p = PluginRef::new(built);
+        let cannot = |e: BuildError| {
+            self.err(
+                self.reader_field(first),
+                format!(
+                    "reads prefix matches from {DEFAULT_PREFIX_PRODUCER:?}, which is not \
+                     declared and cannot be created: {e}"
+                ),
+            )
+        };
+        let mut spec = registry
+            .default_spec(Role::PrefixProducer)
+            .map_err(cannot)?;
+        DEFAULT_PREFIX_PRODUCER.clone_into(&mut spec.name);
+        let p = wiring.add(registry, &spec).map_err(cannot)?;
         if !produces_prefix(&p) {
             return Err(self.err(
                 self.reader_field(first),
-                format!("the registered {DEFAULT_PREFIX_PRODUCER:?} does not produce prefix-cache matches"),
+                format!(
+                    "the registered default {:?} does not produce prefix-cache matches",
+                    spec.type_name
+                ),
             ));
         }
-        plugins.push((DEFAULT_PREFIX_PRODUCER.to_owned(), p));
-        effective
-            .plugins
-            .push(PluginDecl::new(DEFAULT_PREFIX_PRODUCER));
         Ok(Some(DEFAULT_PREFIX_PRODUCER.to_owned()))
     }
 }

@@ -52,10 +52,11 @@ pub struct PluginDecl {
 }
 
 impl PluginDecl {
-    pub(crate) fn new(type_name: &str) -> Self {
+    /// The declaration of a plugin built from `spec` with no parameters.
+    pub(crate) fn without_parameters(spec: &crate::PluginSpec) -> Self {
         Self {
-            type_name: type_name.to_owned(),
-            name: Some(type_name.to_owned()),
+            type_name: spec.type_name.clone(),
+            name: Some(spec.name.clone()),
             parameters: None,
         }
     }

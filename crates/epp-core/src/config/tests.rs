@@ -1,7 +1,10 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::{Candidate, CycleContext, Picker, ProfileHandler, ProfilePicks, Scorer};
+use crate::{
+    Candidate, CycleContext, Picker, Plugin, ProfileHandler, ProfilePicks, Role, SchedulingProfile,
+    Scorer, SingleProfileHandler,
+};
 
 #[derive(Debug)]
 struct Test {
@@ -71,6 +74,8 @@ fn registry() -> Registry {
     r.register(SingleProfileHandler::TYPE, |spec| {
         Ok(Arc::new(SingleProfileHandler::new(spec.name.clone())))
     });
+    r.set_default(Role::Picker, "max-score-picker")
+        .set_default(Role::ProfileHandler, SingleProfileHandler::TYPE);
     r
 }
 
@@ -183,10 +188,24 @@ fn data_and_data_layer_are_both_accepted_but_not_together() {
 }
 
 #[test]
-fn the_default_config_parses() {
-    let c = EndpointPickerConfig::default_config();
-    assert_eq!(c.raw.plugins.len(), 4);
-    assert_eq!(c.raw.scheduling_profiles[0].plugins[2].weight, Some(3.0));
+fn the_default_config_is_the_registrys() {
+    let none = EndpointPickerConfig::default_config(&registry()).unwrap_err();
+    assert_eq!(
+        none.to_string(),
+        "<default config>:0:0: no config was given and the plugin registry has no default config"
+    );
+    let mut r = registry();
+    r.set_default_config("plugins:\n- type: s\n- {type: s, name: t}\nschedulingProfiles:\n- name: p\n  plugins:\n  - {pluginRef: s, weight: 3}\n");
+    let c = EndpointPickerConfig::default_config(&r).unwrap();
+    assert_eq!(c.raw.plugins.len(), 2);
+    assert_eq!(c.raw.scheduling_profiles[0].plugins[0].weight, Some(3.0));
+    r.set_default_config("plugins:\n- tpye: s\n");
+    let bad = EndpointPickerConfig::default_config(&r).unwrap_err();
+    assert!(
+        bad.to_string()
+            .starts_with("<default config>:2:3: plugins[0]: unknown field `tpye`"),
+        "{bad}"
+    );
     assert!(
         EndpointPickerConfig::parse("apiVersion: v9\n", "f")
             .unwrap()
@@ -200,6 +219,70 @@ fn the_default_config_parses() {
         )
         .is_ok()
     );
+}
+
+#[test]
+fn a_role_without_a_default_is_an_error_naming_the_role_or_left_empty() {
+    let text = "plugins:\n- type: s\n";
+    let build = |r: &Registry| {
+        EndpointPickerConfig::parse(text, "f.yaml")
+            .unwrap()
+            .build(r)
+            .map(|b| b.effective_yaml)
+    };
+    let mut r = Registry::new();
+    r.register("s", |spec| {
+        Ok(Arc::new(Test {
+            name: spec.name.clone(),
+            kind: "s",
+        }))
+    });
+    r.set_default(Role::ProfileHandler, SingleProfileHandler::TYPE);
+    assert_eq!(
+        build(&r).unwrap_err().to_string(),
+        "f.yaml:1:1: plugins: no profile handler is declared and the default one cannot be \
+         built: unknown plugin type \"single-profile-handler\""
+    );
+    let r = {
+        let mut r = registry();
+        r.set_default(Role::Picker, "nothing-here");
+        r
+    };
+    assert!(build(&r).unwrap_err().to_string().starts_with(
+        "f.yaml:0:0: schedulingProfiles[0]: the profile has no picker and the default one \
+             cannot be built: unknown plugin type \"nothing-here\""
+    ));
+    let bare = {
+        let mut r = Registry::new();
+        r.register("s", |spec| {
+            Ok(Arc::new(Test {
+                name: spec.name.clone(),
+                kind: "s",
+            }))
+        });
+        r
+    };
+    assert_eq!(
+        build(&bare).unwrap_err().to_string(),
+        "f.yaml:1:1: plugins: no profile handler is declared and the default one cannot be \
+         built: no default profile handler is registered"
+    );
+    let mut handler_only = bare.clone();
+    handler_only.register(SingleProfileHandler::TYPE, |spec| {
+        Ok(Arc::new(SingleProfileHandler::new(spec.name.clone())))
+    });
+    handler_only.set_default(Role::ProfileHandler, SingleProfileHandler::TYPE);
+    assert_eq!(
+        build(&handler_only).unwrap_err().to_string(),
+        "f.yaml:0:0: schedulingProfiles[0]: the profile has no picker and the default one \
+         cannot be built: no default picker is registered"
+    );
+    // Optional roles without a default are left out: no detector, parser or
+    // data layer sources.
+    let y = build(&registry()).unwrap();
+    assert!(!y.contains("saturationDetector"), "{y}");
+    assert!(!y.contains("parser"), "{y}");
+    assert!(y.contains("dataLayer:\n  sources: []"), "{y}");
 }
 
 #[test]

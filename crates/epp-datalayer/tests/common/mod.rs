@@ -2,7 +2,6 @@
 //! and waiting without asserting wall-clock times.
 
 use std::{
-    future::Future,
     net::SocketAddr,
     sync::{
         Arc,
@@ -223,94 +222,6 @@ pub(crate) fn wiring(params_yaml: &str) -> SourceWiring {
     SourceWiring {
         source: PluginRef::new(Arc::new(source)),
         extractors: vec![PluginRef::new(Arc::new(core))],
-    }
-}
-
-/// Polls `cond` every 10 ms until it holds; panics with `what` after 20 s
-/// (a generous bound for slow CI, not a timing assertion).
-pub(crate) async fn eventually<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..2000 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
-/// A simulator process (`epp-sim`), killed on drop.
-#[derive(Debug)]
-pub(crate) struct SimProc {
-    child: std::process::Child,
-    pub(crate) addr: SocketAddr,
-}
-
-/// The workspace's `epp-sim` binary, next to this test's executable.
-fn sim_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.ancestors()
-        .skip(1)
-        .take(3)
-        .map(|d| d.join("epp-sim"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "epp-sim not found near {}: build it first with `cargo build -p epp-sim`",
-                exe.display()
-            )
-        })
-}
-
-impl SimProc {
-    /// Starts `epp-sim --port 0 <args>` and waits for its ready line.
-    pub(crate) fn start(args: &[&str]) -> Self {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(sim_bin())
-            .args(["--port", "0"])
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .unwrap_or_else(|| panic!("epp-sim exited before listening"))
-                .unwrap();
-            if let Some(rest) = line.strip_prefix("epp-sim listening on ") {
-                break rest.trim().parse().unwrap();
-            }
-        };
-        // Keep draining stdout so the simulator never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, addr }
-    }
-
-    /// `POST /admin/state` with a JSON body.
-    pub(crate) async fn admin(&self, json: &str) {
-        let mut s = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-        let req = format!(
-            "POST /admin/state HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{json}",
-            self.addr,
-            json.len()
-        );
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).await.unwrap();
-        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    }
-}
-
-impl Drop for SimProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -6,16 +6,15 @@ use std::{
     time::Duration,
 };
 
-use epp_core::{
-    EndpointSource, InferenceRequest, PluginRef, Scheduler, SchedulingProfile, SingleProfileHandler,
-};
+use epp_core::{EndpointSource, InferenceRequest};
 use epp_datalayer::{Discovery, EndpointStore, FileDiscovery, StaticDiscovery};
+use epp_test_support::{
+    plugins::{self, BestScoresPicker, short_queue_profile},
+    wait::eventually,
+};
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    common::{Logs, eventually},
-    scrape::{Best, ShortQueue},
-};
+use crate::common::Logs;
 
 fn addrs(store: &EndpointStore) -> Vec<(u32, String)> {
     store
@@ -191,11 +190,8 @@ async fn a_file_being_written_never_drops_the_endpoints() {
 
     // An editor replaces the file (write + rename) to remove an endpoint:
     // applied, and gone for scheduling within two poll intervals.
-    let profile = SchedulingProfile::new("default")
-        .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
-        .with_picker(PluginRef::new(Arc::new(Best)));
-    let scheduler =
-        Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap();
+    let picker = BestScoresPicker::new(1).last_on_ties();
+    let scheduler = plugins::scheduler(short_queue_profile(picker));
     let request = InferenceRequest::builder("m").prompt("hi").build();
     let pick = || {
         scheduler
@@ -203,7 +199,7 @@ async fn a_file_being_written_never_drops_the_endpoints() {
             .ok()
             .and_then(|r| r.primary().map(|e| e.addr_str().to_owned()))
     };
-    // Equal scores: `Best` takes the last candidate, the one we remove.
+    // Equal scores: the picker takes the last candidate, the one we remove.
     assert_eq!(pick().as_deref(), Some("10.0.0.2:8000"));
     replace_by_rename(&path, "- {address: 10.0.0.1, port: 8000}\n");
     tokio::time::sleep(2 * POLL).await;

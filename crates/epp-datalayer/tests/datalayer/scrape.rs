@@ -4,14 +4,15 @@
 
 use std::{sync::Arc, time::Duration};
 
-use epp_core::{
-    Candidate, CycleContext, EndpointMetrics, EndpointSource, Picker, Plugin, PluginRef, Scheduler,
-    SchedulingProfile, Scorer, SingleProfileHandler,
-};
+use epp_core::{Candidate, EndpointMetrics, EndpointSource};
 use epp_datalayer::{DataLayer, DataLayerOptions, EndpointSpec, EndpointStore, ScrapeStatus};
+use epp_test_support::{
+    plugins::{self, BestScoresPicker, short_queue_profile},
+    wait::eventually,
+};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{BadServer, Logs, Mode, eventually, vllm_page, wiring};
+use crate::common::{BadServer, Logs, Mode, vllm_page, wiring};
 
 fn opts(refresh_ms: u64, timeout_ms: u64) -> DataLayerOptions {
     DataLayerOptions {
@@ -269,62 +270,14 @@ async fn https_with_and_without_certificate_checks() {
 
 // === Staleness reaches scheduling ===
 
-#[derive(Debug)]
-pub(crate) struct ShortQueue;
-impl Plugin for ShortQueue {
-    fn type_name(&self) -> &str {
-        "short-queue"
-    }
-    fn name(&self) -> &str {
-        "short-queue"
-    }
-    fn as_scorer(&self) -> Option<&dyn Scorer> {
-        Some(self)
-    }
-}
-impl Scorer for ShortQueue {
-    fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            *s = 1.0 / (1.0 + f64::from(c.metrics.waiting));
-        }
-    }
-}
-#[derive(Debug)]
-pub(crate) struct Best;
-impl Plugin for Best {
-    fn type_name(&self) -> &str {
-        "best"
-    }
-    fn name(&self) -> &str {
-        "best"
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
-impl Picker for Best {
-    fn pick(
-        &self,
-        _cx: &mut CycleContext<'_>,
-        _c: &[Candidate],
-        scores: &[f64],
-        out: &mut Vec<usize>,
-    ) {
-        out.extend((0..scores.len()).max_by(|&a, &b| scores[a].total_cmp(&scores[b])));
-    }
-}
-
 #[tokio::test]
 async fn a_server_that_stops_answering_stops_being_picked() {
     let idle = BadServer::start(Mode::Page(vllm_page(0, 0, 0.0))).await;
     let busy = BadServer::start(Mode::Page(vllm_page(9, 4, 0.9))).await;
     let store = store_of(&[&idle, &busy]);
     let dl = start_plain(&store, 100);
-    let profile = SchedulingProfile::new("default")
-        .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
-        .with_picker(PluginRef::new(Arc::new(Best)));
-    let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
-        .unwrap()
+    let picker = BestScoresPicker::new(1).last_on_ties();
+    let scheduler = plugins::scheduler(short_queue_profile(picker))
         .with_staleness_threshold(Duration::from_millis(300));
     let request = epp_core::InferenceRequest::builder("m")
         .prompt("hi")

@@ -8,9 +8,12 @@ use epp_datalayer::{
     DataLayer, DataLayerOptions, EndpointSpec, EndpointStore, MetricsDataSource,
     PrometheusMetricExtractor, default_source_wiring,
 };
+use epp_test_support::{
+    process::{Sim, scratch_dir, sim_admin, start_sim},
+    wait::eventually,
+};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
-
-use crate::common::{SimProc, eventually};
 
 fn opts() -> DataLayerOptions {
     DataLayerOptions {
@@ -27,17 +30,23 @@ async fn every_engine_simulated_is_read() {
         ("trtllm-serve", "trtllm-serve"),
         ("triton", "triton-tensorrt-llm"),
     ];
-    let sims: Vec<SimProc> = cases
+    let dir = scratch_dir("datalayer-engines");
+    let sims: Vec<Sim> = cases
         .iter()
-        .map(|(flag, _)| {
-            SimProc::start(&[
-                "--engine",
-                flag,
-                "--block-size",
-                "32",
-                "--num-gpu-blocks",
-                "1000",
-            ])
+        .enumerate()
+        .map(|(i, (flag, _))| {
+            start_sim(
+                &dir,
+                i,
+                &[
+                    "--engine",
+                    flag,
+                    "--block-size",
+                    "32",
+                    "--num-gpu-blocks",
+                    "1000",
+                ],
+            )
         })
         .collect();
     let store = Arc::new(EndpointStore::new());
@@ -46,7 +55,7 @@ async fn every_engine_simulated_is_read() {
         sims.iter()
             .zip(cases)
             .map(|(s, (_, engine))| EndpointSpec {
-                addr: s.addr,
+                addr: s.socket_addr(),
                 labels: BTreeMap::from([("llm-d.ai/engine-type".to_owned(), engine.to_owned())]),
             })
             .collect(),
@@ -63,8 +72,8 @@ async fn every_engine_simulated_is_read() {
     })
     .await;
     for (sim, (flag, _)) in sims.iter().zip(cases) {
-        sim.admin("{\"extra_waiting\": 6}").await;
-        let e = Arc::clone(store.snapshot().by_addr(sim.addr).unwrap());
+        sim_admin(sim.port, json!({"extra_waiting": 6})).await;
+        let e = Arc::clone(store.snapshot().by_addr(sim.socket_addr()).unwrap());
         eventually(&format!("{flag}: the queue is seen"), || async {
             e.metrics().waiting == 6
         })
@@ -85,9 +94,9 @@ async fn every_engine_simulated_is_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_gauges_reach_custom_metrics_and_go_away() {
-    let sim = SimProc::start(&[]);
+    let sim = start_sim(&scratch_dir("datalayer-gauges"), 0, &[]);
     let store = Arc::new(EndpointStore::new());
-    store.replace_source("sims", vec![EndpointSpec::new(sim.addr)]);
+    store.replace_source("sims", vec![EndpointSpec::new(sim.socket_addr())]);
     let params =
         serde_yaml_ng::from_str("metricName: gpu_temperature_celsius\nlabels: {gpu: \"0\"}\n")
             .unwrap();
@@ -103,15 +112,21 @@ async fn custom_gauges_reach_custom_metrics_and_go_away() {
     )
     .unwrap();
 
-    sim.admin(r#"{"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": 71.5, "gpu_temperature_celsius{gpu=\"1\"}": 90}}"#)
-        .await;
-    let e = Arc::clone(store.snapshot().by_addr(sim.addr).unwrap());
+    let gauges = json!({"gauges": {
+        "gpu_temperature_celsius{gpu=\"0\"}": 71.5,
+        "gpu_temperature_celsius{gpu=\"1\"}": 90,
+    }});
+    sim_admin(sim.port, gauges).await;
+    let e = Arc::clone(store.snapshot().by_addr(sim.socket_addr()).unwrap());
     eventually("the gauge is read", || async {
         e.metrics().custom.get("gpu_temperature_celsius") == Some(&71.5)
     })
     .await;
-    sim.admin(r#"{"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": null}}"#)
-        .await;
+    sim_admin(
+        sim.port,
+        json!({"gauges": {"gpu_temperature_celsius{gpu=\"0\"}": null}}),
+    )
+    .await;
     eventually("a vanished gauge is removed", || async {
         !e.metrics().custom.contains_key("gpu_temperature_celsius")
     })

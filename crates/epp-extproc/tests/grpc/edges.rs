@@ -10,12 +10,7 @@ async fn reset_mid_request_body_holds_nothing_and_the_server_carries_on() {
     let fx = start(&[0, 0], ExtProcOptions::default()).await;
     let envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
-            FULL_DUPLEX,
-            FULL_DUPLEX,
-        ))
+        .send_post_headers("/v1/completions", FULL_DUPLEX, FULL_DUPLEX)
         .await;
     envoy
         .send(request_body(br#"{"model":"m","prompt":"half a bo"#, false))
@@ -53,12 +48,7 @@ async fn a_chunk_above_the_grpc_default_limit_is_accepted_and_rechunked() {
     let fx = start(&[0], ExtProcOptions::default()).await;
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
-            FULL_DUPLEX,
-            FULL_DUPLEX,
-        ))
+        .send_post_headers("/v1/completions", FULL_DUPLEX, FULL_DUPLEX)
         .await;
     let prompt = "y".repeat(5 << 20);
     let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#).into_bytes();
@@ -76,12 +66,7 @@ async fn a_chunk_above_the_grpc_default_limit_is_accepted_and_rechunked() {
     fx.service.set_options(options);
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
-            BUFFERED,
-            NONE,
-        ))
+        .send_post_headers("/v1/completions", BUFFERED, NONE)
         .await;
     envoy.recv().await; // headers answered in BUFFERED mode
     envoy.send(request_body(&body, true)).await;

@@ -5,18 +5,10 @@
     reason = "test harness: a failed set-up is a failed test"
 )]
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
-use epp_core::{
-    Candidate, CycleContext, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, Picker,
-    Plugin, PluginRef, RequestOutcome, ResponseHooks, SaturationDetector, Scheduler,
-    SchedulingProfile, Scorer, SingleProfileHandler, Usage,
-};
+use epp_core::{Endpoint, EndpointSnapshot, Plugin, PluginRef, Scheduler};
 use epp_extproc::{
     ExtProcOptions, ExtProcService,
     pb::envoy::{
@@ -30,6 +22,12 @@ use epp_extproc::{
     },
     pb::google::protobuf::{ListValue, Struct, Value, value::Kind},
 };
+pub(crate) use epp_test_support::plugins::Recorder;
+use epp_test_support::{
+    endpoints::with_queues,
+    plugins::{self, BestScoresPicker, QueueSaturationDetector, short_queue_profile},
+    wait,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::Streaming;
@@ -37,127 +35,6 @@ use tonic::Streaming;
 pub(crate) const BUFFERED: i32 = 2;
 pub(crate) const FULL_DUPLEX: i32 = 4;
 pub(crate) const NONE: i32 = 0;
-
-// === plugins ===
-
-/// Prefers short queues.
-#[derive(Debug)]
-struct ShortQueue;
-impl Plugin for ShortQueue {
-    fn type_name(&self) -> &str {
-        "short-queue"
-    }
-    fn name(&self) -> &str {
-        "short-queue"
-    }
-    fn as_scorer(&self) -> Option<&dyn Scorer> {
-        Some(self)
-    }
-}
-impl Scorer for ShortQueue {
-    fn score(&self, _cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        for (c, s) in candidates.iter().zip(out.iter_mut()) {
-            *s = 1.0 / (1.0 + f64::from(c.metrics.waiting));
-        }
-    }
-}
-
-/// Best first, then the next best as a fallback.
-#[derive(Debug)]
-struct BestTwo;
-impl Plugin for BestTwo {
-    fn type_name(&self) -> &str {
-        "best-two"
-    }
-    fn name(&self) -> &str {
-        "best-two"
-    }
-    fn as_picker(&self) -> Option<&dyn Picker> {
-        Some(self)
-    }
-}
-impl Picker for BestTwo {
-    fn pick(
-        &self,
-        _: &mut CycleContext<'_>,
-        _: &[Candidate],
-        scores: &[f64],
-        out: &mut Vec<usize>,
-    ) {
-        let mut idx: Vec<usize> = (0..scores.len()).collect();
-        idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        out.extend(idx.into_iter().take(2));
-    }
-}
-
-/// What the response hooks saw.
-#[derive(Debug, Default)]
-pub(crate) struct Seen {
-    pub(crate) statuses: Vec<u16>,
-    pub(crate) usage: Vec<Usage>,
-    pub(crate) outcomes: Vec<RequestOutcome>,
-    pub(crate) requests: Vec<InferenceRequest>,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Recorder(pub(crate) Mutex<Seen>);
-impl Plugin for Recorder {
-    fn type_name(&self) -> &str {
-        "recorder"
-    }
-    fn name(&self) -> &str {
-        "recorder"
-    }
-    fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
-        Some(self)
-    }
-}
-impl ResponseHooks for Recorder {
-    fn response_headers(
-        &self,
-        r: &InferenceRequest,
-        _: &Endpoint,
-        status: u16,
-        _: &[(String, String)],
-    ) {
-        let mut seen = self.0.lock().unwrap();
-        seen.statuses.push(status);
-        seen.requests.push(r.clone());
-    }
-    fn response_usage(&self, _: &InferenceRequest, _: &Endpoint, usage: &Usage) {
-        self.0.lock().unwrap().usage.push(*usage);
-    }
-    fn request_completed(&self, _: &InferenceRequest, _: &Endpoint, outcome: RequestOutcome) {
-        self.0.lock().unwrap().outcomes.push(outcome);
-    }
-}
-
-/// Saturated whenever any endpoint has a queue.
-#[derive(Debug)]
-struct AnyQueue;
-impl Plugin for AnyQueue {
-    fn type_name(&self) -> &str {
-        "any-queue"
-    }
-    fn name(&self) -> &str {
-        "any-queue"
-    }
-    fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
-        Some(self)
-    }
-}
-impl SaturationDetector for AnyQueue {
-    fn saturation(&self, _: &CycleContext<'_>, endpoints: &[Candidate]) -> f64 {
-        if endpoints.iter().all(|c| c.metrics.waiting > 0) {
-            1.0
-        } else {
-            0.0
-        }
-    }
-    fn has_capacity(&self, _: &CycleContext<'_>, c: &Candidate) -> bool {
-        c.metrics.waiting == 0
-    }
-}
 
 // === fixture ===
 
@@ -169,37 +46,18 @@ pub(crate) struct Fixture {
     pub(crate) addr: SocketAddr,
 }
 
-/// Endpoints 10.0.0.1:8000… with the given queue lengths.
-pub(crate) fn endpoints(queues: &[u32]) -> Vec<Arc<Endpoint>> {
-    queues
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| {
-            let addr: SocketAddr = format!("10.0.0.{}:8000", i + 1).parse().unwrap();
-            let ep = Arc::new(Endpoint::new(i as u32, addr));
-            ep.set_metrics(EndpointMetrics {
-                waiting: q,
-                ..EndpointMetrics::fresh()
-            });
-            ep
-        })
-        .collect()
-}
-
+/// The scheduler of every fixture: shortest queue first with one fallback,
+/// `recorder` as response hooks, saturated when every endpoint has a queue.
 pub(crate) fn scheduler(recorder: &Arc<Recorder>) -> Scheduler {
-    let profile = SchedulingProfile::new("default")
-        .with_scorer(PluginRef::new(Arc::new(ShortQueue)), 1.0)
-        .with_picker(PluginRef::new(Arc::new(BestTwo)));
-    Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
-        .unwrap()
+    plugins::scheduler(short_queue_profile(BestScoresPicker::new(2)))
         .with_hooks([PluginRef::new(recorder.clone() as Arc<dyn Plugin>)])
-        .with_saturation_detector(PluginRef::new(Arc::new(AnyQueue)))
+        .with_saturation_detector(PluginRef::new(Arc::new(QueueSaturationDetector)))
         .unwrap()
 }
 
 /// Starts the service on a free loopback port.
 pub(crate) async fn start(queues: &[u32], options: ExtProcOptions) -> Fixture {
-    let eps = endpoints(queues);
+    let eps = with_queues(queues);
     let source = Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(eps.clone())));
     let recorder = Arc::new(Recorder::default());
     let service = ExtProcService::new(Arc::new(scheduler(&recorder)), source.clone(), options);
@@ -239,13 +97,7 @@ impl Fixture {
 
     /// Waits (bounded) until `cond` holds; the server finishes streams asynchronously.
     pub(crate) async fn eventually(&self, what: &str, cond: impl Fn(&Self) -> bool) {
-        for _ in 0..500 {
-            if cond(self) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("never happened: {what}");
+        wait::eventually(what, || std::future::ready(cond(self))).await;
     }
 
     pub(crate) fn inflight(&self) -> Vec<u32> {
@@ -300,9 +152,9 @@ impl Envoy {
         }
     }
 
-    /// Sends a whole POST to `path`: its headers (announcing the body modes),
-    /// then `body` in one message that ends the request.
-    pub(crate) async fn send_post(&self, path: &str, body: &[u8], req_mode: i32, resp_mode: i32) {
+    /// Sends the headers of a POST to `path` whose body follows, announcing
+    /// the body modes.
+    pub(crate) async fn send_post_headers(&self, path: &str, req_mode: i32, resp_mode: i32) {
         self.send(request_headers(
             &pairs(&post(path)),
             false,
@@ -310,6 +162,12 @@ impl Envoy {
             resp_mode,
         ))
         .await;
+    }
+
+    /// Sends a whole POST to `path`: its headers (announcing the body modes),
+    /// then `body` in one message that ends the request.
+    pub(crate) async fn send_post(&self, path: &str, body: &[u8], req_mode: i32, resp_mode: i32) {
+        self.send_post_headers(path, req_mode, resp_mode).await;
         self.send(request_body(body, true)).await;
     }
 

@@ -124,12 +124,7 @@ async fn full_duplex_with_trailers_decides_on_trailers() {
     let fx = start(&[0], ExtProcOptions::default()).await;
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
-            FULL_DUPLEX,
-            NONE,
-        ))
+        .send_post_headers("/v1/completions", FULL_DUPLEX, NONE)
         .await;
     envoy
         .send(request_body(br#"{"model":"m","prompt":"p"}"#, false))
@@ -177,14 +172,7 @@ async fn malformed_and_model_less_bodies_get_400() {
     ] {
         for mode in [BUFFERED, FULL_DUPLEX] {
             let mut envoy = fx.envoy().await;
-            envoy
-                .send(request_headers(
-                    &pairs(&post("/v1/completions")),
-                    false,
-                    mode,
-                    NONE,
-                ))
-                .await;
+            envoy.send_post_headers("/v1/completions", mode, NONE).await;
             if mode == BUFFERED {
                 envoy.recv().await;
             }
@@ -206,12 +194,7 @@ async fn no_endpoints_and_empty_subsets_get_503() {
     let fx = start(&[], ExtProcOptions::default()).await;
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/chat/completions")),
-            false,
-            BUFFERED,
-            NONE,
-        ))
+        .send_post_headers("/v1/chat/completions", BUFFERED, NONE)
         .await;
     envoy.recv().await;
     envoy.send(request_body(&chat_body("m", "hi"), true)).await;
@@ -271,12 +254,7 @@ async fn oversized_body_gets_413() {
     let fx = start(&[0], options).await;
     let mut envoy = fx.envoy().await;
     envoy
-        .send(request_headers(
-            &pairs(&post("/v1/completions")),
-            false,
-            FULL_DUPLEX,
-            NONE,
-        ))
+        .send_post_headers("/v1/completions", FULL_DUPLEX, NONE)
         .await;
     envoy.send(request_body(&[b' '; 600], false)).await;
     envoy.send(request_body(&[b' '; 600], false)).await;

@@ -236,13 +236,8 @@ async fn metrics_carry_the_reference_names() {
         .await;
     envoy.recv().await;
     let mut bad = fx.envoy().await;
-    bad.send(request_headers(
-        &pairs(&post("/v1/completions")),
-        false,
-        FULL_DUPLEX,
-        NONE,
-    ))
-    .await;
+    bad.send_post_headers("/v1/completions", FULL_DUPLEX, NONE)
+        .await;
     bad.send(request_body(b"{}", true)).await;
     bad.recv().await;
     fx.eventually("completed", |f| f.inflight() == vec![0])

@@ -1,15 +1,18 @@
 use std::sync::Arc;
 
 use epp_core::{
-    EndpointMetrics, EndpointSnapshot, InferenceRequest, PluginRef, Scheduler, SchedulingProfile,
+    EndpointMetrics, InferenceRequest, PluginRef, Scheduler, SchedulingProfile,
     SingleProfileHandler,
 };
 
 use super::*;
-use crate::{MaxScorePicker, PickerParams, testing::candidates};
+use crate::{
+    MaxScorePicker, PickerParams,
+    testing::{candidates, snapshot},
+};
 
 fn scheduler(scorer: &Arc<PrefixCacheScorer>, extra: Option<PluginRef>) -> Scheduler {
-    let picker = Arc::new(MaxScorePicker::new("pick", PickerParams::default()));
+    let picker = Arc::new(MaxScorePicker::build("pick", PickerParams::default()).unwrap());
     let profile = SchedulingProfile::new("default")
         .with_scorer(PluginRef::new(scorer.clone()), 1.0)
         .with_picker(PluginRef::new(picker));
@@ -20,18 +23,9 @@ fn scheduler(scorer: &Arc<PrefixCacheScorer>, extra: Option<PluginRef>) -> Sched
         .with_hooks(hooks)
 }
 
-fn snapshot(n: usize) -> EndpointSnapshot {
-    EndpointSnapshot::new(
-        candidates(vec![EndpointMetrics::default(); n])
-            .into_iter()
-            .map(|c| c.endpoint)
-            .collect(),
-    )
-}
-
 #[test]
 fn score_is_the_contiguous_matched_fraction() {
-    let s = PrefixCacheScorer::new("p", PrefixCacheParams::default());
+    let s = PrefixCacheScorer::build("p", PrefixCacheScorerParams::default()).unwrap();
     let c = candidates(vec![EndpointMetrics::default(); 3]);
     let req = InferenceRequest::builder("m").build();
     let out = crate::testing::with_cx(&req, 0, |cx| {
@@ -48,10 +42,8 @@ fn score_is_the_contiguous_matched_fraction() {
 
 #[test]
 fn a_scheduled_prefix_sticks_to_its_endpoint() {
-    let scorer = Arc::new(PrefixCacheScorer::new(
-        "prefix",
-        PrefixCacheParams::default(),
-    ));
+    let scorer =
+        Arc::new(PrefixCacheScorer::build("prefix", PrefixCacheScorerParams::default()).unwrap());
     let scheduler = scheduler(&scorer, None);
     let snapshot = snapshot(8);
     let system = "You are a helpful assistant. ".repeat(40);
@@ -74,14 +66,11 @@ fn a_scheduled_prefix_sticks_to_its_endpoint() {
 
 #[test]
 fn a_declared_producer_feeds_the_scorer_and_owns_the_index() {
-    let scorer = Arc::new(PrefixCacheScorer::new(
-        "prefix",
-        PrefixCacheParams::default(),
-    ));
-    let producer = Arc::new(ApproxPrefixCacheProducer::new(
-        "producer",
-        PrefixCacheParams::default(),
-    ));
+    let scorer =
+        Arc::new(PrefixCacheScorer::build("prefix", PrefixCacheScorerParams::default()).unwrap());
+    let producer = Arc::new(
+        ApproxPrefixCacheProducer::build("producer", PrefixCacheParams::default()).unwrap(),
+    );
     // Declared after the scorer: the scheduler still runs it first.
     let scheduler = scheduler(&scorer, Some(PluginRef::new(producer.clone())));
     let snapshot = snapshot(4);

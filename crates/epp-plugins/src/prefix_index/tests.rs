@@ -94,7 +94,7 @@ fn an_entry_costs_under_fifty_bytes() {
             .collect();
         index.record(EndpointId(e), &hashes, 31_250);
     }
-    let per = index.heap_bytes() as f64 / index.entries() as f64;
+    let per = index.bytes_per_entry();
     assert!(per <= 50.0, "{per:.1} bytes per entry");
 }
 

@@ -14,7 +14,6 @@ use epp_core::{Endpoint, EndpointMetrics, EndpointSnapshot};
 use epp_extproc::{ExtProcOptions, ExtProcService};
 use rand::Rng;
 
-#[path = "support/profile.rs"]
 mod profile;
 
 /// The allocator the `epp` binary uses, so the figures are the binary's.

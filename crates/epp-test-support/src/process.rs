@@ -1,25 +1,23 @@
-//! Test harness shared by the end-to-end tests and the demo: starts the real
-//! processes (simulators, epp, Envoy) on free loopback ports and talks HTTP to
-//! them. Every process is killed when its handle drops.
-#![allow(
-    dead_code,
-    unreachable_pub,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    missing_docs
-)]
-
-pub mod http;
-#[path = "../../../epp-datalayer/tests/common/kube.rs"]
-pub mod kube_env;
+//! The real processes (simulators, epp, Envoy) on free loopback ports, for
+//! the end-to-end tests, the gateway benchmarks and the demo. Every process
+//! is killed when its handle drops.
+//!
+//! Binaries are found as the tests found them before this crate existed:
+//! `epp` and `epp-sim` next to the running executable in the workspace's
+//! target dir (`cargo build --workspace --bins` puts them there), Envoy at
+//! `.venv/envoy` in the workspace root (`scripts/setup.sh` installs it).
+//! `CARGO_BIN_EXE_*` would name them only for epp-bin's own tests.
 
 use std::{
     io::{BufRead, BufReader, Write},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
+
+use crate::http;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -80,9 +78,12 @@ fn rand_u32() -> u32 {
 }
 
 /// A child process killed on drop; its output goes to a log file.
+#[derive(Debug)]
 pub struct Proc {
+    /// What the process is, for messages (`sim-0`, `epp`, `envoy:PORT`).
     pub name: String,
     child: Child,
+    /// Its stdout log; stderr goes next to it with the extension `stderr`.
     pub log: PathBuf,
     /// The thread copying stderr to `log.stderr`; it ends at the pipe's EOF.
     stderr_copier: Option<std::thread::JoinHandle<()>>,
@@ -144,6 +145,7 @@ impl Proc {
         }
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -210,14 +212,23 @@ fn port_after(line: &str, key: &str) -> u16 {
 }
 
 /// One simulator process.
+#[derive(Debug)]
 pub struct Sim {
+    /// The process.
     pub proc: Proc,
+    /// Its HTTP port on 127.0.0.1.
     pub port: u16,
 }
 
 impl Sim {
+    /// `127.0.0.1:PORT`, as epp's `--endpoints` takes it.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Its address, as the data layer's endpoint specs take it.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 }
 
@@ -242,10 +253,15 @@ pub fn start_sims(dir: &Path, n: usize, args: &[&str]) -> Vec<Sim> {
 }
 
 /// The epp process.
+#[derive(Debug)]
 pub struct Epp {
+    /// The process.
     pub proc: Proc,
+    /// Its ext_proc (gRPC) port.
     pub grpc_port: u16,
+    /// Its gRPC health port.
     pub health_port: u16,
+    /// Its Prometheus metrics port.
     pub metrics_port: u16,
 }
 
@@ -296,14 +312,20 @@ pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
 /// Which Envoy body mode to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyMode {
+    /// `BUFFERED` request and response bodies (`examples/envoy/envoy-buffered.yaml`).
     Buffered,
+    /// `FULL_DUPLEX_STREAMED` bodies (`examples/envoy/envoy-streamed.yaml`).
     Streamed,
 }
 
 /// The Envoy process.
+#[derive(Debug)]
 pub struct Envoy {
+    /// The process.
     pub proc: Proc,
+    /// Its listener port, where clients send requests.
     pub port: u16,
+    /// Its admin port.
     pub admin_port: u16,
 }
 
@@ -428,10 +450,15 @@ pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
 }
 
 /// Simulators + epp + Envoy, the whole request path.
+#[derive(Debug)]
 pub struct Stack {
+    /// The scratch directory holding every process's log and config.
     pub dir: PathBuf,
+    /// The simulators, `sim-0` first.
     pub sims: Vec<Sim>,
+    /// epp, over the simulators.
     pub epp: Epp,
+    /// Envoy, calling epp.
     pub envoy: Envoy,
 }
 
@@ -492,19 +519,4 @@ pub fn recorded_header<'a>(req: &'a serde_json::Value, name: &str) -> Option<&'a
         .iter()
         .find(|h| h[0].as_str() == Some(name))
         .and_then(|h| h[1].as_str())
-}
-
-/// Polls `f` every 50 ms until it returns `Some`, at most `tries` times.
-pub async fn poll<T, F, Fut>(what: &str, tries: usize, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    for _ in 0..tries {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("gave up waiting for {what}");
 }

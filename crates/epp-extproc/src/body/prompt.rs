@@ -11,13 +11,22 @@ use std::borrow::Cow;
 use epp_core::{ApiKind, CHARS_PER_TOKEN};
 use serde_json::{Value, value::RawValue};
 
-use crate::{
-    messages::{Message, Messages},
-    parse::PromptFields,
-};
+use super::chat::{Message, Messages};
+
+/// The prompt-bearing fields of a body, per API kind.
+#[derive(Debug, Default)]
+pub(super) struct PromptFields<'a> {
+    pub(super) prompt: Option<&'a RawValue>,
+    pub(super) messages: Option<Messages<'a>>,
+    pub(super) input: Option<&'a RawValue>,
+    pub(super) instructions: Option<&'a RawValue>,
+    pub(super) tools: Option<&'a RawValue>,
+    pub(super) items: Option<&'a RawValue>,
+    pub(super) system: Option<&'a RawValue>,
+}
 
 /// Renders the prompt text of a request.
-pub(crate) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
+pub(super) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
     let mut out = String::new();
     match api {
         ApiKind::Completions => {
@@ -321,7 +330,7 @@ fn canonical(v: &Value, out: &mut String) {
 
 #[cfg(test)]
 mod tests {
-    use crate::parse::parse_body;
+    use crate::body::parse_body;
 
     use super::*;
 
@@ -458,14 +467,7 @@ mod tests {
             r#"{"model":"m","prompt":{"a":[1,2]}}"#,
             r#"{"model":"m","input":[{"type":"function_call","name":"f"}]}"#,
         ] {
-            for api in [
-                ApiKind::Completions,
-                ApiKind::ChatCompletions,
-                ApiKind::Responses,
-                ApiKind::Conversations,
-                ApiKind::Embeddings,
-                ApiKind::Messages,
-            ] {
+            for api in ApiKind::ALL {
                 let _ = prompt(api, body);
             }
         }

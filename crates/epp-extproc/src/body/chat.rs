@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 /// The `messages` field: an array of messages, or any other JSON value
 /// (which has no prompt text).
 #[derive(Debug, Default)]
-pub(crate) enum Messages<'a> {
+pub(super) enum Messages<'a> {
     /// A JSON array.
     List(Vec<Message<'a>>),
     /// Not an array (null, a string, an object, ...).
@@ -28,10 +28,10 @@ pub(crate) enum Messages<'a> {
 
 /// One element of the array (an element that is not an object has no fields).
 #[derive(Debug, Default)]
-pub(crate) struct Message<'a> {
-    pub(crate) role: Option<&'a RawValue>,
-    pub(crate) content: Option<&'a RawValue>,
-    pub(crate) tool_calls: Option<&'a RawValue>,
+pub(super) struct Message<'a> {
+    pub(super) role: Option<&'a RawValue>,
+    pub(super) content: Option<&'a RawValue>,
+    pub(super) tool_calls: Option<&'a RawValue>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Messages<'a> {

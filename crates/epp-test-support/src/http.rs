@@ -15,8 +15,11 @@ use hyper_util::rt::TokioIo;
 /// A response with its body chunks as they arrived.
 #[derive(Debug)]
 pub struct Response {
+    /// The status code.
     pub status: u16,
+    /// The headers, in order, names lower-case.
     pub headers: Vec<(String, String)>,
+    /// The whole body.
     pub body: Bytes,
     /// (time since the request was sent, chunk).
     pub chunks: Vec<(Duration, Bytes)>,
@@ -24,10 +27,12 @@ pub struct Response {
     pub trailers: Vec<(String, String)>,
     /// Time to the response headers.
     pub ttfb: Duration,
+    /// Time to the end of the body.
     pub total: Duration,
 }
 
 impl Response {
+    /// The first value of header `name` (any case).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -35,10 +40,12 @@ impl Response {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The body as text (lossy UTF-8).
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// The body as JSON; panics with the body when it is not.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("response is not JSON ({e}): {}", self.text()))

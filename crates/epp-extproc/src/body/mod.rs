@@ -1,6 +1,10 @@
 //! Request-body parsing: the fields the scheduler needs, read without
 //! re-serialising the body (the raw bytes are forwarded untouched, and the
 //! `model` value's byte range is kept so a rewrite splices only that value).
+//!
+//! Gateway-independent: bytes in, [`ParsedBody`] out. `prompt` renders the
+//! text the prefix index hashes; `chat` reads a `messages` array in the same
+//! pass as the rest of the body.
 
 use std::ops::Range;
 
@@ -8,11 +12,13 @@ use epp_core::ApiKind;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::{
-    error::{ExtProcError, Result},
-    messages::Messages,
-    prompt,
-};
+mod chat;
+mod prompt;
+
+use chat::Messages;
+use prompt::PromptFields;
+
+use crate::error::{ExtProcError, Result};
 
 /// What the picker reads from a request body.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,18 +71,6 @@ struct Top<'a> {
     max_output_tokens: Option<&'a RawValue>,
 }
 
-/// The prompt-bearing fields of a body, per API kind.
-#[derive(Debug, Default)]
-pub(crate) struct PromptFields<'a> {
-    pub(crate) prompt: Option<&'a RawValue>,
-    pub(crate) messages: Option<Messages<'a>>,
-    pub(crate) input: Option<&'a RawValue>,
-    pub(crate) instructions: Option<&'a RawValue>,
-    pub(crate) tools: Option<&'a RawValue>,
-    pub(crate) items: Option<&'a RawValue>,
-    pub(crate) system: Option<&'a RawValue>,
-}
-
 /// Parses a request body of API `api`.
 ///
 /// # Errors
@@ -85,6 +79,13 @@ pub(crate) struct PromptFields<'a> {
 pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedBody> {
     let text =
         std::str::from_utf8(body).map_err(|e| ExtProcError::BadBody(format!("not UTF-8: {e}")))?;
+    // serde reads a struct from a JSON array too (`["m"]` as model "m"):
+    // only an object is a request.
+    if !text.trim_start().starts_with('{') {
+        return Err(ExtProcError::BadBody(
+            "the body must be a JSON object".into(),
+        ));
+    }
     let top: Top<'_> =
         serde_json::from_str(text).map_err(|e| ExtProcError::BadBody(e.to_string()))?;
     let model_raw = top.model.ok_or(ExtProcError::MissingModel)?;
@@ -159,6 +160,10 @@ struct ModelOnly<'a> {
 #[must_use]
 pub fn rewrite_model_field(json: &[u8], new_model: &str) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(json).ok()?;
+    // As for requests: serde reads a struct from an array too.
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
     let top: ModelOnly<'_> = serde_json::from_str(text).ok()?;
     let raw = top.model?;
     if !raw.get().starts_with('"') {
@@ -188,6 +193,9 @@ mod tests {
         for (body, want) in [
             (&b"not json"[..], 400),
             (b"[1,2]", 400),
+            (b"[\"m\"]", 400),
+            (b" [\"m\", \"hello\"]", 400),
+            (b"\"m\"", 400),
             (b"{\"prompt\":\"x\"}", 400),
             (b"{\"model\":null}", 400),
             (b"{\"model\":\"\"}", 400),
@@ -222,5 +230,7 @@ mod tests {
         assert_eq!(out, br#"{"id":"x","model":"base","usage":{}}"#);
         assert!(rewrite_model_field(br#"{"id":"x"}"#, "base").is_none());
         assert!(rewrite_model_field(b"[]", "base").is_none());
+        // An array's first string is not a model (found by fuzzing).
+        assert!(rewrite_model_field(b"[\r\"lora-7\"]", "base").is_none());
     }
 }

@@ -1,0 +1,314 @@
+//! A committed pick: the request is on its way to an endpoint, and the
+//! endpoint's in-flight counters say so until the response ends.
+//!
+//! Any front end (the ext_proc service, or a Rust gateway embedding the
+//! crates) gets correct load signals by holding the [`Dispatch`] for as long
+//! as the request is being served: starting it counts the request on its
+//! endpoint, [`Dispatch::complete`] or dropping it (client gone, stream reset)
+//! releases the count exactly once and runs the scheduler's response hooks.
+
+use std::{fmt, sync::Arc};
+
+use crate::{
+    Endpoint, InferenceRequest, RequestOutcome, ResponseHeaderSink, Scheduler, SchedulingError,
+    SchedulingResult, Usage,
+};
+
+/// One request routed to one endpoint, from the pick until its response
+/// completes.
+///
+/// While it lives, the endpoint's [`crate::InflightCounters`] include the
+/// request: one request, its estimated prompt tokens, and of those the
+/// tokens the endpoint's prefix cache was not expected to hold (what its KV
+/// cache grows by). The load scorers read those counters between scrapes.
+///
+/// Not `Clone`: the counts are released once, by [`Self::complete`] or by
+/// `Drop` (which reports [`RequestOutcome::Aborted`] to the response hooks).
+pub struct Dispatch {
+    scheduler: Arc<Scheduler>,
+    request: InferenceRequest,
+    endpoint: Arc<Endpoint>,
+    tokens: u64,
+    uncached_tokens: u64,
+    open: bool,
+}
+
+impl fmt::Debug for Dispatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dispatch")
+            .field("request_id", &self.request.request_id)
+            .field("endpoint", &self.endpoint.addr_str())
+            .field("tokens", &self.tokens)
+            .field("uncached_tokens", &self.uncached_tokens)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The prompt tokens an endpoint must compute for a request of `tokens`
+/// prompt tokens of which the fraction `prefix_hit` (in `[0, 1]`) is in its
+/// prefix cache: the uncached part, rounded up.
+#[must_use]
+pub fn uncached_tokens(tokens: u64, prefix_hit: f64) -> u64 {
+    let hit = if prefix_hit.is_nan() {
+        0.0
+    } else {
+        prefix_hit.clamp(0.0, 1.0)
+    };
+    ((tokens as f64 * (1.0 - hit)).ceil() as u64).min(tokens)
+}
+
+impl SchedulingResult {
+    /// Commits the pick: `request` is sent to the primary target, whose
+    /// in-flight counters count it from now until the returned
+    /// [`Dispatch`] completes or is dropped. `scheduler` is the one that
+    /// produced this result (its response hooks see the response).
+    ///
+    /// # Errors
+    /// [`SchedulingError::NoEndpoints`] when the result has no primary target.
+    pub fn dispatch(
+        &self,
+        scheduler: Arc<Scheduler>,
+        request: InferenceRequest,
+    ) -> Result<Dispatch, SchedulingError> {
+        let endpoint = self
+            .primary()
+            .cloned()
+            .ok_or(SchedulingError::NoEndpoints)?;
+        Ok(Dispatch::start(
+            scheduler,
+            request,
+            endpoint,
+            self.primary_prefix_hit,
+        ))
+    }
+}
+
+impl Dispatch {
+    /// Counts `request` on `endpoint`, of whose prompt the fraction
+    /// `prefix_hit` is expected in the endpoint's prefix cache. Prefer
+    /// [`SchedulingResult::dispatch`]; this is for a front end that picked
+    /// the endpoint some other way (a forced endpoint, a retry elsewhere).
+    #[must_use]
+    pub fn start(
+        scheduler: Arc<Scheduler>,
+        request: InferenceRequest,
+        endpoint: Arc<Endpoint>,
+        prefix_hit: f64,
+    ) -> Self {
+        let tokens = request.prompt_tokens_estimate();
+        let uncached_tokens = uncached_tokens(tokens, prefix_hit);
+        endpoint.inflight().start_with(tokens, uncached_tokens);
+        Self {
+            scheduler,
+            request,
+            endpoint,
+            tokens,
+            uncached_tokens,
+            open: true,
+        }
+    }
+
+    /// The endpoint serving the request.
+    #[must_use]
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.endpoint
+    }
+
+    /// The request.
+    #[must_use]
+    pub fn request(&self) -> &InferenceRequest {
+        &self.request
+    }
+
+    /// The scheduler that routed the request.
+    #[must_use]
+    pub fn scheduler(&self) -> &Arc<Scheduler> {
+        &self.scheduler
+    }
+
+    /// Estimated prompt tokens counted on the endpoint.
+    #[must_use]
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Of those, the tokens not expected in the endpoint's prefix cache.
+    #[must_use]
+    pub fn uncached_tokens(&self) -> u64 {
+        self.uncached_tokens
+    }
+
+    /// The response's headers arrived with `status`: runs the scheduler's
+    /// response hooks, which may add headers for the client to `out`.
+    pub fn response_received(
+        &self,
+        status: u16,
+        headers: &[(String, String)],
+        out: &mut dyn ResponseHeaderSink,
+    ) {
+        self.scheduler
+            .response_received(&self.request, &self.endpoint, status, headers, out);
+    }
+
+    /// The response ended with `outcome` (and the token `usage` read from
+    /// it, if any): releases the in-flight counts and runs the response
+    /// hooks. Returns the request.
+    pub fn complete(mut self, usage: Option<&Usage>, outcome: RequestOutcome) -> InferenceRequest {
+        self.close(usage, outcome);
+        std::mem::take(&mut self.request)
+    }
+
+    fn close(&mut self, usage: Option<&Usage>, outcome: RequestOutcome) {
+        if !std::mem::replace(&mut self.open, false) {
+            return;
+        }
+        self.endpoint
+            .inflight()
+            .finish_with(self.tokens, self.uncached_tokens);
+        self.scheduler
+            .response_complete(&self.request, &self.endpoint, usage, outcome);
+    }
+}
+
+impl Drop for Dispatch {
+    fn drop(&mut self) {
+        // Client gone, stream reset, or a front end that forgot: the request
+        // no longer loads the endpoint.
+        self.close(None, RequestOutcome::Aborted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::{
+        Candidate, CycleContext, EndpointMetrics, EndpointSnapshot, Picker, Plugin, PluginRef,
+        ResponseHooks, SchedulingProfile, SingleProfileHandler,
+    };
+
+    #[test]
+    fn uncached_tokens_round_up_and_stay_in_range() {
+        assert_eq!(uncached_tokens(100, 0.0), 100);
+        assert_eq!(uncached_tokens(100, 1.0), 0);
+        assert_eq!(uncached_tokens(100, 0.755), 25);
+        assert_eq!(uncached_tokens(7, 0.5), 4);
+        assert_eq!(uncached_tokens(100, -3.0), 100);
+        assert_eq!(uncached_tokens(100, 4.0), 0);
+        assert_eq!(uncached_tokens(100, f64::NAN), 100);
+    }
+
+    /// Picks the first candidate and records every outcome it is told of.
+    #[derive(Debug, Default)]
+    struct FirstAndLog(Mutex<Vec<RequestOutcome>>);
+    impl Plugin for FirstAndLog {
+        fn type_name(&self) -> &str {
+            "first"
+        }
+        fn name(&self) -> &str {
+            "first"
+        }
+        fn as_picker(&self) -> Option<&dyn Picker> {
+            Some(self)
+        }
+        fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+            Some(self)
+        }
+    }
+    impl Picker for FirstAndLog {
+        fn pick(&self, _: &mut CycleContext<'_>, c: &[Candidate], _: &[f64], out: &mut Vec<usize>) {
+            out.extend((!c.is_empty()).then_some(0));
+        }
+    }
+    impl ResponseHooks for FirstAndLog {
+        fn request_completed(&self, _: &InferenceRequest, _: &Endpoint, o: RequestOutcome) {
+            self.0.lock().unwrap().push(o);
+        }
+    }
+
+    /// A scheduler over one endpoint, a 40-character (10-token) request, its
+    /// scheduling result, and the endpoint.
+    struct Setup {
+        scheduler: Arc<Scheduler>,
+        log: Arc<FirstAndLog>,
+        request: InferenceRequest,
+        result: SchedulingResult,
+        endpoint: Arc<Endpoint>,
+    }
+
+    fn setup() -> Setup {
+        let picker = Arc::new(FirstAndLog::default());
+        let profile =
+            SchedulingProfile::new("p").with_picker(PluginRef::new(picker.clone() as Arc<_>));
+        let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
+            .unwrap()
+            .with_hooks([PluginRef::new(picker.clone() as Arc<_>)]);
+        let endpoint = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+        endpoint.set_metrics(EndpointMetrics::fresh());
+        let snapshot = EndpointSnapshot::new(vec![Arc::clone(&endpoint)]);
+        let request = InferenceRequest::builder("m")
+            .prompt("x".repeat(40))
+            .build();
+        let result = scheduler.schedule(&request, &snapshot).unwrap();
+        Setup {
+            scheduler: Arc::new(scheduler),
+            log: picker,
+            request,
+            result,
+            endpoint,
+        }
+    }
+
+    #[test]
+    fn counts_from_dispatch_until_complete_then_runs_hooks_once() {
+        let s = setup();
+        let endpoint = &s.endpoint;
+        assert_eq!(endpoint.inflight().requests(), 0);
+
+        let dispatch = s.result.dispatch(s.scheduler, s.request).unwrap();
+        let sample = endpoint.inflight().sample();
+        assert_eq!(
+            (sample.requests, sample.tokens, sample.uncached_tokens),
+            (1, 10, 10)
+        );
+
+        let back = dispatch.complete(None, RequestOutcome::Completed { status: 200 });
+        assert_eq!(back.model, "m");
+        assert_eq!(endpoint.inflight().sample(), Default::default());
+        assert_eq!(
+            *s.log.0.lock().unwrap(),
+            [RequestOutcome::Completed { status: 200 }]
+        );
+    }
+
+    #[test]
+    fn dropping_a_dispatch_releases_it_as_aborted() {
+        let s = setup();
+        let (endpoint, log) = (&s.endpoint, &s.log);
+        let a = s
+            .result
+            .dispatch(Arc::clone(&s.scheduler), s.request.clone())
+            .unwrap();
+        let b = s.result.dispatch(s.scheduler, s.request).unwrap();
+        assert_eq!(endpoint.inflight().requests(), 2);
+        drop(a);
+        assert_eq!(endpoint.inflight().requests(), 1);
+        drop(b);
+        assert_eq!(endpoint.inflight().sample(), Default::default());
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [RequestOutcome::Aborted, RequestOutcome::Aborted]
+        );
+    }
+
+    #[test]
+    fn a_result_without_a_target_dispatches_nothing() {
+        let empty = SchedulingResult::default();
+        let err = empty
+            .dispatch(setup().scheduler, InferenceRequest::builder("m").build())
+            .unwrap_err();
+        assert_eq!(err, SchedulingError::NoEndpoints);
+    }
+}

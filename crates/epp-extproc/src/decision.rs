@@ -1,0 +1,420 @@
+//! The routing decision for one request, as a plain value: no protobuf, no
+//! gRPC. The ext_proc state machine (`exchange.rs`) collects headers and
+//! body, asks [`Decider::decide`], and encodes the [`Decision`] for Envoy.
+//!
+//! A decision runs in stages, each a method of its own:
+//! 1. [`Decider::prepare`]: parse the body, apply the model rewrite, read
+//!    the objective and fairness headers → an [`InferenceRequest`].
+//! 2. [`Decider::route`]: schedule over the current endpoints, commit the
+//!    pick as an [`epp_core::Dispatch`] (the endpoint's in-flight counters
+//!    count it from here), and say how the request must be changed: headers
+//!    to set and remove, the body spliced when the model was rewritten.
+//!
+//! Flow control is a stage between the two (a request waits for capacity
+//! after it is understood and before it is scheduled); a disaggregated
+//! (prefill/decode) decision is a `route` that makes two picks and adds a
+//! header.
+
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+    ops::Range,
+    sync::Arc,
+    time::Instant,
+};
+
+use arc_swap::ArcSwap;
+use epp_core::{ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler};
+
+use crate::{
+    body::{ParsedBody, parse_body, splice_model},
+    error::ExtProcError,
+    metrics::{Metrics, ModelLabels},
+    options::ExtProcOptions,
+};
+
+/// Header carrying the chosen endpoint (and the `envoy.lb` metadata key).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// Dynamic-metadata namespace Envoy's load balancer reads.
+pub const DESTINATION_NAMESPACE: &str = "envoy.lb";
+/// Metadata namespace of the gateway's subset hint.
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+/// Metadata key of the subset hint (a list of `ip:port`).
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// Header overriding the model a request is routed for.
+pub const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";
+/// Header naming the request's objective (→ priority).
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+/// Header naming the request's fairness flow.
+pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
+/// Control headers removed before the request is forwarded.
+pub const CONTROL_HEADERS: [&str; 3] = [MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, FAIRNESS_HEADER];
+
+/// The fairness flow of requests that name none.
+const DEFAULT_FLOW: &str = "default-flow";
+
+/// What the edge learnt of a request before its body: headers (names
+/// lower-case, pseudo-headers included) and the gateway's subset hint.
+#[derive(Debug, Default)]
+pub(crate) struct RequestParts {
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) subset: Option<Vec<String>>,
+}
+
+impl RequestParts {
+    /// The value of header `name` (lower-case).
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+
+    /// The request path (`:path`, or the gateway's original path).
+    pub(crate) fn path(&self) -> &str {
+        [":path", "x-original-path", "x-forwarded-path"]
+            .iter()
+            .find_map(|h| self.header(h).filter(|v| !v.is_empty()))
+            .unwrap_or("")
+    }
+
+    /// The client's `x-request-id`, if it sent one.
+    pub(crate) fn request_id(&self) -> Option<&str> {
+        self.header("x-request-id").filter(|v| !v.is_empty())
+    }
+}
+
+/// A request understood and not yet scheduled.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) request: InferenceRequest,
+    /// Where the body's `model` value is (empty for a body-less request).
+    model_span: Range<usize>,
+    /// The request id was made here (the client sent none): forward it.
+    generated_id: bool,
+    /// A body was parsed (the request is not headers-only).
+    has_body: bool,
+}
+
+/// The outcome of deciding one request.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Send the request on, changed as said.
+    Route(Box<Route>),
+    /// Answer locally with the error's status and JSON body.
+    Reject(ExtProcError),
+}
+
+/// A routed request and the changes to forward it with.
+#[derive(Debug)]
+pub(crate) struct Route {
+    /// The committed pick: holds the target's in-flight count until the
+    /// response completes or the route is dropped.
+    pub(crate) dispatch: Dispatch,
+    /// Target then fallbacks, `ip:port` comma-separated (Envoy's
+    /// `envoy.lb` metadata value).
+    pub(crate) targets: String,
+    /// Headers to set besides the destination (see [`Route::set_headers`]):
+    /// empty unless an id is generated or the body rewritten.
+    pub(crate) extra_headers: Vec<(&'static str, String)>,
+    /// Control headers to remove before forwarding.
+    pub(crate) remove_headers: Vec<&'static str>,
+    /// The body to forward.
+    pub(crate) body: BodyEdit,
+    /// The model the client asked for, when the body was rewritten to another:
+    /// the response's `model` is restored to it.
+    pub(crate) restore_model: Option<String>,
+    /// Metric labels of the request.
+    pub(crate) labels: ModelLabels,
+}
+
+impl Route {
+    /// Every header to set: the destination first, then the extra ones.
+    pub(crate) fn set_headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::iter::once((DESTINATION_HEADER, self.dispatch.endpoint().addr_str()))
+            .chain(self.extra_headers.iter().map(|(k, v)| (*k, v.as_str())))
+    }
+}
+
+/// What happens to the request body.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BodyEdit {
+    /// Forwarded byte for byte.
+    Unchanged,
+    /// Replaced by these bytes (the model value spliced).
+    Replace(Vec<u8>),
+}
+
+/// Decides requests: the scheduler, the endpoints, the options and the
+/// metrics shared by every stream. Swapping the scheduler or options
+/// affects decisions made after the swap only.
+pub(crate) struct Decider {
+    pub(crate) scheduler: ArcSwap<Scheduler>,
+    pub(crate) endpoints: Arc<dyn EndpointSource>,
+    pub(crate) options: ArcSwap<ExtProcOptions>,
+    pub(crate) metrics: Metrics,
+}
+
+impl fmt::Debug for Decider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decider")
+            .field("endpoints", &self.endpoints)
+            .field("options", &self.options.load())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Decider {
+    /// A decider over `endpoints` with no metrics registered yet.
+    pub(crate) fn new(
+        scheduler: Arc<Scheduler>,
+        endpoints: Arc<dyn EndpointSource>,
+        options: ExtProcOptions,
+    ) -> Self {
+        Self {
+            scheduler: ArcSwap::new(scheduler),
+            endpoints,
+            options: ArcSwap::from_pointee(options),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Decides a request whose headers are `parts` and whose whole body is
+    /// `body` (`None`: a request without a body). Takes the headers.
+    pub(crate) fn decide(
+        &self,
+        options: &ExtProcOptions,
+        parts: &mut RequestParts,
+        body: Option<&[u8]>,
+    ) -> Decision {
+        match self.prepare(options, parts, body) {
+            Ok(prepared) => self.route(prepared, parts.subset.as_deref(), body),
+            Err(e) => self.reject(e, parts.request_id().unwrap_or(""), "", ""),
+        }
+    }
+
+    /// Stage 1: the scheduler's view of the request. Takes the headers.
+    ///
+    /// # Errors
+    /// A body that is not a JSON object with a `model` (400).
+    pub(crate) fn prepare(
+        &self,
+        options: &ExtProcOptions,
+        parts: &mut RequestParts,
+        body: Option<&[u8]>,
+    ) -> Result<Prepared, ExtProcError> {
+        let api = ApiKind::from_path(parts.path());
+        let parsed = match body {
+            Some(b) => parse_body(api, b)?,
+            None => ParsedBody::default(),
+        };
+        let headers = std::mem::take(&mut parts.headers);
+        let nonempty = |name| header(&headers, name).filter(|v| !v.is_empty());
+        let model = parsed.model;
+        let target_model = nonempty(MODEL_REWRITE_HEADER)
+            .map(str::to_owned)
+            .or_else(|| {
+                options
+                    .model_rewrite
+                    .as_ref()
+                    .and_then(|r| r.rewrite(&model, &headers))
+            })
+            .unwrap_or_else(|| model.clone());
+        let objective = nonempty(OBJECTIVE_HEADER).map(str::to_owned);
+        let priority = objective
+            .as_ref()
+            .and_then(|o| match &options.objective_priority {
+                Some(live) => live.priority(o),
+                None => options.objectives.get(o).copied(),
+            })
+            .unwrap_or(0);
+        let fairness_id = nonempty(FAIRNESS_HEADER).unwrap_or(DEFAULT_FLOW).to_owned();
+        let (request_id, generated_id) = match nonempty("x-request-id") {
+            Some(id) => (id.to_owned(), false),
+            None => (new_request_id(), true),
+        };
+        Ok(Prepared {
+            request: InferenceRequest {
+                request_id,
+                model,
+                target_model,
+                api,
+                headers,
+                prompt: parsed.prompt,
+                cache_salt: parsed.cache_salt,
+                stream: parsed.stream,
+                priority,
+                objective,
+                fairness_id,
+                max_tokens: parsed.max_tokens,
+                subset: None,
+                body_len: body.map_or(0, <[u8]>::len),
+            },
+            model_span: parsed.model_span,
+            generated_id,
+            has_body: body.is_some(),
+        })
+    }
+
+    /// Stage 2: schedules the prepared request over the current endpoints
+    /// (limited to `subset` when the gateway gave one) and commits the pick.
+    /// `body` is the one `prepare` parsed.
+    pub(crate) fn route(
+        &self,
+        prepared: Prepared,
+        subset: Option<&[String]>,
+        body: Option<&[u8]>,
+    ) -> Decision {
+        let Prepared {
+            mut request,
+            model_span,
+            generated_id,
+            has_body,
+        } = prepared;
+        let scheduler = self.scheduler.load_full();
+        let snapshot = self.endpoints.snapshot();
+        request.subset = subset.map(|s| resolve_subset(s, &snapshot));
+
+        let t0 = Instant::now();
+        let result = scheduler.schedule(&request, &snapshot);
+        let took = t0.elapsed();
+        self.metrics.scheduling_took(took);
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => return self.reject_request(e.into(), &request),
+        };
+        let targets = result
+            .primary_run()
+            .map(|run| {
+                run.targets
+                    .iter()
+                    .map(|e| e.addr_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        tracing::debug!(
+            request_id = %request.request_id,
+            model = %request.model,
+            target_model = %request.target_model,
+            endpoint = %result.primary().map(|e| e.addr_str()).unwrap_or_default(),
+            targets = %targets,
+            scores = ?result.primary_run().map(|r| &r.scores),
+            priority = request.priority,
+            prompt_bytes = request.prompt.len(),
+            took_us = took.as_micros() as u64,
+            "scheduled"
+        );
+        if tracing::enabled!(tracing::Level::TRACE) {
+            tracing::trace!(request_id = %request.request_id, prompt = %request.prompt, "prompt");
+        }
+
+        // Body: byte for byte, unless the model is rewritten (splice only it).
+        let rewritten = has_body && request.target_model != request.model;
+        let body = match body {
+            Some(b) if rewritten => {
+                BodyEdit::Replace(splice_model(b, &model_span, &request.target_model))
+            }
+            _ => BodyEdit::Unchanged,
+        };
+        let remove_headers = CONTROL_HEADERS
+            .into_iter()
+            .filter(|h| request.header(h).is_some())
+            .collect();
+        let labels = ModelLabels {
+            model_name: request.model.clone(),
+            target_model_name: request.target_model.clone(),
+        };
+        let restore_model = rewritten.then(|| request.model.clone());
+        let request_id = generated_id.then(|| request.request_id.clone());
+        let body_len = request.body_len;
+        let dispatch = match result.dispatch(scheduler, request) {
+            Ok(d) => d,
+            // A handler naming a primary without targets: nothing to serve.
+            Err(e) => {
+                return self.reject(e.into(), "", &labels.model_name, &labels.target_model_name);
+            }
+        };
+        let mut extra_headers = Vec::new();
+        extra_headers.extend(request_id.map(|id| ("x-request-id", id)));
+        if let BodyEdit::Replace(b) = &body {
+            extra_headers.push(("content-length", b.len().to_string()));
+        }
+        self.metrics.scheduled(&labels, body_len);
+        Decision::Route(Box::new(Route {
+            dispatch,
+            targets,
+            extra_headers,
+            remove_headers,
+            body,
+            restore_model,
+            labels,
+        }))
+    }
+
+    /// Refuses a request (any stage): logs it and counts the error.
+    pub(crate) fn reject(
+        &self,
+        err: ExtProcError,
+        request_id: &str,
+        model: &str,
+        target: &str,
+    ) -> Decision {
+        tracing::debug!(request_id, status = err.http_status(), error = %err, "request refused");
+        self.metrics.error(model, target, err.code());
+        Decision::Reject(err)
+    }
+
+    fn reject_request(&self, err: ExtProcError, request: &InferenceRequest) -> Decision {
+        self.reject(
+            err,
+            &request.request_id,
+            &request.model,
+            &request.target_model,
+        )
+    }
+}
+
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The endpoints a subset hint allows: `ip:port` entries match exactly; a
+/// bare `ip` matches every port of that address. Unparseable entries match
+/// nothing, so an all-garbage hint is an empty subset (503).
+fn resolve_subset(entries: &[String], snapshot: &EndpointSnapshot) -> Vec<SocketAddr> {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        if let Ok(addr) = e.parse::<SocketAddr>() {
+            out.push(addr);
+        } else if let Ok(ip) = e.trim_matches(['[', ']']).parse::<IpAddr>() {
+            out.extend(
+                snapshot
+                    .endpoints()
+                    .iter()
+                    .map(|ep| ep.addr())
+                    .filter(|a| a.ip() == ip),
+            );
+        }
+    }
+    out
+}
+
+/// A random UUID v4 for requests that arrive without `x-request-id`.
+fn new_request_id() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests;

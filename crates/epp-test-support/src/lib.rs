@@ -1,0 +1,46 @@
+//! Test support of the epp-rs workspace, shared by the crates' tests, benches
+//! and examples (never published).
+//!
+//! It depends on epp-core alone, so that epp-plugins, epp-datalayer and
+//! epp-extproc can take it as a dev-dependency, in-crate unit tests included,
+//! without a second copy of themselves in the build.
+//!
+//! - [`endpoints`]: endpoints, candidates and cycle contexts, built one way.
+//! - [`plugins`]: small plugins whose decisions a test can work out by hand.
+//! - [`workload`]: the scheduling cycle the cycle benchmark measures.
+//! - [`process`] and [`http`]: simulators, epp and Envoy as real processes on
+//!   loopback, and a small HTTP client, for end-to-end tests and benchmarks.
+//! - [`wait`]: bounded waiting for what another task or process does.
+//! - [`stats`]: percentiles of measured samples.
+//!
+//! ```
+//! use epp_core::{EndpointSnapshot, InferenceRequest};
+//! use epp_test_support::{
+//!     endpoints::with_queues,
+//!     plugins::{BestScoresPicker, scheduler, short_queue_profile},
+//! };
+//!
+//! // Three endpoints with queues 4, 0 and 2: the shortest queue wins, the
+//! // next shortest is the fallback.
+//! let snapshot = EndpointSnapshot::new(with_queues(&[4, 0, 2]));
+//! let request = InferenceRequest::builder("m").build();
+//! let profile = short_queue_profile(BestScoresPicker::new(2));
+//! let result = scheduler(profile).schedule(&request, &snapshot).unwrap();
+//! let picked: Vec<String> = result.primary_run().unwrap().targets.iter()
+//!     .map(|e| e.addr().to_string())
+//!     .collect();
+//! assert_eq!(picked, ["10.0.0.2:8000", "10.0.0.3:8000"]);
+//! ```
+#![warn(missing_docs)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "test support: a failed set-up is a failed test, and panics say where"
+)]
+
+pub mod endpoints;
+pub mod http;
+pub mod plugins;
+pub mod process;
+pub mod stats;
+pub mod wait;
+pub mod workload;

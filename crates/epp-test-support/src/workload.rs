@@ -1,0 +1,192 @@
+//! The scheduling cycle the cycle benchmark and its allocation test measure:
+//! the default profile (queue ×2, KV ×2, prefix ×3, max-score picker) over
+//! endpoints whose load varies between requests, and completion prompts made
+//! of a prefix shared within one of [`GROUPS`] groups (¾ of the prompt) plus
+//! a unique tail (¼).
+//!
+//! The plugins come from the registry the caller passes (epp-plugins'
+//! built-ins), by their YAML types, as the `epp` binary builds them; only the
+//! prefix scorer is the caller's own instance, so that it can look at its
+//! index.
+
+use std::{
+    hint::black_box,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use epp_core::{
+    EndpointMetrics, EndpointSnapshot, InferenceRequest, Plugin, PluginRef, PluginSpec, Registry,
+    Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,
+};
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+
+use crate::endpoints::endpoints;
+
+/// Prefix groups.
+pub const GROUPS: usize = 256;
+
+/// The model every workload request asks for.
+pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// The default profile: `queue-scorer` ×2, `kv-cache-utilization-scorer` ×2
+/// (both built by `registry`), `prefix` ×3 and as a pre-request hook,
+/// `max-score-picker` (from `registry`).
+///
+/// # Panics
+/// If `registry` lacks one of those types.
+#[must_use]
+pub fn default_profile(registry: &Registry, prefix: PluginRef) -> Scheduler {
+    let build = |type_name: &str| {
+        let plugin = registry
+            .build(&PluginSpec::new(type_name))
+            .unwrap_or_else(|e| panic!("{type_name}: {e}"));
+        PluginRef::new(plugin)
+    };
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(build("queue-scorer"), 2.0)
+        .with_scorer(build("kv-cache-utilization-scorer"), 2.0)
+        .with_scorer(prefix.clone(), 3.0)
+        .with_picker(build("max-score-picker"));
+    Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
+        .expect("a valid profile")
+        .with_hooks([prefix])
+}
+
+/// One benchmark setup: the scheduler, the endpoints and the reused buffers.
+#[derive(Debug)]
+pub struct Workload<P> {
+    /// The default profile's scheduler.
+    pub scheduler: Scheduler,
+    /// The caller's prefix scorer, the one the scheduler runs.
+    pub prefix: Arc<P>,
+    /// The endpoints.
+    pub snapshot: EndpointSnapshot,
+    /// Per-thread scratch, reused across cycles.
+    pub scratch: Scratch,
+    /// The last cycle's result, reused.
+    pub result: SchedulingResult,
+    prefixes: Vec<String>,
+    tail_len: usize,
+    request: InferenceRequest,
+    rng: SmallRng,
+    /// Pre-built metric values, so varying load costs no allocation beyond
+    /// the data layer's own `Arc` swap.
+    metrics: Vec<EndpointMetrics>,
+}
+
+fn text(rng: &mut SmallRng, out: &mut String, len: usize) {
+    const WORDS: [&str; 16] = [
+        "the ", "model ", "server ", "cache ", "prefix ", "token ", "query ", "answer ", "route ",
+        "block ", "tenant ", "system ", "prompt ", "user ", "tool ", "data ",
+    ];
+    let end = out.len() + len;
+    while out.len() < end {
+        let w = WORDS[rng.random_range(0..WORDS.len())];
+        let take = w.len().min(end - out.len());
+        out.push_str(&w[..take]);
+    }
+}
+
+impl<P: Plugin + 'static> Workload<P> {
+    /// `endpoints` endpoints and prompts of `prompt_kib` KiB, scheduled by
+    /// [`default_profile`] with `prefix` as its prefix scorer.
+    ///
+    /// # Panics
+    /// If `registry` lacks one of the default profile's types.
+    #[must_use]
+    pub fn new(endpoints_n: usize, prompt_kib: usize, registry: &Registry, prefix: Arc<P>) -> Self {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let metrics: Vec<EndpointMetrics> = (0..64)
+            .map(|_| EndpointMetrics {
+                waiting: rng.random_range(0..20),
+                running: rng.random_range(0..64),
+                kv_usage: rng.random_range(0.0..1.0),
+                ..EndpointMetrics::fresh()
+            })
+            .collect();
+        let snapshot = EndpointSnapshot::new(endpoints(
+            (0..endpoints_n).map(|i| metrics[i % metrics.len()].clone()),
+        ));
+        let prompt = prompt_kib * 1024;
+        let prefix_len = prompt * 3 / 4;
+        let prefixes = (0..GROUPS)
+            .map(|_| {
+                let mut s = String::with_capacity(prefix_len);
+                text(&mut rng, &mut s, prefix_len);
+                s
+            })
+            .collect();
+        let scheduler = default_profile(registry, PluginRef::new(prefix.clone()));
+        let mut request = InferenceRequest::builder(MODEL).build();
+        request.prompt = String::with_capacity(prompt);
+        Self {
+            scheduler,
+            prefix,
+            snapshot,
+            scratch: Scratch::seeded(1),
+            result: SchedulingResult::default(),
+            prefixes,
+            tail_len: prompt - prefix_len,
+            request,
+            rng,
+            metrics,
+        }
+    }
+
+    /// Changes the load of 8 endpoints (what the data layer does between
+    /// requests) and writes the next prompt into the reused request.
+    pub fn next(&mut self) {
+        let n = self.snapshot.len();
+        for _ in 0..8 {
+            let e = &self.snapshot.endpoints()[self.rng.random_range(0..n)];
+            let m = &self.metrics[self.rng.random_range(0..self.metrics.len())];
+            e.set_metrics(m.clone());
+        }
+        let group = self.rng.random_range(0..GROUPS);
+        let prompt = &mut self.request.prompt;
+        prompt.clear();
+        prompt.push_str(&self.prefixes[group]);
+        text(&mut self.rng, prompt, self.tail_len);
+    }
+
+    /// One scheduling cycle on the current request: hash, match, score, pick,
+    /// record.
+    ///
+    /// # Panics
+    /// If no endpoint is picked (the profile has no filter, so never).
+    pub fn cycle(&mut self) {
+        self.scheduler
+            .schedule_into(
+                &self.request,
+                &self.snapshot,
+                &mut self.scratch,
+                &mut self.result,
+            )
+            .expect("an endpoint");
+    }
+
+    /// Runs `n` full requests and returns the time their cycles took: load
+    /// changes and prompt assembly are the data layer's and the client's
+    /// work, so they are left untimed. Each result is passed through
+    /// [`black_box`] so the cycle cannot be optimised away.
+    pub fn time_cycles(&mut self, n: u64) -> Duration {
+        let mut spent = Duration::ZERO;
+        for _ in 0..n {
+            self.next();
+            let t = Instant::now();
+            self.cycle();
+            spent += t.elapsed();
+            black_box(&self.result);
+        }
+        spent
+    }
+
+    /// Runs `n` full requests (load change, prompt, cycle).
+    pub fn warm(&mut self, n: usize) {
+        for _ in 0..n {
+            self.next();
+            self.cycle();
+        }
+    }
+}
