@@ -6,7 +6,8 @@
 //! - `""`, `readiness`, `inference-extension` (the reference chart's probe
 //!   name) and `envoy.service.ext_proc.v3.ExternalProcessor`: SERVING once the
 //!   config is loaded, discovery has published its first complete endpoint
-//!   set, and this replica leads (when leader election is on).
+//!   set (on Kubernetes: synced, the pool present, nothing forbidden), and
+//!   this replica leads (when leader election is on).
 //!
 //! Whether any endpoint has fresh metrics is not readiness (a picker with
 //! stale endpoints still routes, and restarting it fixes nothing): it is the
@@ -34,22 +35,34 @@ pub(crate) const READY_SERVICES: [&str; 4] = [
     "envoy.service.ext_proc.v3.ExternalProcessor",
 ];
 
+/// A further condition for readiness, polled: Kubernetes discovery synced
+/// with nothing forbidden, and this replica leading when leader election is
+/// on (see `kube.rs`).
+pub(crate) type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// What readiness waits for besides the config (loaded before the servers
-/// start): discovery's first complete sync, and leadership when leader
-/// election is on. Set from anywhere; the health task follows.
-#[derive(Debug)]
+/// start): discovery's first complete sync, and the [`Gate`]. Set from
+/// anywhere; the health task follows.
 pub(crate) struct Readiness {
     synced: AtomicBool,
-    leader: AtomicBool,
+    gate: Gate,
     changed: Notify,
 }
 
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("synced", &self.synced)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Readiness {
-    /// Not synced; leader unless `leader_election` (then not until elected).
-    pub(crate) fn new(leader_election: bool) -> Self {
+    /// Not synced yet; ready once synced while `gate` holds.
+    pub(crate) fn new(gate: Gate) -> Self {
         Self {
             synced: AtomicBool::new(false),
-            leader: AtomicBool::new(!leader_election),
+            gate,
             changed: Notify::new(),
         }
     }
@@ -60,15 +73,9 @@ impl Readiness {
         self.changed.notify_one();
     }
 
-    /// This replica leads (or stopped leading).
-    pub(crate) fn set_leader(&self, leader: bool) {
-        self.leader.store(leader, Ordering::Release);
-        self.changed.notify_one();
-    }
-
     /// Whether the picker should receive traffic.
     pub(crate) fn is_ready(&self) -> bool {
-        self.synced.load(Ordering::Acquire) && self.leader.load(Ordering::Acquire)
+        self.synced.load(Ordering::Acquire) && (self.gate)()
     }
 }
 
@@ -143,18 +150,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ready_needs_sync_and_leadership() {
-        let r = Readiness::new(false);
+    fn ready_needs_sync_and_the_gate() {
+        let r = Readiness::new(Arc::new(|| true));
         assert!(!r.is_ready(), "not before discovery's first sync");
         r.set_synced(true);
         assert!(r.is_ready());
 
-        let ha = Readiness::new(true);
+        let leading = Arc::new(AtomicBool::new(false));
+        let gate = Arc::clone(&leading);
+        let ha = Readiness::new(Arc::new(move || gate.load(Ordering::Acquire)));
         ha.set_synced(true);
         assert!(!ha.is_ready(), "a follower takes no traffic");
-        ha.set_leader(true);
+        leading.store(true, Ordering::Release);
         assert!(ha.is_ready());
-        ha.set_leader(false);
+        leading.store(false, Ordering::Release);
         assert!(!ha.is_ready());
     }
 }

@@ -17,8 +17,6 @@ use epp_datalayer::{
 use epp_extproc::{ExtProcOptions, ModelRewrite, ObjectivePriority};
 use tokio_util::sync::CancellationToken;
 
-use crate::health::Readiness;
-
 /// Flags of Kubernetes discovery.
 #[derive(Debug, Clone, ClapArgs)]
 pub(crate) struct KubeArgs {
@@ -220,34 +218,18 @@ impl Kube {
         Ok(options)
     }
 
-    /// Keeps `readiness` in step: synced at once without Kubernetes;
-    /// otherwise synced while discovery is ready (first sync done, pool
-    /// present, nothing forbidden), and leading while this replica holds the
-    /// lease when leader election is on.
-    pub(crate) fn drive_readiness(&self, readiness: Arc<Readiness>, stop: CancellationToken) {
-        let Some(discovery) = self.discovery.clone() else {
-            readiness.set_synced(true);
-            return;
-        };
+    /// What readiness needs from Kubernetes: always true without it;
+    /// otherwise synced, pool present, nothing forbidden, and leading when
+    /// leader election is on.
+    pub(crate) fn gate(&self) -> crate::health::Gate {
         let elector = self.elector.as_ref().map(|(e, _)| Arc::clone(e));
-        tokio::spawn(async move {
-            let mut last = None;
-            loop {
-                let now = (
-                    discovery.is_ready(),
-                    elector.as_ref().is_none_or(|e| e.is_leader()),
-                );
-                if last != Some(now) {
-                    readiness.set_synced(now.0);
-                    readiness.set_leader(now.1);
-                    last = Some(now);
-                }
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                }
+        match &self.discovery {
+            Some(d) => {
+                let d = Arc::clone(d);
+                Arc::new(move || d.is_ready() && elector.as_ref().is_none_or(|e| e.is_leader()))
             }
-        });
+            None => Arc::new(|| true),
+        }
     }
 }
 

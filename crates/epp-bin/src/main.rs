@@ -169,7 +169,6 @@ async fn run(args: Args) -> Result<()> {
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 
-    let readiness = Arc::new(health::Readiness::new(args.kube.ha_enable_leader_election));
     for discovery in discoveries(&args)? {
         discovery
             .start(Arc::clone(&store), shutdown.child_token())
@@ -183,9 +182,10 @@ async fn run(args: Args) -> Result<()> {
     }
     let kube = kube::Kube::start(&args, &store, &shutdown, &mut prom).await?;
     let options = kube.with_cluster_directives(options, &shutdown).await?;
-    // Static discoveries published their first set before `start` returned;
-    // Kubernetes discovery (and leader election) keep readiness in step.
-    kube.drive_readiness(Arc::clone(&readiness), shutdown.child_token());
+    // Every discovery published its first set before `start` returned;
+    // Kubernetes' own state (sync, pool, permissions, leadership) is the gate.
+    let readiness = Arc::new(health::Readiness::new(kube.gate()));
+    readiness.set_synced(true);
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
         &built.data_layer,

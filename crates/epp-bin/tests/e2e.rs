@@ -3,9 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../epp-datalayer/tests/common/kube.rs"]
-mod kube_env;
-
 mod e2e {
     mod apis;
     mod custom_metric;

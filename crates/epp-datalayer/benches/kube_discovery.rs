@@ -14,9 +14,6 @@
 
 #![expect(clippy::unwrap_used, reason = "a benchmark program panics on failure")]
 
-#[path = "../tests/common/kube.rs"]
-mod kube_env;
-
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -27,8 +24,8 @@ use epp_datalayer::{
     Discovery, EndpointStore,
     kubernetes::{KubeOptions, KubeTarget, KubernetesDiscovery, PoolGroup},
 };
+use epp_test_support::kube::{KubeCluster, Ns};
 use futures::{StreamExt, stream};
-use kube_env::{KubeCluster, Ns};
 use tokio_util::sync::CancellationToken;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

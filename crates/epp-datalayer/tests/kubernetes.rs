@@ -4,8 +4,7 @@
 
 #![expect(clippy::unwrap_used, reason = "test helpers panic on failure")]
 
-#[path = "common/kube.rs"]
-mod kube_env;
+use epp_test_support::kube as kube_env;
 
 #[path = "kubernetes/faults.rs"]
 mod faults;

@@ -10,6 +10,8 @@
 //! - [`workload`]: the scheduling cycle the cycle benchmark measures.
 //! - [`process`] and [`http`]: simulators, epp and Envoy as real processes on
 //!   loopback, and a small HTTP client, for end-to-end tests and benchmarks.
+//! - [`kube`]: a real kube-apiserver (and etcd) started through
+//!   `scripts/kube-env.sh`, and the objects Kubernetes discovery reads.
 //! - [`wait`]: bounded waiting for what another task or process does.
 //! - [`stats`]: percentiles of measured samples.
 //!
@@ -39,6 +41,7 @@
 
 pub mod endpoints;
 pub mod http;
+pub mod kube;
 pub mod plugins;
 pub mod process;
 pub mod stats;

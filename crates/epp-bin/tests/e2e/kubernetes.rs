@@ -11,13 +11,11 @@ use std::{
 
 use epp_test_support::{
     http,
+    kube::{KubeCluster, Ns},
     process::{
-        BodyMode, Proc, Sim, epp_command, scratch_dir, sim_admin, sim_requests, spawn_epp,
-        start_envoy, workspace_bin,
+        BodyMode, Proc, Sim, epp_command, scratch_dir, spawn_epp, start_envoy, workspace_bin,
     },
 };
-
-use crate::kube_env::{KubeCluster, Ns};
 
 /// A port free on every loopback address the simulators use.
 fn shared_port() -> u16 {
@@ -257,7 +255,7 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
         .unwrap()
     };
     let last_model = || {
-        sim_requests(port)
+        epp_test_support::process::sim_requests(port)
             .pop()
             .map(|r| {
                 serde_json::from_str::<serde_json::Value>(r["body"].as_str().unwrap_or("{}"))
@@ -317,7 +315,7 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
 
     // The cluster's objective overrides the config's: batch becomes
     // sheddable, so a saturated pool answers 429.
-    sim_admin(port, serde_json::json!({"extra_waiting": 40})).await;
+    epp_test_support::process::sim_admin(port, serde_json::json!({"extra_waiting": 40})).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         send("chat", "batch").await.status,

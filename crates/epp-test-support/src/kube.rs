@@ -7,8 +7,6 @@
 //! (`scripts/kube-env.sh build`, a few minutes cold); a test that needs it
 //! builds it when missing rather than skipping.
 
-#![allow(dead_code, reason = "each test binary uses a different subset")]
-
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -66,14 +64,16 @@ fn ensure_built() {
 
 /// A running etcd + kube-apiserver, stopped on drop.
 #[derive(Debug)]
-pub(crate) struct KubeCluster {
-    pub(crate) dir: PathBuf,
-    pub(crate) kubeconfig: PathBuf,
+pub struct KubeCluster {
+    /// Its state directory (etcd data, certificates, logs, kubeconfigs).
+    pub dir: PathBuf,
+    /// The admin's kubeconfig.
+    pub kubeconfig: PathBuf,
 }
 
 impl KubeCluster {
     /// Starts a control plane of its own (for tests that stop the API server).
-    pub(crate) fn start(tag: &str) -> Self {
+    pub fn start(tag: &str) -> Self {
         ensure_built();
         let dir = std::env::temp_dir().join(format!(
             "epp-kube-{tag}-{}-{:08x}",
@@ -98,31 +98,33 @@ impl KubeCluster {
 
     /// One control plane shared by the tests of this process that leave the
     /// API server running (each works in a namespace of its own).
-    pub(crate) fn shared() -> &'static Self {
+    pub fn shared() -> &'static Self {
         static SHARED: OnceLock<KubeCluster> = OnceLock::new();
         SHARED.get_or_init(|| Self::start("shared"))
     }
 
     /// The kubeconfig of a test ServiceAccount user
     /// (`system:serviceaccount:default:<sa>`; `epp`, `epp-b`, `restricted`).
-    pub(crate) fn kubeconfig_for(&self, sa: &str) -> PathBuf {
+    pub fn kubeconfig_for(&self, sa: &str) -> PathBuf {
         self.dir.join(format!("kubeconfig-{sa}"))
     }
 
     /// A client with the admin token.
-    pub(crate) async fn admin(&self) -> Client {
-        epp_datalayer::kubernetes::client(Some(&self.kubeconfig))
+    pub async fn admin(&self) -> Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
-            .expect("admin client")
+            .expect("admin kubeconfig");
+        Client::try_from(config).expect("admin client")
     }
 
     /// Stops the API server (etcd stays).
-    pub(crate) fn stop_apiserver(&self) {
+    pub fn stop_apiserver(&self) {
         run_script(&["apiserver-stop", self.dir.to_str().expect("utf-8")]);
     }
 
     /// Starts the API server again on the same port; returns once ready.
-    pub(crate) fn start_apiserver(&self) {
+    pub fn start_apiserver(&self) {
         run_script(&["apiserver-start", self.dir.to_str().expect("utf-8")]);
     }
 }
@@ -150,16 +152,29 @@ fn rand_u32() -> u32 {
 
 /// A fresh namespace, with helpers for the objects discovery reads.
 #[derive(Clone)]
-pub(crate) struct Ns {
-    pub(crate) client: Client,
-    pub(crate) name: String,
+pub struct Ns {
+    /// An admin client.
+    pub client: Client,
+    /// The namespace's name.
+    pub name: String,
 }
 
-pub(crate) const POOL_V1: (&str, &str) = ("inference.networking.k8s.io", "v1");
-pub(crate) const POOL_V1ALPHA2: (&str, &str) = ("inference.networking.x-k8s.io", "v1alpha2");
+impl std::fmt::Debug for Ns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ns")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The InferencePool API of GIE v1 (group, version).
+pub const POOL_V1: (&str, &str) = ("inference.networking.k8s.io", "v1");
+/// The older x-k8s.io InferencePool API (group, version).
+pub const POOL_V1ALPHA2: (&str, &str) = ("inference.networking.x-k8s.io", "v1alpha2");
 
 impl Ns {
-    pub(crate) async fn create(cluster: &KubeCluster, prefix: &str) -> Self {
+    /// Creates a namespace named `<prefix>-<random>`.
+    pub async fn create(cluster: &KubeCluster, prefix: &str) -> Self {
         let client = cluster.admin().await;
         let name = format!("{prefix}-{:08x}", rand_u32());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -170,11 +185,13 @@ impl Ns {
         Self { client, name }
     }
 
-    pub(crate) fn pods(&self) -> Api<Pod> {
+    /// Pods of this namespace.
+    pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
-    pub(crate) fn pools(&self, (group, version): (&str, &str)) -> Api<DynamicObject> {
+    /// InferencePools of this namespace in API `(group, version)`.
+    pub fn pools(&self, (group, version): (&str, &str)) -> Api<DynamicObject> {
         let gvk = GroupVersionKind::gvk(group, version, "InferencePool");
         Api::namespaced_with(
             self.client.clone(),
@@ -183,7 +200,8 @@ impl Ns {
         )
     }
 
-    pub(crate) fn custom(
+    /// Custom objects of `kind` (`plural`) in this namespace.
+    pub fn custom(
         &self,
         group: &str,
         version: &str,
@@ -199,12 +217,7 @@ impl Ns {
     }
 
     /// Creates (or replaces the spec of) a v1 InferencePool.
-    pub(crate) async fn apply_pool(
-        &self,
-        name: &str,
-        match_labels: &[(&str, &str)],
-        ports: &[u16],
-    ) {
+    pub async fn apply_pool(&self, name: &str, match_labels: &[(&str, &str)], ports: &[u16]) {
         let labels: BTreeMap<_, _> = match_labels.iter().copied().collect();
         let ports: Vec<Value> = ports.iter().map(|p| json!({"number": p})).collect();
         let spec = json!({
@@ -217,7 +230,7 @@ impl Ns {
     }
 
     /// Creates or replaces the spec of any namespaced custom object.
-    pub(crate) async fn apply_object(
+    pub async fn apply_object(
         &self,
         api: Api<DynamicObject>,
         kind: &str,
@@ -240,7 +253,8 @@ impl Ns {
         .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
     }
 
-    pub(crate) async fn delete_pool(&self, name: &str) {
+    /// Deletes a v1 InferencePool.
+    pub async fn delete_pool(&self, name: &str) {
         self.pools(POOL_V1)
             .delete(name, &DeleteParams::default())
             .await
@@ -250,11 +264,12 @@ impl Ns {
     /// Creates a pod and sets its status: Running with `ip`, Ready as given.
     /// `node` set makes deletion graceful (the pod stays, terminating, as
     /// no kubelet confirms it).
-    pub(crate) async fn pod(&self, name: &str, labels: &[(&str, &str)], ip: &str, ready: bool) {
+    pub async fn pod(&self, name: &str, labels: &[(&str, &str)], ip: &str, ready: bool) {
         self.pod_on(name, labels, ip, ready, None).await;
     }
 
-    pub(crate) async fn pod_on(
+    /// [`Self::pod`], scheduled on `node` when given.
+    pub async fn pod_on(
         &self,
         name: &str,
         labels: &[(&str, &str)],
@@ -280,7 +295,7 @@ impl Ns {
     }
 
     /// Sets a pod's status through the status subresource.
-    pub(crate) async fn set_status(&self, name: &str, ip: &str, ready: bool) {
+    pub async fn set_status(&self, name: &str, ip: &str, ready: bool) {
         let status = json!({"status": {
             "phase": "Running",
             "podIP": ip,
@@ -293,7 +308,8 @@ impl Ns {
             .unwrap_or_else(|e| panic!("set status of pod {name}: {e}"));
     }
 
-    pub(crate) async fn set_ready(&self, name: &str, ready: bool) {
+    /// Flips a pod's Ready condition, keeping its IP.
+    pub async fn set_ready(&self, name: &str, ready: bool) {
         let pod = self.pods().get(name).await.expect("get pod");
         let ip = pod
             .status
@@ -302,7 +318,8 @@ impl Ns {
         self.set_status(name, &ip, ready).await;
     }
 
-    pub(crate) async fn delete_pod(&self, name: &str) {
+    /// Deletes a pod.
+    pub async fn delete_pod(&self, name: &str) {
         self.pods()
             .delete(name, &DeleteParams::default())
             .await
@@ -311,7 +328,7 @@ impl Ns {
 
     /// Grants a test ServiceAccount user exactly the rules `docs/kubernetes.md`
     /// lists for discovery, in this namespace.
-    pub(crate) async fn grant_discovery(&self, sa: &str, binding: &str) {
+    pub async fn grant_discovery(&self, sa: &str, binding: &str) {
         let role = json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
@@ -354,7 +371,8 @@ impl Ns {
         .await;
     }
 
-    pub(crate) async fn revoke(&self, binding: &str) {
+    /// Deletes the role binding `binding` (what `grant_discovery` made).
+    pub async fn revoke(&self, binding: &str) {
         self.custom(
             "rbac.authorization.k8s.io",
             "v1",
@@ -388,11 +406,7 @@ impl Ns {
 
 /// Polls `check` every 20 ms until it is true, at most `timeout`; returns how
 /// long it took.
-pub(crate) async fn until<F: FnMut() -> bool>(
-    what: &str,
-    timeout: Duration,
-    mut check: F,
-) -> Duration {
+pub async fn until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut check: F) -> Duration {
     let start = Instant::now();
     loop {
         if check() {
