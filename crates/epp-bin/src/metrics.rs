@@ -139,7 +139,7 @@ impl PoolGauges {
             self.per_pod_queue
                 .get_or_create(&PodLabels {
                     name: self.pool.clone(),
-                    model_server_pod: e.addr_str().to_owned(),
+                    model_server_pod: e.name().to_owned(),
                 })
                 .set(i64::from(m.waiting));
             if !m.is_stale(now, self.staleness) {

@@ -257,6 +257,8 @@ pub struct Endpoint {
     id: EndpointId,
     addr: SocketAddr,
     addr_text: String,
+    /// What discovery calls it (e.g. `<pod>-rank-<i>` on Kubernetes).
+    name: Option<Arc<str>>,
     labels: BTreeMap<String, String>,
     metrics: ArcSwap<EndpointMetrics>,
     /// Bumped after every metrics store, so a reader that kept the metrics
@@ -279,11 +281,32 @@ impl Endpoint {
             id,
             addr,
             addr_text: addr.to_string(),
+            name: None,
             labels,
             metrics: ArcSwap::from_pointee(EndpointMetrics::default()),
             metrics_version: AtomicU64::new(0),
             inflight: InflightCounters::default(),
         }
+    }
+
+    /// Names the endpoint (see [`Endpoint::name`]).
+    #[must_use]
+    pub fn with_name(mut self, name: Option<Arc<str>>) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// The name discovery gave it (a pod, or `<pod>-rank-<i>` for one of a
+    /// pod's data-parallel ranks), else its address.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.addr_text)
+    }
+
+    /// The name discovery gave it, if any.
+    #[must_use]
+    pub fn given_name(&self) -> Option<&Arc<str>> {
+        self.name.as_ref()
     }
 
     /// The endpoint's dense id.

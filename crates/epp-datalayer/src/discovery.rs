@@ -56,6 +56,7 @@ pub fn parse_endpoints_file(text: &str, path: &str) -> Result<Vec<EndpointSpec>>
         .map(|e| EndpointSpec {
             addr: (e.address, e.port).into(),
             labels: e.labels,
+            name: None,
         })
         .collect())
 }

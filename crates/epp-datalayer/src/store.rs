@@ -22,6 +22,9 @@ pub struct EndpointSpec {
     pub addr: SocketAddr,
     /// Labels (engine type, role, ...).
     pub labels: BTreeMap<String, String>,
+    /// What the source calls it (a pod, `<pod>-rank-<i>`); `None`: its
+    /// address names it.
+    pub name: Option<Arc<str>>,
 }
 
 impl EndpointSpec {
@@ -31,6 +34,7 @@ impl EndpointSpec {
         Self {
             addr,
             labels: BTreeMap::new(),
+            name: None,
         }
     }
 }
@@ -134,18 +138,23 @@ impl EndpointStore {
     /// Rebuilds the snapshot from every source's endpoints (writer lock held).
     fn publish(&self, w: &mut Writer) {
         let old = self.current.load_full();
-        let mut merged: BTreeMap<SocketAddr, BTreeMap<String, String>> = BTreeMap::new();
+        type Merged = (BTreeMap<String, String>, Option<Arc<str>>);
+        let mut merged: BTreeMap<SocketAddr, Merged> = BTreeMap::new();
         for spec in w.sources.values().flatten() {
-            merged
-                .entry(spec.addr)
-                .or_default()
-                .extend(spec.labels.clone());
+            let (labels, name) = merged.entry(spec.addr).or_default();
+            labels.extend(spec.labels.clone());
+            // The first source (by name) that names the address names it.
+            if name.is_none() {
+                name.clone_from(&spec.name);
+            }
         }
         let mut next = Vec::with_capacity(merged.len());
-        for (addr, labels) in merged {
+        for (addr, (labels, name)) in merged {
             let existing = old.by_addr(addr);
             match existing {
-                Some(e) if *e.labels() == labels => next.push(Arc::clone(e)),
+                Some(e) if *e.labels() == labels && e.given_name() == name.as_ref() => {
+                    next.push(Arc::clone(e));
+                }
                 _ => {
                     let id = match w.ids.get(&addr) {
                         Some(&id) => id,
@@ -156,7 +165,7 @@ impl EndpointStore {
                             id
                         }
                     };
-                    let e = Arc::new(Endpoint::with_labels(id, addr, labels));
+                    let e = Arc::new(Endpoint::with_labels(id, addr, labels).with_name(name));
                     if let Some(old) = existing {
                         // The new object's in-flight counters start at zero,
                         // so the old ones' scrape-time counts do not apply.
@@ -226,6 +235,20 @@ mod tests {
         assert_eq!(relabelled.label("llm-d.ai/role"), Some("decode"));
         let ids: Vec<u32> = snap.endpoints().iter().map(|e| e.id().0).collect();
         assert_eq!(ids, vec![0, 1, 2], "10.0.0.2 came back with its old id");
+    }
+
+    #[test]
+    fn names_are_carried_and_a_new_name_keeps_the_id() {
+        let store = EndpointStore::new();
+        store.replace_source("a", vec![spec("10.0.0.1:80")]);
+        let unnamed = Arc::clone(&store.snapshot().endpoints()[0]);
+        assert_eq!(unnamed.name(), "10.0.0.1:80", "unnamed: the address");
+        let mut named = spec("10.0.0.1:80");
+        named.name = Some("pod-rank-0".into());
+        store.replace_source("a", vec![named]);
+        let e = Arc::clone(&store.snapshot().endpoints()[0]);
+        assert_eq!(e.name(), "pod-rank-0");
+        assert_eq!(e.id(), unnamed.id());
     }
 
     #[test]

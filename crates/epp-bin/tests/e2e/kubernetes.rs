@@ -125,6 +125,10 @@ async fn routes_to_the_ready_pods_of_the_pool() {
         metrics.contains("inference_pool_ready_pods{name=\"pool\"} 2"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("model_server_pod=\"pod-a\""),
+        "per-pod metrics name the pod: {metrics}"
+    );
 
     // Ready -> first request routed to it.
     ns.set_ready("pod-c", true).await;

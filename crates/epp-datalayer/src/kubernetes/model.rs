@@ -235,12 +235,16 @@ pub(super) fn pod_endpoints(
     ports
         .iter()
         .enumerate()
-        .map(|(rank, &port)| NamedEndpoint {
-            name: endpoint_name(&pod.name, rank, ports.len()),
-            spec: EndpointSpec {
-                addr: SocketAddr::new(ip, port),
-                labels: pod.labels.clone(),
-            },
+        .map(|(rank, &port)| {
+            let name = endpoint_name(&pod.name, rank, ports.len());
+            NamedEndpoint {
+                spec: EndpointSpec {
+                    addr: SocketAddr::new(ip, port),
+                    labels: pod.labels.clone(),
+                    name: Some(name.as_str().into()),
+                },
+                name,
+            }
         })
         .collect()
 }

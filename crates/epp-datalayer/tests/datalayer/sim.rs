@@ -57,6 +57,7 @@ async fn every_engine_simulated_is_read() {
             .map(|(s, (_, engine))| EndpointSpec {
                 addr: s.socket_addr(),
                 labels: BTreeMap::from([("llm-d.ai/engine-type".to_owned(), engine.to_owned())]),
+                name: None,
             })
             .collect(),
     );

@@ -120,6 +120,13 @@ async fn target_ports_and_selector_change_live() {
             "a-rank-2@127.0.0.2:8002"
         ]
     );
+    let snap = epp_core::EndpointSource::snapshot(&*run.store);
+    let rank1 = snap.by_addr("127.0.0.2:8001".parse().unwrap()).unwrap();
+    assert_eq!(
+        rank1.name(),
+        "a-rank-1",
+        "the store's endpoint carries the rank name"
+    );
 
     ns.apply_pool("pool", &[("gen", "1")], &[9000]).await;
     run.until_addrs("new selector", &["127.0.0.2:9000", "127.0.0.3:9000"])
