@@ -23,8 +23,10 @@
 # project's machines (cgroup v1, no CAP_SYS_RESOURCE) crun refuses the hybrid cgroup layout and
 # podman's default rlimits (nofile 1048576) cannot be set. Both settings also work elsewhere.
 #
-# Cold, on the project's 2-core machine: ~6 min for the musl release build, ~4 min for the debug
-# test build when scripts/test.sh has not built it already, seconds for the rest.
+# Cold, from a fresh clone on the project's 2-core machine (shared, load 3-6): 262-320 s for the
+# image (the musl release build), then 172 s for this script with the image built (Envoy into
+# .venv, the debug build of the simulator and the test; none of it again after scripts/test.sh),
+# and about a second for the tests themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
