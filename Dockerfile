@@ -6,7 +6,8 @@
 # It holds the same files as the image scripts/build-image.sh assembles without a registry (the
 # one the tests run; this file cannot be built on the project's machines, which reach no image
 # registry): a static musl build of epp, /etc/passwd and /etc/group from deploy/image/ with the
-# user nonroot (65532:65532) it runs as, and Debian's CA bundle for verified HTTPS scrapes.
+# user nonroot (65532:65532) it runs as, and the CA roots of Debian's ca-certificates package for
+# verified HTTPS scrapes.
 # No shell, no package manager, no libc. Keep the two in step.
 
 FROM docker.io/library/rust:1.95-bookworm AS build
@@ -21,7 +22,10 @@ RUN cargo build --release --locked -p epp-bin --bin epp --target x86_64-unknown-
  && strip --strip-debug /rootfs/epp \
  && install -D -m 0644 deploy/image/passwd /rootfs/etc/passwd \
  && install -D -m 0644 deploy/image/group /rootfs/etc/group \
- && install -D -m 0644 /etc/ssl/certs/ca-certificates.crt /rootfs/etc/ssl/certs/ca-certificates.crt
+ && mkdir -p /rootfs/etc/ssl/certs \
+ && cat $(dpkg -L ca-certificates | grep '^/usr/share/ca-certificates/.*\.crt$' | LC_ALL=C sort) \
+      > /rootfs/etc/ssl/certs/ca-certificates.crt \
+ && chmod 0644 /rootfs/etc/ssl/certs/ca-certificates.crt
 
 FROM scratch
 ARG VERSION=0.1.0

@@ -6,12 +6,14 @@
 # What it does, idempotently (run it again after a change; it rebuilds what changed):
 #   1. installs what it needs when missing: the Rust target x86_64-unknown-linux-musl (rustup),
 #      Debian's musl-tools (a C compiler for ring's and mimalloc's C code), umoci (assembles the
-#      OCI image) and ca-certificates (the CA bundle copied into the image);
+#      OCI image) and ca-certificates (the CA roots put into the image);
 #   2. builds `epp` in release mode as a static musl binary (no libc in the image to match);
 #   3. assembles an OCI image with one layer holding only:
 #        /epp                                 the binary (debug info stripped, symbols kept)
 #        /etc/passwd, /etc/group              root and the user epp runs as, nonroot (65532:65532)
-#        /etc/ssl/certs/ca-certificates.crt   CA roots for verified HTTPS metric scrapes
+#        /etc/ssl/certs/ca-certificates.crt   CA roots for verified HTTPS metric scrapes: the
+#                                             certificates Debian's ca-certificates package ships,
+#                                             not this machine's bundle (which may hold local CAs)
 #      and a config: User 65532:65532, Entrypoint ["/epp"], ports 9002 (ext_proc),
 #      9003 (gRPC health), 9090 (metrics), OCI labels with the version and the git commit;
 #   4. writes it as an OCI archive (`target/image/epp-oci.tar`, tag epp:<version>), prints its path,
@@ -39,7 +41,7 @@ fi
 missing=()
 command -v musl-gcc >/dev/null || missing+=(musl-tools)
 command -v umoci >/dev/null || missing+=(umoci)
-[ -s /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+dpkg -s ca-certificates >/dev/null 2>&1 || missing+=(ca-certificates)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -80,7 +82,12 @@ install -m 0755 "$BIN" "$ROOT/epp"
 strip --strip-debug "$ROOT/epp"
 install -m 0644 deploy/image/passwd "$ROOT/etc/passwd"
 install -m 0644 deploy/image/group "$ROOT/etc/group"
-install -m 0644 /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
+# The package's roots only: /etc/ssl/certs/ca-certificates.crt also holds whatever was added
+# under /usr/local/share/ca-certificates on the building machine.
+mapfile -t cas < <(dpkg -L ca-certificates | grep '^/usr/share/ca-certificates/.*\.crt$' | LC_ALL=C sort)
+[ ${#cas[@]} -gt 0 ] || { log "the ca-certificates package lists no certificates"; exit 1; }
+cat "${cas[@]}" > "$ROOT/etc/ssl/certs/ca-certificates.crt"
+chmod 0644 "$ROOT/etc/ssl/certs/ca-certificates.crt"
 [ -n "$ROOTLESS" ] || chown -R 0:0 "$ROOT"
 chmod 0755 "$ROOT"
 find "$ROOT" -exec touch -h -d "@$EPOCH" {} +

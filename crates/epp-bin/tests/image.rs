@@ -213,6 +213,24 @@ fn the_image_holds_epp_its_user_and_ca_roots_and_nothing_else() {
         roots.matches("BEGIN CERTIFICATE").count() > 10,
         "a CA bundle, not an empty file"
     );
+    // Debian's roots, not the building machine's bundle: CAs added locally
+    // (a proxy's, a company's) stay out of the image.
+    let pem_body =
+        |pem: &str| -> String { pem.lines().filter(|l| !l.starts_with("-----")).collect() };
+    let image_roots: String = roots.lines().collect();
+    for local in std::fs::read_dir("/usr/local/share/ca-certificates")
+        .into_iter()
+        .flatten()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+    {
+        let body = pem_body(&std::fs::read_to_string(&local).unwrap());
+        assert!(
+            !body.is_empty() && !image_roots.contains(&body),
+            "the image trusts the local CA {}",
+            local.display()
+        );
+    }
     let epp = std::fs::read(root.join("epp")).unwrap();
     assert!(
         !has_interpreter(&epp),
