@@ -10,7 +10,8 @@
 #    - the image config: user 65532:65532, entrypoint /epp, ports 9002/9003/9090, the version
 #      label, the revision label equal to this checkout's commit;
 #    - its files, exactly: /epp (static: no program interpreter), /etc/passwd, /etc/group,
-#      /etc/ssl/certs/ca-certificates.crt; no /bin/sh, and `--entrypoint /bin/sh` cannot run;
+#      /etc/ssl/certs/ca-certificates.crt (Debian's roots, none of this machine's local CAs);
+#      no /bin/sh, and `--entrypoint /bin/sh` cannot run while `--entrypoint /epp` can;
 #    - the running container (host network, loopback only, read-only root, no capabilities,
 #      no-new-privileges) pointed at an epp-sim: gRPC health SERVING for "", liveness, readiness,
 #      inference-extension and the ext_proc service; /metrics answers and shows the simulator
