@@ -25,9 +25,9 @@
 # podman's default rlimits (nofile 1048576) cannot be set. Both settings also work elsewhere.
 #
 # Cold, from a fresh clone on the project's 2-core machine (shared, load 3-6): 262-320 s for the
-# image (the musl release build), then 172 s for this script with the image built (Envoy into
-# .venv, the debug build of the simulator and the test; none of it again after scripts/test.sh),
-# and about a second for the tests themselves.
+# image (the musl release build) before Kubernetes discovery, 625 s with it; then 172-191 s for
+# this script with the image built (Envoy into .venv, the debug build of the simulator and the
+# test; none of it again after scripts/test.sh), and about a second for the tests themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
