@@ -9,7 +9,7 @@ mod metrics;
 mod reference_flags;
 mod tls;
 
-use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+use std::{io::IsTerminal, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -69,8 +69,10 @@ fn init_logging(args: &Args) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colours only on a terminal: container and file logs stay plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if args.log_json || args.reference.json_logs() {
         builder.json().init();
