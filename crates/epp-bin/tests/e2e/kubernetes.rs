@@ -31,6 +31,23 @@ fn start_pod_sim(dir: &std::path::Path, pod: &str, ip: &str, port: u16) -> Sim {
     Sim { proc, port }
 }
 
+/// epp following the InferencePool `pool` of `ns` as `kubeconfig`'s user,
+/// serving ext_proc in plaintext, logging at info.
+fn pool_epp(ns: &Ns, kubeconfig: &std::path::Path) -> Command {
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+        &ns.name,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ])
+    .env("RUST_LOG", "info");
+    cmd
+}
+
 fn chat(i: usize) -> serde_json::Value {
     serde_json::json!({
         "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -170,16 +187,7 @@ async fn missing_rbac_stops_epp_at_start_with_the_permission_named() {
     let cluster = KubeCluster::shared();
     let ns = Ns::create(cluster, "e2e-rbac").await;
     ns.apply_pool("pool", &[("app", "model")], &[8000]).await;
-    let mut cmd = epp_command();
-    cmd.args([
-        "--secure-serving=false",
-        "--pool-name",
-        "pool",
-        "--pool-namespace",
-        &ns.name,
-        "--kubeconfig",
-        cluster.kubeconfig_for("restricted").to_str().unwrap(),
-    ]);
+    let mut cmd = pool_epp(&ns, &cluster.kubeconfig_for("restricted"));
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
@@ -224,19 +232,11 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
     ns.pod("pod-r", &[("app", "model")], "127.0.0.1", true)
         .await;
 
-    let mut cmd = epp_command();
+    let mut cmd = pool_epp(&ns, &cluster.kubeconfig);
     cmd.args([
-        "--secure-serving=false",
-        "--pool-name",
-        "pool",
-        "--pool-namespace",
-        &ns.name,
-        "--kubeconfig",
-        cluster.kubeconfig.to_str().unwrap(),
         "--config-text",
         "objectives:\n- {name: batch, priority: 5}\n",
-    ])
-    .env("RUST_LOG", "info");
+    ]);
     let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
 
@@ -426,21 +426,9 @@ async fn leader_election_makes_one_replica_ready() {
         .await;
     ns.grant_discovery("epp", "epp").await;
     let start = |name: &str| {
-        let mut cmd = epp_command();
-        cmd.args([
-            "--secure-serving=false",
-            "--pool-name",
-            "pool",
-            "--pool-namespace",
-            &ns.name,
-            "--kubeconfig",
-            cluster.kubeconfig_for("epp").to_str().unwrap(),
-            "--ha-enable-leader-election",
-            "--ha-lease-duration",
-            "3s",
-        ])
-        .env("RUST_LOG", "info")
-        .env("POD_NAME", name);
+        let mut cmd = pool_epp(&ns, &cluster.kubeconfig_for("epp"));
+        cmd.args(["--ha-enable-leader-election", "--ha-lease-duration", "3s"])
+            .env("POD_NAME", name);
         spawn_epp(name, cmd, dir.join(format!("{name}.log"))).0
     };
     let mut a = start("epp-a");
@@ -507,18 +495,11 @@ async fn api_server_outage_under_load_fails_no_request() {
         .await;
     ns.pod("pod-b", &[("app", "model")], "127.0.0.3", true)
         .await;
-    let mut cmd = epp_command();
-    cmd.args([
-        "--secure-serving=false",
-        "--pool-name",
-        "pool",
-        "--pool-namespace",
-        &ns.name,
-        "--kubeconfig",
-        cluster.kubeconfig.to_str().unwrap(),
-    ])
-    .env("RUST_LOG", "info");
-    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    let (epp, _) = spawn_epp(
+        "epp",
+        pool_epp(&ns, &cluster.kubeconfig),
+        dir.join("epp.log"),
+    );
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
     until_served(envoy.port, "pod-a serves", |p| p == "pod-a").await;
 
@@ -604,18 +585,11 @@ async fn target_ports_edits_move_traffic() {
     ns.apply_pool("pool", &[("app", "model")], &[p0]).await;
     ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
         .await;
-    let mut cmd = epp_command();
-    cmd.args([
-        "--secure-serving=false",
-        "--pool-name",
-        "pool",
-        "--pool-namespace",
-        &ns.name,
-        "--kubeconfig",
-        cluster.kubeconfig.to_str().unwrap(),
-    ])
-    .env("RUST_LOG", "info");
-    let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
+    let (epp, _) = spawn_epp(
+        "epp",
+        pool_epp(&ns, &cluster.kubeconfig),
+        dir.join("epp.log"),
+    );
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
     until_served(envoy.port, "rank 0 serves", |p| p == "rank-0").await;
     let counts = served(envoy.port, 10).await;
