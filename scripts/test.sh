@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh checkout: installs what it needs (Envoy into
 # .venv/, the Rust build), checks formatting and lints, then runs every test,
 # including the end-to-end tests through the real Envoy and the Kubernetes
-# tests against a real kube-apiserver (built from Go modules by kube-env.sh).
+# tests against a real kube-apiserver (built from Go modules by kube-env.sh),
+# and the Helm chart's tests with a real helm (built by helm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,8 @@ echo "[test] cargo clippy" >&2
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "[test] building the test control plane (etcd, kube-apiserver; cached after the first time)" >&2
 scripts/kube-env.sh build
+echo "[test] building helm for the chart tests (cached after the first time)" >&2
+scripts/helm.sh build
 echo "[test] building binaries the end-to-end tests start" >&2
 cargo build --workspace --bins --quiet
 echo "[test] cargo test" >&2
