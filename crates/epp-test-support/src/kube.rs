@@ -15,7 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::{
+    authentication::v1::TokenRequest,
+    core::v1::{Namespace, Pod, ServiceAccount},
+};
 use kube::{
     Api, Client,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
@@ -107,6 +110,38 @@ impl KubeCluster {
     /// (`system:serviceaccount:default:<sa>`; `epp`, `epp-b`, `restricted`).
     pub fn kubeconfig_for(&self, sa: &str) -> PathBuf {
         self.dir.join(format!("kubeconfig-{sa}"))
+    }
+
+    /// Writes a kubeconfig for `user` authenticating with `token` (e.g. one
+    /// from [`Ns::service_account_token`]) into `dir`; returns its path.
+    pub fn kubeconfig_with_token(&self, dir: &Path, user: &str, token: &str) -> PathBuf {
+        let server = std::fs::read_to_string(self.dir.join("server")).expect("the server's URL");
+        let ca = self.dir.join("pki/ca.crt");
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "epp-test", "cluster": {
+                "server": server.trim(),
+                "certificate-authority": ca.to_str().expect("utf-8 path"),
+            }}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": user, "context": {"cluster": "epp-test", "user": user}}],
+            "current-context": user,
+        });
+        let path = dir.join(format!("kubeconfig-{user}"));
+        // JSON is YAML: kubeconfig readers take it.
+        std::fs::write(&path, config.to_string()).expect("write kubeconfig");
+        path
+    }
+
+    /// A client authenticating with `token`.
+    pub async fn client_with_token(&self, dir: &Path, user: &str, token: &str) -> Client {
+        let path = self.kubeconfig_with_token(dir, user, token);
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("token kubeconfig");
+        Client::try_from(config).expect("token client")
     }
 
     /// A client with the admin token.
@@ -251,6 +286,57 @@ impl Ns {
         )
         .await
         .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+    }
+
+    /// Applies any manifest (server-side apply, as `kubectl apply
+    /// --server-side` would): its kind is looked up in the API server's
+    /// discovery, a namespaced object goes to this namespace, a cluster-scoped
+    /// one to the cluster. Panics naming the object when the server refuses it.
+    pub async fn apply_manifest(&self, obj: &Value) {
+        let api_version = obj["apiVersion"]
+            .as_str()
+            .expect("a manifest has an apiVersion");
+        let kind = obj["kind"].as_str().expect("a manifest has a kind");
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("a manifest has a name");
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("{api_version} {kind} is not served: {e}"));
+        let api: Api<DynamicObject> = match caps.scope {
+            kube::discovery::Scope::Namespaced => {
+                if let Some(ns) = obj["metadata"]["namespace"].as_str() {
+                    assert_eq!(ns, self.name, "{kind} {name} is for another namespace");
+                }
+                Api::namespaced_with(self.client.clone(), &self.name, &ar)
+            }
+            kube::discovery::Scope::Cluster => Api::all_with(self.client.clone(), &ar),
+        };
+        api.patch(
+            name,
+            &PatchParams::apply("epp-tests").force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
+    }
+
+    /// A token of the ServiceAccount `sa` of this namespace, issued by the API
+    /// server (TokenRequest), as the kubelet mounts one into a pod.
+    pub async fn service_account_token(&self, sa: &str) -> String {
+        let request: TokenRequest = serde_json::from_value(json!({
+            "spec": {"audiences": [], "expirationSeconds": 3600},
+        }))
+        .unwrap();
+        Api::<ServiceAccount>::namespaced(self.client.clone(), &self.name)
+            .create_token_request(sa, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("token of ServiceAccount {sa}: {e}"))
+            .status
+            .expect("a TokenRequest answer has a status")
+            .token
     }
 
     /// Deletes a v1 InferencePool.

@@ -12,6 +12,8 @@
 //!   loopback, and a small HTTP client, for end-to-end tests and benchmarks.
 //! - [`kube`]: a real kube-apiserver (and etcd) started through
 //!   `scripts/kube-env.sh`, and the objects Kubernetes discovery reads.
+//! - [`helm`]: real helm (built from its Go module by `scripts/helm.sh`)
+//!   rendering the charts under `deploy/charts/`.
 //! - [`wait`]: bounded waiting for what another task or process does.
 //! - [`stats`]: percentiles of measured samples.
 //!
@@ -40,6 +42,7 @@
 )]
 
 pub mod endpoints;
+pub mod helm;
 pub mod http;
 pub mod kube;
 pub mod plugins;
