@@ -5,6 +5,7 @@
 
 mod e2e {
     mod apis;
+    mod chart;
     mod custom_metric;
     mod errors;
     mod kubernetes;

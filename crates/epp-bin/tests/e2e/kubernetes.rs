@@ -24,7 +24,7 @@ fn shared_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-fn start_pod_sim(dir: &std::path::Path, pod: &str, ip: &str, port: u16) -> Sim {
+pub(super) fn start_pod_sim(dir: &std::path::Path, pod: &str, ip: &str, port: u16) -> Sim {
     let mut cmd = Command::new(workspace_bin("epp-sim"));
     cmd.args(["--host", ip, "--port", &port.to_string(), "--pod-name", pod]);
     let (proc, _) = Proc::spawn(pod, cmd, "listening on", dir.join(format!("{pod}.log")));
@@ -57,7 +57,7 @@ fn chat(i: usize) -> serde_json::Value {
 }
 
 /// Sends `n` requests; returns how many each pod served. Every one must succeed.
-async fn served(envoy_port: u16, n: usize) -> BTreeMap<String, usize> {
+pub(super) async fn served(envoy_port: u16, n: usize) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for i in 0..n {
         let r = http::post_json(envoy_port, "/v1/chat/completions", &chat(i))
@@ -366,7 +366,7 @@ where
     }
 }
 
-async fn health_of(
+pub(super) async fn health_of(
     port: u16,
     service: &str,
 ) -> Option<tonic_health::pb::health_check_response::ServingStatus> {
@@ -619,18 +619,27 @@ async fn target_ports_edits_move_traffic() {
 /// The reference Helm chart as rendered (`shared/reference/gie-chart`, beside
 /// the checkout): every document, parsed.
 fn reference_chart() -> Vec<serde_yaml_ng::Value> {
-    use serde::Deserialize;
     let path =
         workspace_root().join("../shared/reference/gie-chart/inferencepool-v1.5.0-rendered.yaml");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_yaml_ng::Deserializer::from_str(&text)
+    yaml_documents(&text)
+}
+
+/// Every non-empty document of a multi-document YAML stream (what
+/// `helm template` prints).
+pub(super) fn yaml_documents(text: &str) -> Vec<serde_yaml_ng::Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(text)
         .map(|doc| serde_yaml_ng::Value::deserialize(doc).unwrap())
         .filter(|v| !v.is_null())
         .collect()
 }
 
-fn of_kind<'a>(docs: &'a [serde_yaml_ng::Value], kind: &str) -> &'a serde_yaml_ng::Value {
+pub(super) fn of_kind<'a>(
+    docs: &'a [serde_yaml_ng::Value],
+    kind: &str,
+) -> &'a serde_yaml_ng::Value {
     docs.iter()
         .find(|d| d["kind"].as_str() == Some(kind))
         .unwrap_or_else(|| panic!("no {kind} in the chart"))
