@@ -573,6 +573,18 @@ fn the_charts_values_select_what_is_rendered() {
         "{env:?}"
     );
 
+    // Istio: a DestinationRule originating TLS to the picker's Service.
+    let docs = render_in(&dir, "istio", &with(json!({"provider": {"name": "istio"}}))).unwrap();
+    let rule = &of_kind(&docs, "DestinationRule")["spec"];
+    assert_eq!(
+        rule["host"].as_str(),
+        Some("pool-epp.prod.svc.cluster.local")
+    );
+    assert_eq!(
+        rule["trafficPolicy"]["tls"]["mode"].as_str(),
+        Some("SIMPLE")
+    );
+
     // Values epp cannot honour fail with the reason.
     for (name, values, reason) in [
         ("noselector", json!({}), "matchLabels is required"),
@@ -585,6 +597,11 @@ fn the_charts_values_select_what_is_rendered() {
             "grpc",
             with(json!({"inferencePool": {"modelServerProtocol": "grpc"}})),
             "parses HTTP",
+        ),
+        (
+            "gke",
+            with(json!({"provider": {"name": "gke"}})),
+            "provider.name \"gke\"",
         ),
         (
             "nofile",

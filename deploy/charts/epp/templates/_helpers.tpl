@@ -128,8 +128,8 @@ something that would not work.
 {{- if and $ie.latencyPredictor $ie.latencyPredictor.enabled -}}
 {{- fail "inferenceExtension.latencyPredictor.enabled: epp has no latency predictor; set it to false" -}}
 {{- end -}}
-{{- if ne (.Values.provider.name | default "none" | lower) "none" -}}
-{{- fail (printf "provider.name %q: this chart creates no gateway-provider resources (set provider.name=none and create them beside it; docs/install.md)" .Values.provider.name) -}}
+{{- if not (has (.Values.provider.name | default "none" | lower) (list "none" "istio")) -}}
+{{- fail (printf "provider.name %q: this chart creates Istio's DestinationRule (istio) or nothing (none); create other providers' objects beside the release (docs/install.md)" .Values.provider.name) -}}
 {{- end -}}
 {{- $data := include "epp.configData" . | fromYaml -}}
 {{- if not (hasKey $data $ie.pluginsConfigFile) -}}
