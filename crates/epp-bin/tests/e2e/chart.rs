@@ -21,7 +21,9 @@ use std::{
 use epp_test_support::{
     helm, http,
     kube::{KubeCluster, Ns},
-    process::{scratch_dir, sim_admin, spawn_epp, start_envoy_tls, workspace_bin, workspace_root},
+    process::{
+        Epp, scratch_dir, sim_admin, spawn_epp, start_envoy_tls, workspace_bin, workspace_root,
+    },
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -100,41 +102,172 @@ fn kinds(docs: &[Yaml]) -> BTreeSet<String> {
         .collect()
 }
 
+/// A release of the chart applied to the test cluster, and how its epp
+/// container runs.
+struct Installed {
+    ns: Ns,
+    dir: std::path::PathBuf,
+    docs: Vec<Yaml>,
+    /// The rendered arguments, the mounted config path moved to `dir`.
+    args: Vec<String>,
+    /// The ServiceAccount's name, its token and a kubeconfig holding it.
+    sa: String,
+    token: String,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Installed {
+    /// Renders release `release` with the reference's values file and
+    /// `values` over it, into a new namespace; applies every object.
+    async fn new(cluster: &KubeCluster, release: &str, values: &Value) -> Self {
+        let ns = Ns::create(cluster, "helm").await;
+        let dir = scratch_dir("helm-chart");
+        let docs = render(&dir, release, &ns.name, values);
+        // Every object, the Deployment included (nothing runs it, but the API
+        // server validates it).
+        for doc in &docs {
+            ns.apply_manifest(&serde_json::to_value(doc).unwrap()).await;
+        }
+        let deployment = of_kind(&docs, "Deployment");
+        let pod_spec = &deployment["spec"]["template"]["spec"];
+        let container = &pod_spec["containers"][0];
+        assert_eq!(container["name"].as_str(), Some("epp"));
+
+        // The ConfigMap's files where the Deployment mounts them.
+        let mount = container["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"].as_str() == Some("plugins-config"))
+            .expect("the config is mounted");
+        let mount_path = mount["mountPath"].as_str().unwrap();
+        let volume = pod_spec["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        let config_map = of_kind(&docs, "ConfigMap");
+        assert_eq!(volume["configMap"]["name"], config_map["metadata"]["name"]);
+        let config_dir = dir.join("config");
+        std::fs::create_dir_all(&config_dir).unwrap();
+        for (file, text) in config_map["data"].as_mapping().unwrap() {
+            std::fs::write(
+                config_dir.join(file.as_str().unwrap()),
+                text.as_str().unwrap(),
+            )
+            .unwrap();
+        }
+        let mut moved = 0;
+        let args: Vec<String> = strings(&container["args"])
+            .into_iter()
+            .map(|a| match a.split_once('=') {
+                Some((flag, path)) if path.starts_with(&format!("{mount_path}/")) => {
+                    moved += 1;
+                    format!(
+                        "{flag}={}{}",
+                        config_dir.display(),
+                        &path[mount_path.len()..]
+                    )
+                }
+                _ => a,
+            })
+            .collect();
+        assert_eq!(moved, 1, "one argument names the mounted config: {args:?}");
+
+        // The rendered ServiceAccount's token, issued by the API server.
+        let sa = of_kind(&docs, "ServiceAccount")["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(pod_spec["serviceAccountName"].as_str(), Some(sa.as_str()));
+        let token = ns.service_account_token(&sa).await;
+        let kubeconfig = cluster.kubeconfig_with_token(&dir, &sa, &token);
+        Self {
+            ns,
+            dir,
+            docs,
+            args,
+            sa,
+            token,
+            kubeconfig,
+        }
+    }
+
+    fn container(&self) -> &Yaml {
+        &of_kind(&self.docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    }
+
+    /// epp as the pod `<deployment>-0` would run it: the rendered arguments
+    /// and environment only, and the ServiceAccount's token.
+    fn run_epp(&self) -> Epp {
+        let deployment = of_kind(&self.docs, "Deployment");
+        let pod_name = format!("{}-0", deployment["metadata"]["name"].as_str().unwrap());
+        let mut cmd = Command::new(workspace_bin("epp"));
+        cmd.args(&self.args)
+            .env_clear()
+            .envs(resolved_env(self.container(), &self.ns.name, &pod_name))
+            .env("KUBECONFIG", &self.kubeconfig);
+        let (epp, line) = spawn_epp("epp", cmd, self.dir.join("epp.log"));
+        eprintln!("epp {:?}\n{line}", self.args);
+        epp
+    }
+}
+
+/// The test's values over the reference's: an image never pulled, free ports.
+fn test_values(pool_labels: Value, model_port: u16) -> Value {
+    json!({
+        "inferenceExtension": {
+            // Never pulled: no kubelet runs the Deployment.
+            "image": {"registry": "", "repository": "epp-under-test", "tag": "test"},
+            "extProcPort": free_port(),
+            "healthPort": free_port(),
+            "metricsPort": free_port(),
+        },
+        "inferencePool": {
+            "modelServers": {"matchLabels": pool_labels},
+            "targetPorts": [{"number": model_port}],
+        },
+    })
+}
+
+/// Polls gRPC health `service` until SERVING, at most 15 s.
+async fn until_serving(port: u16, service: &str, what: &str) {
+    let start = Instant::now();
+    loop {
+        let status = health_of(port, service).await;
+        if status == Some(ServingStatus::Serving) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{what} ({service}): {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The chart with the reference's values file, a pool selector pointing at
 /// the test's pods and free ports: every rendered object applied to the
 /// cluster; epp run under the rendered ServiceAccount's token with the
 /// rendered arguments, environment and config; traffic through Envoy reaches
 /// exactly the Ready pods the pool selects; the chart's InferenceObjective
-/// takes effect; the probes' services answer SERVING;
-/// the token cannot read Secrets.
+/// takes effect; the probes' services answer SERVING; the token cannot read
+/// Secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_epp_routes_through_envoy() {
     let cluster = KubeCluster::shared();
-    let ns = Ns::create(cluster, "helm").await;
-    let dir = scratch_dir("helm-chart");
     let model_port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let (ext_proc, health, metrics) = (free_port(), free_port(), free_port());
-    let values = json!({
-        "inferenceExtension": {
-            // Never pulled: no kubelet runs the Deployment.
-            "image": {"registry": "", "repository": "epp-under-test", "tag": "test"},
-            "extProcPort": ext_proc,
-            "healthPort": health,
-            "metricsPort": metrics,
-        },
-        "inferencePool": {
-            "modelServers": {"matchLabels": {"app": "chart-model"}},
-            "targetPorts": [{"number": model_port}],
-        },
-        "inferenceObjectives": [{"name": "batch", "priority": -1}],
-    });
-    let docs = render(&dir, "chat", &ns.name, &values);
+    let mut values = test_values(json!({"app": "chart-model"}), model_port);
+    values["inferenceObjectives"] = json!([{"name": "batch", "priority": -1}]);
+    let release = Installed::new(cluster, "chat", &values).await;
+    let (ns, dir, docs) = (&release.ns, &release.dir, &release.docs);
     assert_eq!(
-        kinds(&docs),
+        kinds(docs),
         [
             "ClusterRole",
             "ClusterRoleBinding",
@@ -151,22 +284,17 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
         .into(),
         "the default install's objects"
     );
-    // Every object, the Deployment included (nothing runs it, but the API
-    // server validates it).
-    for doc in &docs {
-        ns.apply_manifest(&serde_json::to_value(doc).unwrap()).await;
-    }
 
     // Model servers: a Ready pod the pool selects (on 127.0.0.1, so the test
     // can reach its admin endpoint), a NotReady one it selects, and a Ready
     // one it does not select. Only the first may ever serve.
     let _sims: Vec<_> = [
-        ("chart-model-0", "127.0.0.1", true),
-        ("chart-model-1", "127.0.0.9", false),
-        ("other-0", "127.0.0.10", true),
+        ("chart-model-0", "127.0.0.1"),
+        ("chart-model-1", "127.0.0.9"),
+        ("other-0", "127.0.0.10"),
     ]
     .iter()
-    .map(|(pod, ip, _)| start_pod_sim(&dir, pod, ip, model_port))
+    .map(|(pod, ip)| start_pod_sim(dir, pod, ip, model_port))
     .collect();
     ns.pod(
         "chart-model-0",
@@ -185,69 +313,9 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
     ns.pod("other-0", &[("app", "other")], "127.0.0.10", true)
         .await;
 
-    let deployment = of_kind(&docs, "Deployment");
-    let pod_spec = &deployment["spec"]["template"]["spec"];
-    let container = &pod_spec["containers"][0];
-    assert_eq!(container["name"].as_str(), Some("epp"));
-
-    // The ConfigMap's files where the Deployment mounts them.
-    let mount = container["volumeMounts"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"].as_str() == Some("plugins-config"))
-        .expect("the config is mounted");
-    let mount_path = mount["mountPath"].as_str().unwrap();
-    let volume = pod_spec["volumes"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .unwrap();
-    let config_map = of_kind(&docs, "ConfigMap");
-    assert_eq!(volume["configMap"]["name"], config_map["metadata"]["name"]);
-    let config_dir = dir.join("config");
-    std::fs::create_dir_all(&config_dir).unwrap();
-    for (file, text) in config_map["data"].as_mapping().unwrap() {
-        std::fs::write(
-            config_dir.join(file.as_str().unwrap()),
-            text.as_str().unwrap(),
-        )
-        .unwrap();
-    }
-    let mut moved = 0;
-    let args: Vec<String> = strings(&container["args"])
-        .into_iter()
-        .map(|a| match a.split_once('=') {
-            Some((flag, path)) if path.starts_with(&format!("{mount_path}/")) => {
-                moved += 1;
-                format!(
-                    "{flag}={}{}",
-                    config_dir.display(),
-                    &path[mount_path.len()..]
-                )
-            }
-            _ => a,
-        })
-        .collect();
-    assert_eq!(moved, 1, "one argument names the mounted config: {args:?}");
-
-    // The rendered ServiceAccount's token, issued by the API server.
-    let sa = of_kind(&docs, "ServiceAccount")["metadata"]["name"]
-        .as_str()
-        .unwrap();
-    assert_eq!(pod_spec["serviceAccountName"].as_str(), Some(sa));
-    let token = ns.service_account_token(sa).await;
-    let kubeconfig = cluster.kubeconfig_with_token(&dir, sa, &token);
-
-    let pod_name = format!("{}-0", deployment["metadata"]["name"].as_str().unwrap());
-    let mut cmd = Command::new(workspace_bin("epp"));
-    cmd.args(&args)
-        .env_clear()
-        .envs(resolved_env(container, &ns.name, &pod_name))
-        .env("KUBECONFIG", &kubeconfig);
-    let (epp, line) = spawn_epp("epp", cmd, dir.join("epp.log"));
-    eprintln!("epp {args:?}\n{line}");
+    let epp = release.run_epp();
+    let container = release.container();
+    let sa = release.sa.as_str();
 
     // It listens where the Deployment, Service and pool say.
     let container_port = |name: &str| {
@@ -261,7 +329,7 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
     };
     assert_eq!(container_port("grpc"), u64::from(epp.grpc_port));
     assert_eq!(container_port("metrics"), u64::from(epp.metrics_port));
-    let service = of_kind(&docs, "Service");
+    let service = of_kind(docs, "Service");
     for port in service["spec"]["ports"].as_sequence().unwrap() {
         let target = port["targetPort"].as_str().unwrap();
         assert_eq!(
@@ -270,7 +338,7 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
             "{port:?}"
         );
     }
-    let pool = of_kind(&docs, "InferencePool");
+    let pool = of_kind(docs, "InferencePool");
     let picker = &pool["spec"]["endpointPickerRef"];
     assert_eq!(picker["name"], service["metadata"]["name"]);
     assert_eq!(
@@ -286,24 +354,12 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
             Some(u64::from(epp.health_port)),
             "{probe}"
         );
-        let service = grpc["service"].as_str().unwrap().to_owned();
-        let start = Instant::now();
-        loop {
-            let status = health_of(epp.health_port, &service).await;
-            if status == Some(ServingStatus::Serving) {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "{probe} ({service}): {status:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_serving(epp.health_port, grpc["service"].as_str().unwrap(), probe).await;
     }
 
     // Envoy (TLS to epp: the chart keeps --secure-serving on) reaches only
     // the pods the pool selects.
-    let envoy = start_envoy_tls(&dir, epp.grpc_port);
+    let envoy = start_envoy_tls(dir, epp.grpc_port);
     let counts = served(envoy.port, 16).await;
     assert_eq!(
         counts.keys().collect::<Vec<_>>(),
@@ -347,7 +403,7 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
     );
 
     // The same token is refused what epp does not need.
-    let as_epp = cluster.client_with_token(&dir, sa, &token).await;
+    let as_epp = cluster.client_with_token(dir, sa, &release.token).await;
     for (scope, secrets) in [
         (
             "namespace",
@@ -360,6 +416,40 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
             other => panic!("listing Secrets ({scope}) as {sa}: {other:?}"),
         }
     }
+}
+
+/// With two replicas the chart turns on leader election: its epp, under the
+/// rendered ServiceAccount's rights (leases included), takes the Lease and
+/// reports ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_ha_install_leads_under_its_rbac() {
+    let cluster = KubeCluster::shared();
+    let mut values = test_values(json!({"app": "ha-model"}), free_port());
+    values["inferenceExtension"]["replicas"] = json!(2);
+    let release = Installed::new(cluster, "ha", &values).await;
+    assert!(
+        release
+            .args
+            .contains(&"--ha-enable-leader-election".to_owned()),
+        "{:?}",
+        release.args
+    );
+    let epp = release.run_epp();
+    until_serving(epp.health_port, "readiness", "the only replica leads").await;
+    let leases = release
+        .ns
+        .custom("coordination.k8s.io", "v1", "Lease", "leases");
+    let lease = leases
+        .get("ha-epp-leader")
+        .await
+        .expect("the leader's Lease");
+    let holder = lease.data["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        holder.starts_with("ha-epp-0-"),
+        "held by POD_NAME-pid: {holder}"
+    );
 }
 
 fn args_of(docs: &[Yaml]) -> Vec<String> {
