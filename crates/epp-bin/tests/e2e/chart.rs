@@ -632,6 +632,20 @@ fn the_charts_values_select_what_is_rendered() {
         .collect();
     assert_eq!(readers.len(), 1, "one /metrics reader role");
 
+    // Metrics over TLS: the ServiceMonitor scrapes https.
+    let docs = render_in(
+        &dir,
+        "metrics-tls",
+        &with(json!({"inferenceExtension": {
+            "monitoring": {"prometheus": {"enabled": true}},
+            "flags": {"metrics-cert-dir": "/certs"},
+        }})),
+    )
+    .unwrap();
+    let endpoint = &of_kind(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("https"));
+    assert!(args_of(&docs).contains(&"--metrics-cert-dir=/certs".to_owned()));
+
     // Flags replace what the chart computes; a map of env works as a list.
     let docs = render_in(
         &dir,
