@@ -24,7 +24,10 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use epp_core::{ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler};
+use epp_core::{
+    ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler,
+    SchedulingError,
+};
 
 use crate::{
     body::{ParsedBody, parse_body, splice_model},
@@ -278,7 +281,15 @@ impl Decider {
         self.metrics.scheduling_took(took);
         let result = match result {
             Ok(r) => r,
-            Err(e) => return self.reject_request(e.into(), &request),
+            Err(e) => {
+                let err = match (e, snapshot.empty_reason()) {
+                    (SchedulingError::NoEndpoints, Some(why)) => {
+                        ExtProcError::NoEndpoints(why.into())
+                    }
+                    (e, _) => e.into(),
+                };
+                return self.reject_request(err, &request);
+            }
         };
         let targets = result
             .primary_run()
