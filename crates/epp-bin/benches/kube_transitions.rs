@@ -103,11 +103,16 @@ async fn run(n: usize) {
     ns.pod("pod-a", LABELS, "127.0.0.2", true).await;
 
     let mut cmd = epp_command();
-    cmd.args(["--secure-serving=false", "--pool-name", "pool", "--pool-namespace"])
-        .arg(&ns.name)
-        .arg("--kubeconfig")
-        .arg(&cluster.kubeconfig)
-        .env("RUST_LOG", "warn");
+    cmd.args([
+        "--secure-serving=false",
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+    ])
+    .arg(&ns.name)
+    .arg("--kubeconfig")
+    .arg(&cluster.kubeconfig)
+    .env("RUST_LOG", "warn");
     let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
 
@@ -165,7 +170,15 @@ async fn run(n: usize) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    row("pod Ready -> first request routed to it", ready, ready_failed);
-    row("pod deleted -> last request routed to it", deleted, deleted_failed);
+    row(
+        "pod Ready -> first request routed to it",
+        ready,
+        ready_failed,
+    );
+    row(
+        "pod deleted -> last request routed to it",
+        deleted,
+        deleted_failed,
+    );
     println!("  requests sent {i}, answered with an error {errors}");
 }
