@@ -95,7 +95,8 @@ fn options(
 #[derive(Debug, Default)]
 pub(crate) struct Kube {
     discovery: Option<Arc<KubernetesDiscovery>>,
-    /// The pool's objectives and rewrites (pool mode only).
+    /// The objectives and rewrites naming the pool (`--pool-name`, also in
+    /// selector mode).
     resources: Option<PoolResources>,
     /// This replica's candidacy, with `--ha-enable-leader-election`.
     elector: Option<(Arc<LeaderElector>, CancellationToken)>,
@@ -126,9 +127,22 @@ impl Kube {
             }
             return Ok(Self::default());
         };
+        // Whose InferenceObjectives and InferenceModelRewrites apply: the
+        // pool's; in selector mode, those naming --pool-name (if given).
         let pool = match &options.target {
             KubeTarget::Pool { name, group } => Some((name.clone(), *group)),
-            KubeTarget::Selector(_) => None,
+            KubeTarget::Selector(_) => match args.pool_name.as_deref() {
+                Some(name) if !name.is_empty() => Some((
+                    name.to_owned(),
+                    PoolGroup::parse(&args.kube.pool_group).context("invalid --pool-group")?,
+                )),
+                _ => {
+                    tracing::info!(
+                        "selector mode without --pool-name: no InferenceObjective or InferenceModelRewrite is read from the cluster"
+                    );
+                    None
+                }
+            },
         };
         let namespace = options.namespace.clone();
         let discovery = KubernetesDiscovery::connect(options)

@@ -139,6 +139,29 @@ impl Dispatch {
         self.uncached_tokens
     }
 
+    /// The gateway reports that `served` (not necessarily the pick: a
+    /// fallback after the primary failed) is serving the request. Moves the
+    /// in-flight counts there, so load signals follow where the request
+    /// really is, and the response hooks are told of `served`. Its prefix
+    /// cache is not assumed to hold any of the prompt: all its tokens count
+    /// as uncached. Returns whether the endpoint changed.
+    ///
+    /// Does nothing once the dispatch completed.
+    pub fn served_by(&mut self, served: Arc<Endpoint>) -> bool {
+        if !self.open || served.addr() == self.endpoint.addr() {
+            return false;
+        }
+        self.endpoint
+            .inflight()
+            .finish_with(self.tokens, self.uncached_tokens);
+        self.uncached_tokens = self.tokens;
+        served
+            .inflight()
+            .start_with(self.tokens, self.uncached_tokens);
+        self.endpoint = served;
+        true
+    }
+
     /// The response's headers arrived with `status`: runs the scheduler's
     /// response hooks, which may add headers for the client to `out`.
     pub fn response_received(
@@ -301,6 +324,29 @@ mod tests {
             *log.0.lock().unwrap(),
             [RequestOutcome::Aborted, RequestOutcome::Aborted]
         );
+    }
+
+    #[test]
+    fn a_fallback_moves_the_counts_to_the_endpoint_that_served() {
+        let s = setup();
+        let fallback = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+        let mut dispatch = s.result.dispatch(s.scheduler, s.request).unwrap();
+        assert!(
+            !dispatch.served_by(Arc::clone(&s.endpoint)),
+            "the pick served"
+        );
+        assert!(dispatch.served_by(Arc::clone(&fallback)));
+        assert_eq!(s.endpoint.inflight().sample(), Default::default());
+        let sample = fallback.inflight().sample();
+        assert_eq!(
+            (sample.requests, sample.tokens, sample.uncached_tokens),
+            (1, 10, 10),
+            "nothing assumed cached on the fallback"
+        );
+        assert_eq!(dispatch.endpoint().addr(), fallback.addr());
+        dispatch.complete(None, RequestOutcome::Completed { status: 200 });
+        assert_eq!(fallback.inflight().sample(), Default::default());
+        assert_eq!(s.endpoint.inflight().sample(), Default::default());
     }
 
     #[test]

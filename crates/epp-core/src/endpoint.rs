@@ -375,13 +375,38 @@ impl Endpoint {
 #[derive(Debug, Clone, Default)]
 pub struct EndpointSnapshot {
     endpoints: Vec<Arc<Endpoint>>,
+    /// Why the set is empty, when discovery knows (a deleted pool, a
+    /// selector no Ready pod matches): the client's 503 says so.
+    empty_reason: Option<Arc<str>>,
 }
 
 impl EndpointSnapshot {
     /// A snapshot of `endpoints`.
     #[must_use]
     pub fn new(endpoints: Vec<Arc<Endpoint>>) -> Self {
-        Self { endpoints }
+        Self {
+            endpoints,
+            empty_reason: None,
+        }
+    }
+
+    /// The same snapshot, explaining an empty set with `reason` (for example
+    /// "InferencePool prod/llama was deleted"). Kept only when the set is
+    /// empty: a reason never describes endpoints that exist.
+    #[must_use]
+    pub fn with_empty_reason(mut self, reason: Option<Arc<str>>) -> Self {
+        self.empty_reason = if self.endpoints.is_empty() {
+            reason
+        } else {
+            None
+        };
+        self
+    }
+
+    /// Why the set is empty, when it is and discovery said why.
+    #[must_use]
+    pub fn empty_reason(&self) -> Option<&str> {
+        self.empty_reason.as_deref()
     }
 
     /// All endpoints.
@@ -432,6 +457,17 @@ impl EndpointSource for ArcSwap<EndpointSnapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_reason_only_explains_an_empty_set() {
+        let reason: Option<Arc<str>> = Some("InferencePool ns/p was deleted".into());
+        let empty = EndpointSnapshot::new(Vec::new()).with_empty_reason(reason.clone());
+        assert_eq!(empty.empty_reason(), Some("InferencePool ns/p was deleted"));
+        let one = Arc::new(Endpoint::new(0, "127.0.0.1:1".parse().unwrap()));
+        let full = EndpointSnapshot::new(vec![one]).with_empty_reason(reason);
+        assert_eq!(full.empty_reason(), None);
+        assert_eq!(EndpointSnapshot::default().empty_reason(), None);
+    }
 
     #[test]
     fn staleness_needs_a_scrape() {

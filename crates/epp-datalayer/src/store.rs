@@ -64,6 +64,8 @@ struct Writer {
     /// names another address.
     ids: HashMap<SocketAddr, EndpointId>,
     next_id: u32,
+    /// Why a source has no endpoints, when it knows (by source).
+    empty_reasons: BTreeMap<String, String>,
 }
 
 /// The set of endpoints. Discovery sources replace their own part; readers
@@ -135,6 +137,21 @@ impl EndpointStore {
         self.publish(&mut w);
     }
 
+    /// Says why `source` has no endpoints (a deleted pool, a selector that
+    /// matches no Ready pod), or clears it with `None`. When the whole set is
+    /// empty, the snapshot carries every source's reason, so a refused
+    /// request can tell the client why rather than only that nothing is there.
+    pub fn set_empty_reason(&self, source: &str, reason: Option<String>) {
+        let mut w = self.writer.lock();
+        let changed = match reason {
+            Some(r) => w.empty_reasons.insert(source.to_owned(), r.clone()) != Some(r),
+            None => w.empty_reasons.remove(source).is_some(),
+        };
+        if changed {
+            self.publish(&mut w);
+        }
+    }
+
     /// Rebuilds the snapshot from every source's endpoints (writer lock held).
     fn publish(&self, w: &mut Writer) {
         let old = self.current.load_full();
@@ -178,7 +195,13 @@ impl EndpointStore {
                 }
             }
         }
-        self.current.store(Arc::new(EndpointSnapshot::new(next)));
+        let reason = (next.is_empty() && !w.empty_reasons.is_empty()).then(|| {
+            let all: Vec<&str> = w.empty_reasons.values().map(String::as_str).collect();
+            Arc::<str>::from(all.join("; "))
+        });
+        self.current.store(Arc::new(
+            EndpointSnapshot::new(next).with_empty_reason(reason),
+        ));
         self.generation.send_modify(|g| *g += 1);
     }
 }
@@ -249,6 +272,28 @@ mod tests {
         let e = Arc::clone(&store.snapshot().endpoints()[0]);
         assert_eq!(e.name(), "pod-rank-0");
         assert_eq!(e.id(), unnamed.id());
+    }
+
+    #[test]
+    fn an_empty_set_carries_the_sources_reasons() {
+        let store = EndpointStore::new();
+        store.set_empty_reason("k8s", Some("InferencePool ns/p was deleted".into()));
+        assert_eq!(
+            store.snapshot().empty_reason(),
+            Some("InferencePool ns/p was deleted")
+        );
+        // Another source's endpoints: nothing to explain.
+        store.replace_source("file", vec![spec("10.0.0.1:80")]);
+        assert_eq!(store.snapshot().empty_reason(), None);
+        store.replace_source("file", Vec::new());
+        store.set_empty_reason("file", Some("endpoints file is empty".into()));
+        assert_eq!(
+            store.snapshot().empty_reason(),
+            Some("endpoints file is empty; InferencePool ns/p was deleted")
+        );
+        store.set_empty_reason("k8s", None);
+        store.set_empty_reason("file", None);
+        assert_eq!(store.snapshot().empty_reason(), None);
     }
 
     #[test]

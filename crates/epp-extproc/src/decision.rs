@@ -24,7 +24,10 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use epp_core::{ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler};
+use epp_core::{
+    ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler,
+    SchedulingError,
+};
 
 use crate::{
     body::{ParsedBody, parse_body, splice_model},
@@ -37,6 +40,12 @@ use crate::{
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// Dynamic-metadata namespace Envoy's load balancer reads.
 pub const DESTINATION_NAMESPACE: &str = "envoy.lb";
+/// Metadata key (in [`DESTINATION_NAMESPACE`], on the response) where the
+/// gateway reports the endpoint that really served the request.
+pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+/// Envoy attribute (`response_attributes` of the ext_proc filter) naming the
+/// upstream host, read when the gateway does not set [`SERVED_KEY`].
+pub const UPSTREAM_ADDRESS_ATTRIBUTE: &str = "upstream.address";
 /// Metadata namespace of the gateway's subset hint.
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 /// Metadata key of the subset hint (a list of `ip:port`).
@@ -278,7 +287,15 @@ impl Decider {
         self.metrics.scheduling_took(took);
         let result = match result {
             Ok(r) => r,
-            Err(e) => return self.reject_request(e.into(), &request),
+            Err(e) => {
+                let err = match (e, snapshot.empty_reason()) {
+                    (SchedulingError::NoEndpoints, Some(why)) => {
+                        ExtProcError::NoEndpoints(why.into())
+                    }
+                    (e, _) => e.into(),
+                };
+                return self.reject_request(err, &request);
+            }
         };
         let targets = result
             .primary_run()
@@ -347,6 +364,40 @@ impl Decider {
             restore_model,
             labels,
         }))
+    }
+
+    /// The gateway reports `served` (`ip:port`) as the endpoint serving the
+    /// request: when it is not the pick (a fallback after the primary
+    /// failed), the dispatch's accounting moves there. An address epp does
+    /// not know is logged and left alone.
+    pub(crate) fn served_by(&self, dispatch: &mut Dispatch, served: &str) {
+        let Ok(addr) = served.parse::<SocketAddr>() else {
+            tracing::debug!(served, "served endpoint is not ip:port; ignored");
+            return;
+        };
+        if addr == dispatch.endpoint().addr() {
+            return;
+        }
+        let snapshot = self.endpoints.snapshot();
+        let Some(endpoint) = snapshot.by_addr(addr) else {
+            tracing::debug!(
+                request_id = %dispatch.request().request_id,
+                picked = %dispatch.endpoint().addr_str(),
+                served,
+                "served by an endpoint outside the pool; accounting stays on the pick"
+            );
+            return;
+        };
+        let picked = dispatch.endpoint().addr_str().to_owned();
+        if dispatch.served_by(Arc::clone(endpoint)) {
+            self.metrics.served_by_fallback();
+            tracing::debug!(
+                request_id = %dispatch.request().request_id,
+                picked = %picked,
+                served,
+                "served by a fallback endpoint; in-flight accounting moved there"
+            );
+        }
     }
 
     /// Refuses a request (any stage): logs it and counts the error.

@@ -26,6 +26,10 @@ pub enum ExtProcError {
     /// The scheduler could not place the request (503 or 429).
     #[error(transparent)]
     Scheduling(#[from] SchedulingError),
+    /// There are no endpoints, and discovery said why (503): "InferencePool
+    /// prod/llama was deleted", "no Ready pod … matches …".
+    #[error("no endpoints available in the pool: {0}")]
+    NoEndpoints(std::sync::Arc<str>),
 }
 
 impl ExtProcError {
@@ -37,7 +41,7 @@ impl ExtProcError {
             Self::BodyTooLarge { .. } => 413,
             Self::Scheduling(SchedulingError::Saturated) => 429,
             Self::Scheduling(SchedulingError::Invalid(_)) => 500,
-            Self::Scheduling(_) => 503,
+            Self::Scheduling(_) | Self::NoEndpoints(_) => 503,
         }
     }
 
@@ -88,6 +92,13 @@ mod tests {
         assert_eq!(
             ExtProcError::from(SchedulingError::EmptySubset).http_status(),
             503
+        );
+        let deleted = ExtProcError::NoEndpoints("InferencePool ns/p was deleted".into());
+        assert_eq!(deleted.http_status(), 503);
+        assert_eq!(deleted.code(), "ServiceUnavailable");
+        assert_eq!(
+            deleted.to_string(),
+            "no endpoints available in the pool: InferencePool ns/p was deleted"
         );
         let body: serde_json::Value =
             serde_json::from_slice(&ExtProcError::MissingModel.json_body()).unwrap();

@@ -131,7 +131,10 @@ impl Exchange {
                     out.push_back(proto::reply(proto::request_trailers()));
                 }
             }
-            Some(Request::ResponseHeaders(h)) => self.response_headers(&h, out),
+            Some(Request::ResponseHeaders(ref h)) => {
+                let served = proto::served_endpoint(&msg).map(str::to_owned);
+                self.response_headers(h, served.as_deref(), out);
+            }
             Some(Request::ResponseBody(b)) => self.response_body(b, out),
             Some(Request::ResponseTrailers(_)) => {
                 self.complete(true);
@@ -333,7 +336,12 @@ impl Exchange {
 
     // === response path ===
 
-    fn response_headers(&mut self, h: &HttpHeaders, out: &mut VecDeque<ProcessingResponse>) {
+    fn response_headers(
+        &mut self,
+        h: &HttpHeaders,
+        served: Option<&str>,
+        out: &mut VecDeque<ProcessingResponse>,
+    ) {
         let pairs = proto::header_pairs(h.headers.as_ref());
         let status = pairs
             .iter()
@@ -346,8 +354,11 @@ impl Exchange {
         let mut mutation = None;
         let limit = self.options.max_response_buffer_bytes;
         if let Some(r) = self.routed.as_mut()
-            && let Some(dispatch) = r.dispatch.as_ref()
+            && let Some(dispatch) = r.dispatch.as_mut()
         {
+            if let Some(served) = served {
+                self.decider.served_by(dispatch, served);
+            }
             r.status = Some(status);
             let streaming = sse || dispatch.request().stream;
             let mut added: Vec<(String, String)> = Vec::new();

@@ -60,7 +60,8 @@ mod usage;
 pub use body::{ParsedBody, parse_body, rewrite_model_field, splice_model};
 pub use decision::{
     CONTROL_HEADERS, DESTINATION_HEADER, DESTINATION_NAMESPACE, FAIRNESS_HEADER,
-    MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SUBSET_KEY, SUBSET_NAMESPACE,
+    MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE,
+    UPSTREAM_ADDRESS_ATTRIBUTE,
 };
 pub use error::{ExtProcError, Result};
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};

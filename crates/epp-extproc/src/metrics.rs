@@ -70,6 +70,7 @@ pub(crate) struct Metrics {
     ntpot: HistFamily,
     running: Family<RunningLabels, Gauge>,
     scheduler_e2e: Histogram,
+    served_by_fallback: Counter,
 }
 
 impl Default for Metrics {
@@ -85,6 +86,7 @@ impl Default for Metrics {
             ntpot: Family::new_with_constructor(per_token),
             running: Family::default(),
             scheduler_e2e: Histogram::new(exponential_buckets(0.000_01, 2.0, 20)),
+            served_by_fallback: Counter::default(),
         }
     }
 }
@@ -142,6 +144,16 @@ impl Metrics {
             "Time spent in one scheduling decision",
             self.scheduler_e2e.clone(),
         );
+        r.register(
+            "epp_requests_served_by_fallback",
+            "Responses the gateway reported from an endpoint other than the pick \
+             (x-gateway-destination-endpoint-served); their in-flight accounting moved there",
+            self.served_by_fallback.clone(),
+        );
+    }
+
+    pub(crate) fn served_by_fallback(&self) {
+        self.served_by_fallback.inc();
     }
 
     pub(crate) fn scheduled(&self, labels: &ModelLabels, body_len: usize) {

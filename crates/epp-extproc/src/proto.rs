@@ -7,8 +7,8 @@ use envoy_types::pb::{
         },
         service::ext_proc::v3::{
             BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse,
-            ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
-            body_mutation::Mutation, processing_response::Response,
+            ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
+            TrailersResponse, body_mutation::Mutation, processing_response::Response,
         },
         r#type::v3::HttpStatus,
     },
@@ -167,4 +167,33 @@ pub(crate) fn string_list(v: &Value) -> Vec<String> {
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// The endpoint the gateway says served the request, from a response
+/// message: `envoy.lb` / `x-gateway-destination-endpoint-served` in the
+/// metadata context (the protocol's way), else Envoy's `upstream.address`
+/// attribute (when the filter lists it in `response_attributes`).
+pub(crate) fn served_endpoint(msg: &ProcessingRequest) -> Option<&str> {
+    fn string(v: &Value) -> Option<&str> {
+        match &v.kind {
+            Some(Kind::StringValue(s)) if !s.trim().is_empty() => Some(s.trim()),
+            _ => None,
+        }
+    }
+    msg.metadata_context
+        .as_ref()
+        .and_then(|m| {
+            m.filter_metadata
+                .get(crate::decision::DESTINATION_NAMESPACE)
+        })
+        .and_then(|lb| lb.fields.get(crate::decision::SERVED_KEY))
+        .and_then(string)
+        .or_else(|| {
+            msg.attributes.values().find_map(|attrs| {
+                attrs
+                    .fields
+                    .get(crate::decision::UPSTREAM_ADDRESS_ATTRIBUTE)
+                    .and_then(string)
+            })
+        })
 }

@@ -24,6 +24,7 @@ mod concurrency_detector;
 mod header_based_testing_filter;
 mod header_label_affinity_scorer;
 mod label_selector_filter;
+mod latency_model;
 mod load_aware_scorer;
 mod load_signal_scorer;
 mod lora_affinity_scorer;
@@ -56,6 +57,7 @@ pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAff
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
+pub use latency_model::{FEATURES, Features, LatencyModel, ModelSettings};
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
 pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;

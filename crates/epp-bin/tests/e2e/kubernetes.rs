@@ -167,7 +167,8 @@ async fn routes_to_the_ready_pods_of_the_pool() {
             .await
             .unwrap();
         if r.status == 503 {
-            assert!(r.text().contains("no endpoints"), "{}", r.text());
+            let want = format!("InferencePool {}/pool was deleted", ns.name);
+            assert!(r.text().contains(&want), "{}", r.text());
             break;
         }
         assert!(
@@ -178,6 +179,31 @@ async fn routes_to_the_ready_pods_of_the_pool() {
     let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
     assert!(
         metrics.contains("epp_kubernetes_discovery_ready 0"),
+        "{metrics}"
+    );
+
+    // Re-created: its pods are routed to again.
+    ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    let start = Instant::now();
+    loop {
+        let r = http::post_json(envoy.port, "/v1/chat/completions", &chat(0))
+            .await
+            .unwrap();
+        if r.status == 200 {
+            assert_eq!(r.header("x-inference-pod"), Some("pod-c"));
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the re-created pool is not followed: {}",
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+    assert!(
+        metrics.contains("epp_kubernetes_discovery_ready 1"),
         "{metrics}"
     );
 }
@@ -203,6 +229,17 @@ async fn missing_rbac_stops_epp_at_start_with_the_permission_named() {
 /// both API groups) take effect while epp runs; those of another pool do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewrites_and_objectives_from_the_cluster_take_effect() {
+    resources_take_effect(false).await;
+}
+
+/// The same in selector mode: no InferencePool object, and the resources
+/// naming `--pool-name` apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selector_mode_reads_the_resources_naming_its_pool_name() {
+    resources_take_effect(true).await;
+}
+
+async fn resources_take_effect(selector_mode: bool) {
     let cluster = KubeCluster::shared();
     let ns = Ns::create(cluster, "e2e-res").await;
     let dir = scratch_dir("kube-resources");
@@ -228,7 +265,9 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
         "chat,chat-v2",
     ]);
     let (_sim, _) = Proc::spawn("pod-r", cmd, "listening on", dir.join("pod-r.log"));
-    ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    if !selector_mode {
+        ns.apply_pool("pool", &[("app", "model")], &[port]).await;
+    }
     ns.pod("pod-r", &[("app", "model")], "127.0.0.1", true)
         .await;
 
@@ -237,6 +276,14 @@ async fn rewrites_and_objectives_from_the_cluster_take_effect() {
         "--config-text",
         "objectives:\n- {name: batch, priority: 5}\n",
     ]);
+    if selector_mode {
+        cmd.args([
+            "--endpoint-selector",
+            "app=model",
+            "--endpoint-target-ports",
+        ])
+        .arg(port.to_string());
+    }
     let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
 

@@ -501,6 +501,7 @@ impl Discovery for KubernetesDiscovery {
             store,
             self.source_name(),
             Arc::clone(&self.shared),
+            ns.to_owned(),
         );
         tokio::spawn(runner.run(stop));
         Ok(())

@@ -91,6 +91,10 @@ pub(super) struct Runner {
     pub(super) store: Arc<EndpointStore>,
     pub(super) source: String,
     pub(super) shared: Arc<Shared>,
+    namespace: String,
+    /// Whether the pool was ever seen (to say "deleted" rather than "does
+    /// not exist" when it is gone).
+    pool_seen: bool,
     pool_stream: Option<EventStream<DynamicObject>>,
     /// The pool's spec (`None`: no such pool, or not listed yet).
     pool: Option<PoolSpec>,
@@ -125,6 +129,7 @@ impl Runner {
         store: Arc<EndpointStore>,
         source: String,
         shared: Arc<Shared>,
+        namespace: String,
     ) -> Self {
         let (pool, pool_synced, pool_stream) = match &target {
             Target::Pool { api, name } => {
@@ -144,6 +149,8 @@ impl Runner {
             store,
             source,
             shared,
+            namespace,
+            pool_seen: false,
             pool_stream,
             pool,
             pool_relist: None,
@@ -227,6 +234,7 @@ impl Runner {
             (None, None) => {}
         }
         self.shared.set_pool_present(spec.is_some());
+        self.pool_seen |= spec.is_some();
         self.pool = spec;
         self.follow_selector();
         self.publish();
@@ -340,6 +348,9 @@ impl Runner {
             None => BTreeMap::new(),
         };
         if next == self.published {
+            // Unchanged endpoints, but maybe a new reason for having none
+            // (the pool deleted while no pod was Ready).
+            self.explain(next.is_empty());
             return;
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
@@ -353,6 +364,8 @@ impl Runner {
 
     /// Writes the published set to the store.
     fn flush(&self) {
+        // The reason first: the empty set is published with it.
+        self.explain(self.published.is_empty());
         tracing::info!(
             endpoints = self.published.len(),
             "kubernetes endpoints changed"
@@ -362,6 +375,32 @@ impl Runner {
             self.published.values().map(|e| e.spec.clone()).collect(),
         );
         self.shared.set_endpoints(&self.published);
+    }
+
+    /// Tells the store why the Kubernetes part of the set is empty (when it
+    /// is and the lists are complete), so a refused request says why.
+    fn explain(&self, empty: bool) {
+        let ns = &self.namespace;
+        let reason = match (&self.target, &self.pool) {
+            _ if !empty => None,
+            (Target::Pool { name, .. }, None) if self.pool_synced => Some(if self.pool_seen {
+                format!("InferencePool {ns}/{name} was deleted")
+            } else {
+                format!("InferencePool {ns}/{name} does not exist")
+            }),
+            (target, Some(spec)) if self.pods_synced => {
+                let whose = match target {
+                    Target::Pool { name, .. } => format!("InferencePool {ns}/{name}'s selector"),
+                    Target::Fixed(_) => "--endpoint-selector".to_owned(),
+                };
+                Some(format!(
+                    "no Ready pod with an IP in namespace {ns} matches {whose} {}",
+                    spec.selector
+                ))
+            }
+            _ => None,
+        };
+        self.store.set_empty_reason(&self.source, reason);
     }
 
     fn update_sync(&self) {

@@ -219,6 +219,24 @@ fn bad_bodies_and_no_endpoints_are_refused_with_their_status() {
 }
 
 #[test]
+fn an_empty_set_refuses_with_discoverys_reason() {
+    let mut f = fixture(&[], ExtProcOptions::default());
+    let explained = EndpointSnapshot::new(Vec::new())
+        .with_empty_reason(Some("InferencePool ns/pool was deleted".into()));
+    f.decider.endpoints = Arc::new(ArcSwap::from_pointee(explained));
+    match f.decide(&mut parts("/v1/completions", &[]), Some(BODY)) {
+        Decision::Reject(e) => {
+            assert_eq!(e.http_status(), 503);
+            assert_eq!(
+                e.to_string(),
+                "no endpoints available in the pool: InferencePool ns/pool was deleted"
+            );
+        }
+        Decision::Route(r) => panic!("routed to {}", r.targets),
+    }
+}
+
+#[test]
 fn a_subset_hint_limits_the_candidates() {
     let f = fixture(&[0, 5, 9], ExtProcOptions::default());
     let mut p = parts("/v1/completions", &[]);

@@ -270,6 +270,45 @@ pub(crate) fn response_headers(pairs: &[(&str, &str)], eos: bool) -> ProcessingR
     }
 }
 
+/// `msg` reporting `served` as the endpoint that served the request: in the
+/// `envoy.lb` metadata (`metadata: true`, the protocol's way) or as Envoy's
+/// `upstream.address` attribute.
+pub(crate) fn served(
+    mut msg: ProcessingRequest,
+    served: &str,
+    metadata: bool,
+) -> ProcessingRequest {
+    let value = |key: &str| Struct {
+        fields: [(
+            key.to_owned(),
+            Value {
+                kind: Some(Kind::StringValue(served.to_owned())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    if metadata {
+        msg.metadata_context = Some(Metadata {
+            filter_metadata: [(
+                epp_extproc::DESTINATION_NAMESPACE.to_owned(),
+                value(epp_extproc::SERVED_KEY),
+            )]
+            .into_iter()
+            .collect(),
+            ..Metadata::default()
+        });
+    } else {
+        msg.attributes = [(
+            "envoy.filters.http.ext_proc".to_owned(),
+            value(epp_extproc::UPSTREAM_ADDRESS_ATTRIBUTE),
+        )]
+        .into_iter()
+        .collect();
+    }
+    msg
+}
+
 pub(crate) fn response_body(body: &[u8], eos: bool) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(Request::ResponseBody(HttpBody {

@@ -294,3 +294,53 @@ async fn buffered_response_rewrite_sets_content_length() {
     assert_eq!(body, br#"{"model":"m","usage":{}}"#);
     assert!(set_headers(&r).contains(&("content-length".to_owned(), body.len().to_string())));
 }
+
+/// The gateway fell back to another endpoint (it reports the one that served
+/// in `envoy.lb` metadata, or Envoy's `upstream.address` attribute): the
+/// in-flight count moves there and is released there.
+#[tokio::test]
+async fn a_fallback_reported_by_the_gateway_moves_the_accounting() {
+    for metadata in [true, false] {
+        let fx = start(&[0, 5], ExtProcOptions::default()).await;
+        let mut envoy = routed(&fx, &[], "m").await;
+        assert_eq!(fx.inflight(), vec![1, 0], "the short queue is picked");
+        let fallback = fx.endpoints[1].addr().to_string();
+        envoy
+            .send(served(
+                response_headers(&[(":status", "200")], false),
+                &fallback,
+                metadata,
+            ))
+            .await;
+        envoy.recv().await;
+        assert_eq!(fx.inflight(), vec![0, 1], "metadata: {metadata}");
+        envoy.send(response_body(b"{}", true)).await;
+        envoy.recv().await;
+        fx.eventually("released on the fallback", |f| f.inflight() == vec![0, 0])
+            .await;
+    }
+}
+
+/// A served endpoint equal to the pick, outside the pool, or not an address
+/// leaves the accounting where it is.
+#[tokio::test]
+async fn a_served_endpoint_that_is_the_pick_or_unknown_changes_nothing() {
+    for reported in ["", "10.9.9.9:8000", "not an address"] {
+        let fx = start(&[0, 5], ExtProcOptions::default()).await;
+        let mut envoy = routed(&fx, &[], "m").await;
+        let reported = if reported.is_empty() {
+            fx.endpoints[0].addr().to_string()
+        } else {
+            reported.to_owned()
+        };
+        envoy
+            .send(served(
+                response_headers(&[(":status", "200")], false),
+                &reported,
+                true,
+            ))
+            .await;
+        envoy.recv().await;
+        assert_eq!(fx.inflight(), vec![1, 0], "{reported}");
+    }
+}

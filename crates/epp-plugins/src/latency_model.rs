@@ -1,0 +1,496 @@
+//! An online model of one latency of one model server (time to first token,
+//! or time per output token), learned from what the picker observes.
+//!
+//! The model is linear in a fixed set of [`Features`] read at dispatch:
+//!
+//! ```text
+//! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, cached/1000,
+//!                  running · uncached/1000]
+//! ```
+//!
+//! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
+//! for the queue a request waits behind, `uncached/1000` for the prefill it
+//! needs (thousands of prompt tokens the endpoint's prefix cache is not
+//! expected to hold), `running · uncached/1000` for a prefill slowed by the
+//! batch it shares the engine with, `cached/1000` for reading a cached prefix.
+//!
+//! θ is fitted by recursive least squares with exponential forgetting
+//! (factor λ, so samples older than about `1 / (1 − λ)` fade and the model
+//! follows a server whose speed changes), in O(8²) per sample, without
+//! allocating. A residual far beyond the model's recent error is clamped
+//! (one stalled request does not drag θ), and a sample with a non-finite
+//! value is ignored. Predictions read the published θ without locking.
+//!
+//! A model that has seen fewer than its minimum samples predicts nothing:
+//! the caller falls back (to the fleet's model, then to heuristics). A new
+//! endpoint's model starts from the fleet's θ ([`LatencyModel::with_prior`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+/// Number of model inputs (bias included).
+pub const FEATURES: usize = 8;
+
+/// What is known about a request and its endpoint when it is dispatched.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Features {
+    /// Requests waiting in the endpoint's queue at the last scrape.
+    pub waiting: f64,
+    /// Requests this picker dispatched there since that scrape (net).
+    pub dispatched: f64,
+    /// Requests running at the last scrape.
+    pub running: f64,
+    /// KV-cache utilisation in `[0, 1]`.
+    pub kv_utilization: f64,
+    /// Prompt tokens the endpoint's prefix cache is not expected to hold.
+    pub uncached_tokens: f64,
+    /// Prompt tokens it is expected to hold.
+    pub cached_tokens: f64,
+}
+
+impl Features {
+    /// The model's input vector.
+    #[must_use]
+    pub fn vector(&self) -> [f64; FEATURES] {
+        let uncached_k = self.uncached_tokens / 1000.0;
+        [
+            1.0,
+            self.waiting,
+            self.dispatched,
+            self.running,
+            self.kv_utilization,
+            uncached_k,
+            self.cached_tokens / 1000.0,
+            self.running * uncached_k,
+        ]
+    }
+
+    fn is_finite(&self) -> bool {
+        self.vector().iter().all(|v| v.is_finite())
+    }
+}
+
+/// How a model learns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelSettings {
+    /// Forgetting factor λ in `(0, 1]`: 1 never forgets; 0.995 weighs the
+    /// last ~200 samples.
+    pub forgetting: f64,
+    /// Samples before the model predicts.
+    pub min_samples: u64,
+    /// Initial (and maximal) variance of each coefficient: how far the first
+    /// samples may move θ from its prior.
+    pub prior_variance: f64,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        Self {
+            forgetting: 0.995,
+            min_samples: 32,
+            prior_variance: 1.0e4,
+        }
+    }
+}
+
+/// The fitting state (behind the model's lock).
+#[derive(Debug, Clone)]
+struct Rls {
+    theta: [f64; FEATURES],
+    /// Inverse information matrix (symmetric).
+    p: [[f64; FEATURES]; FEATURES],
+    /// Mean absolute residual, recent samples weighted more (for clamping
+    /// outliers and for reporting).
+    mean_abs_error: f64,
+}
+
+impl Rls {
+    fn new(theta: [f64; FEATURES], variance: f64) -> Self {
+        let mut p = [[0.0; FEATURES]; FEATURES];
+        for (i, row) in p.iter_mut().enumerate() {
+            row[i] = variance;
+        }
+        Self {
+            theta,
+            p,
+            mean_abs_error: 0.0,
+        }
+    }
+
+    fn predict(&self, x: &[f64; FEATURES]) -> f64 {
+        dot(&self.theta, x)
+    }
+
+    /// One recursive-least-squares step with forgetting `lambda`; `samples`
+    /// seen before this one.
+    fn update(&mut self, x: &[f64; FEATURES], y: f64, lambda: f64, cap: f64, samples: u64) {
+        // P x
+        let mut px = [0.0; FEATURES];
+        for (i, row) in self.p.iter().enumerate() {
+            px[i] = dot(row, x);
+        }
+        let denom = lambda + dot(x, &px);
+        if !(denom.is_finite() && denom > 0.0) {
+            return;
+        }
+        let mut error = y - self.predict(x);
+        // Clamp a residual far beyond the recent error (after a warm-up, so
+        // the first samples can move θ freely from its prior).
+        if samples >= 8 {
+            let limit = 4.0 * self.mean_abs_error.max(1e-9) + 1e-3 * y.abs();
+            error = error.clamp(-limit, limit);
+        }
+        let gain: [f64; FEATURES] = std::array::from_fn(|i| px[i] / denom);
+        for (t, g) in self.theta.iter_mut().zip(gain) {
+            *t += g * error;
+        }
+        // P = (P − k (P x)ᵀ) / λ, kept symmetric. With forgetting, a
+        // direction the data never excites (a constant feature) would grow
+        // without limit: once a variance would pass `cap`, this step does
+        // not forget (dividing by 1 keeps P positive definite, where
+        // clamping entries would not).
+        let mut next = self.p;
+        let mut largest = 0.0f64;
+        for i in 0..FEATURES {
+            for j in i..FEATURES {
+                let v = self.p[i][j] - gain[i] * px[j];
+                next[i][j] = v;
+                next[j][i] = v;
+            }
+            largest = largest.max(next[i][i]);
+        }
+        let divide = if largest / lambda > cap { 1.0 } else { lambda };
+        for (row, next) in self.p.iter_mut().zip(next) {
+            for (p, v) in row.iter_mut().zip(next) {
+                *p = v / divide;
+            }
+        }
+        let a = error.abs();
+        self.mean_abs_error = if samples == 0 {
+            a
+        } else {
+            0.95 * self.mean_abs_error + 0.05 * a
+        };
+    }
+}
+
+fn dot(a: &[f64; FEATURES], b: &[f64; FEATURES]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// One latency of one endpoint (or of the fleet): fitted on the response
+/// path, read lock-free on the scheduling path.
+#[derive(Debug)]
+pub struct LatencyModel {
+    settings: ModelSettings,
+    fit: Mutex<(Rls, u64)>,
+    /// θ as published for readers (f64 bits), guarded by `version` (odd
+    /// while a writer is publishing).
+    published: [AtomicU64; FEATURES],
+    version: AtomicU64,
+    samples: AtomicU64,
+    mean_abs_error: AtomicU64,
+}
+
+impl LatencyModel {
+    /// A model with no samples and θ = 0.
+    #[must_use]
+    pub fn new(settings: ModelSettings) -> Self {
+        Self::with_prior(settings, [0.0; FEATURES])
+    }
+
+    /// A model starting from `theta` (e.g. the fleet's current
+    /// coefficients, [`Self::coefficients`]); it still needs its own
+    /// minimum samples before [`Self::predict`] answers.
+    #[must_use]
+    pub fn with_prior(settings: ModelSettings, theta: [f64; FEATURES]) -> Self {
+        let settings = ModelSettings {
+            forgetting: if settings.forgetting > 0.0 && settings.forgetting <= 1.0 {
+                settings.forgetting
+            } else {
+                ModelSettings::default().forgetting
+            },
+            prior_variance: if settings.prior_variance.is_finite() && settings.prior_variance > 0.0
+            {
+                settings.prior_variance
+            } else {
+                ModelSettings::default().prior_variance
+            },
+            ..settings
+        };
+        let theta = theta.map(|t| if t.is_finite() { t } else { 0.0 });
+        Self {
+            fit: Mutex::new((Rls::new(theta, settings.prior_variance), 0)),
+            published: theta.map(|t| AtomicU64::new(t.to_bits())),
+            version: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            mean_abs_error: AtomicU64::new(0f64.to_bits()),
+            settings,
+        }
+    }
+
+    /// Learns from one request: its features at dispatch and the latency
+    /// observed (any unit, the same for every sample). Non-finite or
+    /// negative observations are ignored.
+    pub fn observe(&self, features: &Features, observed: f64) {
+        if !observed.is_finite() || observed < 0.0 || !features.is_finite() {
+            return;
+        }
+        let x = features.vector();
+        let mut fit = self.fit.lock();
+        let (rls, samples) = &mut *fit;
+        rls.update(
+            &x,
+            observed,
+            self.settings.forgetting,
+            self.settings.prior_variance,
+            *samples,
+        );
+        *samples += 1;
+        // Publish θ: readers that see an odd or changed version retry.
+        self.version.fetch_add(1, Ordering::AcqRel);
+        for (slot, t) in self.published.iter().zip(rls.theta) {
+            slot.store(t.to_bits(), Ordering::Release);
+        }
+        self.version.fetch_add(1, Ordering::Release);
+        self.samples.store(*samples, Ordering::Release);
+        self.mean_abs_error
+            .store(rls.mean_abs_error.to_bits(), Ordering::Release);
+    }
+
+    /// The published coefficients θ.
+    #[must_use]
+    pub fn coefficients(&self) -> [f64; FEATURES] {
+        loop {
+            let before = self.version.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let theta =
+                std::array::from_fn(|i| f64::from_bits(self.published[i].load(Ordering::Acquire)));
+            if self.version.load(Ordering::Acquire) == before {
+                return theta;
+            }
+        }
+    }
+
+    /// The predicted latency for `features` (never negative), or `None`
+    /// while the model has fewer than its minimum samples.
+    #[must_use]
+    pub fn predict(&self, features: &Features) -> Option<f64> {
+        if !self.is_warm() {
+            return None;
+        }
+        self.predict_unchecked(features)
+    }
+
+    /// [`Self::predict`] without the sample check (for a model started from
+    /// a prior the caller trusts). `None` for non-finite features.
+    #[must_use]
+    pub fn predict_unchecked(&self, features: &Features) -> Option<f64> {
+        if !features.is_finite() {
+            return None;
+        }
+        let p = dot(&self.coefficients(), &features.vector());
+        p.is_finite().then_some(p.max(0.0))
+    }
+
+    /// Whether it has seen its minimum samples.
+    #[must_use]
+    pub fn is_warm(&self) -> bool {
+        self.samples() >= self.settings.min_samples
+    }
+
+    /// Samples learned from.
+    #[must_use]
+    pub fn samples(&self) -> u64 {
+        self.samples.load(Ordering::Acquire)
+    }
+
+    /// Recent mean absolute residual (the unit of the observations).
+    #[must_use]
+    pub fn mean_abs_error(&self) -> f64 {
+        f64::from_bits(self.mean_abs_error.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    use super::*;
+
+    /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
+    /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
+    /// running request, with ±5 % noise.
+    const TRUE: [f64; FEATURES] = [20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0];
+
+    fn random_features(rng: &mut StdRng) -> Features {
+        Features {
+            waiting: f64::from(rng.random_range(0..20u32)),
+            dispatched: f64::from(rng.random_range(0..5u32)),
+            running: f64::from(rng.random_range(0..64u32)),
+            kv_utilization: rng.random_range(0.0..1.0),
+            uncached_tokens: f64::from(rng.random_range(0..8000u32)),
+            cached_tokens: f64::from(rng.random_range(0..8000u32)),
+        }
+    }
+
+    fn truth(theta: &[f64; FEATURES], f: &Features, rng: &mut StdRng) -> f64 {
+        dot(theta, &f.vector()) * rng.random_range(0.95..1.05)
+    }
+
+    #[test]
+    fn recovers_known_coefficients() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let model = LatencyModel::new(ModelSettings::default());
+        for _ in 0..3000 {
+            let f = random_features(&mut rng);
+            model.observe(&f, truth(&TRUE, &f, &mut rng));
+        }
+        let theta = model.coefficients();
+        // The slopes that matter within 10 % (the noise is multiplicative).
+        for i in [1, 2, 5, 7] {
+            assert!(
+                (theta[i] - TRUE[i]).abs() <= 0.1 * TRUE[i],
+                "θ[{i}] = {} vs {}: {theta:?}",
+                theta[i],
+                TRUE[i]
+            );
+        }
+        // Median relative error of predictions on fresh requests.
+        let mut errors: Vec<f64> = (0..500)
+            .map(|_| {
+                let f = random_features(&mut rng);
+                let want = dot(&TRUE, &f.vector());
+                (model.predict(&f).unwrap() - want).abs() / want
+            })
+            .collect();
+        errors.sort_by(f64::total_cmp);
+        assert!(errors[250] < 0.05, "median relative error {}", errors[250]);
+    }
+
+    #[test]
+    fn predicts_nothing_until_warm() {
+        let settings = ModelSettings {
+            min_samples: 10,
+            ..ModelSettings::default()
+        };
+        let model = LatencyModel::new(settings);
+        let f = Features::default();
+        for i in 0..10 {
+            assert_eq!(model.predict(&f), None, "after {i} samples");
+            model.observe(&f, 50.0);
+        }
+        let p = model.predict(&f).unwrap();
+        assert!((p - 50.0).abs() < 1.0, "{p}");
+    }
+
+    #[test]
+    fn follows_a_server_that_slows_down() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let model = LatencyModel::new(ModelSettings::default());
+        for _ in 0..2000 {
+            let f = random_features(&mut rng);
+            model.observe(&f, truth(&TRUE, &f, &mut rng));
+        }
+        // Prefill becomes three times slower.
+        let slower = TRUE.map(|t| t * 3.0);
+        for _ in 0..1500 {
+            let f = random_features(&mut rng);
+            model.observe(&f, truth(&slower, &f, &mut rng));
+        }
+        let f = Features {
+            waiting: 4.0,
+            uncached_tokens: 4000.0,
+            running: 16.0,
+            ..Features::default()
+        };
+        let want = dot(&slower, &f.vector());
+        let got = model.predict(&f).unwrap();
+        assert!((got - want).abs() / want < 0.1, "{got} vs {want}");
+    }
+
+    #[test]
+    fn a_feature_that_never_varies_stays_bounded() {
+        let model = LatencyModel::new(ModelSettings::default());
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..20_000 {
+            // Only the prompt varies; everything else is 0 for ever.
+            let f = Features {
+                uncached_tokens: f64::from(rng.random_range(0..4000u32)),
+                ..Features::default()
+            };
+            model.observe(&f, 10.0 + 0.05 * f.uncached_tokens);
+        }
+        let theta = model.coefficients();
+        assert!(theta.iter().all(|t| t.is_finite()), "{theta:?}");
+        let f = Features {
+            uncached_tokens: 2000.0,
+            ..Features::default()
+        };
+        let p = model.predict(&f).unwrap();
+        assert!((p - 110.0).abs() < 2.0, "{p}");
+    }
+
+    #[test]
+    fn outliers_and_bad_samples_do_not_poison_it() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let model = LatencyModel::new(ModelSettings::default());
+        for i in 0..3000 {
+            let f = random_features(&mut rng);
+            let y = if i % 50 == 49 {
+                // A stalled request: 100× slower.
+                100.0 * dot(&TRUE, &f.vector())
+            } else {
+                truth(&TRUE, &f, &mut rng)
+            };
+            model.observe(&f, y);
+            model.observe(&f, f64::NAN);
+            model.observe(&f, -1.0);
+            model.observe(
+                &Features {
+                    waiting: f64::INFINITY,
+                    ..f
+                },
+                y,
+            );
+        }
+        assert_eq!(model.samples(), 3000);
+        let f = Features {
+            waiting: 5.0,
+            uncached_tokens: 3000.0,
+            running: 8.0,
+            ..Features::default()
+        };
+        let want = dot(&TRUE, &f.vector());
+        let got = model.predict(&f).unwrap();
+        assert!((got - want).abs() / want < 0.1, "{got} vs {want}");
+    }
+
+    #[test]
+    fn a_new_endpoint_starts_from_the_fleets_coefficients() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let fleet = LatencyModel::new(ModelSettings::default());
+        for _ in 0..2000 {
+            let f = random_features(&mut rng);
+            fleet.observe(&f, truth(&TRUE, &f, &mut rng));
+        }
+        let endpoint = LatencyModel::with_prior(ModelSettings::default(), fleet.coefficients());
+        let f = random_features(&mut rng);
+        assert_eq!(endpoint.predict(&f), None, "not warm on its own");
+        let prior = endpoint.predict_unchecked(&f).unwrap();
+        assert!((prior - fleet.predict(&f).unwrap()).abs() < 1e-9);
+        // A few samples of a server twice as fast move it most of the way.
+        let faster = TRUE.map(|t| t / 2.0);
+        for _ in 0..64 {
+            let f = random_features(&mut rng);
+            endpoint.observe(&f, truth(&faster, &f, &mut rng));
+        }
+        let want = dot(&faster, &f.vector());
+        let got = endpoint.predict(&f).unwrap();
+        assert!((got - want).abs() / want < 0.2, "{got} vs {want}");
+    }
+}
