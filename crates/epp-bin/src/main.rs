@@ -231,6 +231,7 @@ async fn run(args: Args) -> Result<()> {
     // Health: ready once discovery synced; first to turn on shutdown.
     let health_stop = CancellationToken::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
+    let live_reporter = reporter.clone();
     let health_task = tokio::spawn(health::track(
         reporter,
         readiness,
@@ -280,10 +281,22 @@ async fn run(args: Args) -> Result<()> {
     };
 
     wait_for_signal().await;
-    kube.step_down().await;
-    tracing::info!(grace = ?args.shutdown_grace_period, "shutting down: health NOT_SERVING, draining streams");
+    // As the reference: NOT_SERVING and the lease released at once, then
+    // ext_proc keeps serving (new streams too: Envoy may not have seen the
+    // health change yet) for the drain timeout.
+    tracing::info!(drain = ?args.drain_timeout, grace = ?args.shutdown_grace_period,
+        "shutting down: health NOT_SERVING, still serving ext_proc for the drain timeout");
     health_stop.cancel();
     let _ = health_task.await;
+    kube.step_down().await;
+    tokio::select! {
+        () = tokio::time::sleep(args.drain_timeout) => {}
+        () = wait_for_signal() => tracing::info!("second signal: drain ended early"),
+    }
+    tracing::info!("drain over: no new ext_proc streams; waiting for in-flight ones");
+    live_reporter
+        .set_service_status("liveness", tonic_health::ServingStatus::NotServing)
+        .await;
     serve_stop.cancel();
     match tokio::time::timeout(args.shutdown_grace_period, ext_proc_server).await {
         Ok(Ok(Ok(()))) => tracing::info!("all ext_proc streams finished"),
