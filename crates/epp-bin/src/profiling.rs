@@ -67,6 +67,54 @@ pub(crate) fn seconds(query: Option<&str>) -> Result<Duration, ProfileError> {
     }
 }
 
+/// Whether a function is the sampler's own (the unwinder called from the
+/// signal handler).
+fn is_sampler_frame(name: &str) -> bool {
+    name.starts_with("backtrace::") || name.contains("pprof::")
+}
+
+/// Removes the sampler's own frames from the leaf end of every sample: the
+/// pprof crate keeps the unwinder's frames that are not inlined into its
+/// signal handler (all of them in a debug build), which would put every
+/// sample's own time on `backtrace::…::trace`. A sample made only of such
+/// frames is left as it is.
+fn strip_sampler_frames(profile: &mut pprof::protos::Profile) {
+    let name = |index: i64| {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map(String::as_str)
+            .unwrap_or_default()
+    };
+    let sampler_functions: std::collections::HashSet<u64> = profile
+        .function
+        .iter()
+        .filter(|f| is_sampler_frame(name(f.name)))
+        .map(|f| f.id)
+        .collect();
+    let sampler_locations: std::collections::HashSet<u64> = profile
+        .location
+        .iter()
+        .filter(|l| {
+            !l.line.is_empty()
+                && l.line
+                    .iter()
+                    .all(|line| sampler_functions.contains(&line.function_id))
+        })
+        .map(|l| l.id)
+        .collect();
+    for sample in &mut profile.sample {
+        let own = sample
+            .location_id
+            .iter()
+            .take_while(|id| sampler_locations.contains(id))
+            .count();
+        if own < sample.location_id.len() {
+            sample.location_id.drain(..own);
+        }
+    }
+}
+
 /// Takes CPU profiles, one at a time.
 #[derive(Debug, Clone)]
 pub(crate) struct Profiler {
@@ -112,7 +160,8 @@ impl Profiler {
         let encoded = tokio::task::spawn_blocking(move || {
             let report = guard.report().build().map_err(|e| e.to_string())?;
             drop(guard);
-            let profile = report.pprof().map_err(|e| e.to_string())?;
+            let mut profile = report.pprof().map_err(|e| e.to_string())?;
+            strip_sampler_frames(&mut profile);
             Ok::<_, String>(profile.encode_to_vec())
         })
         .await
@@ -170,6 +219,20 @@ mod tests {
         let bytes = first.await.unwrap().unwrap();
         let profile = pprof::protos::Profile::decode(bytes.as_slice()).unwrap();
         assert!(!profile.sample_type.is_empty());
+        assert!(!profile.sample.is_empty(), "the busy loop was sampled");
+        let leaf_names: Vec<&str> = profile
+            .sample
+            .iter()
+            .filter_map(|s| s.location_id.first())
+            .filter_map(|id| profile.location.iter().find(|l| l.id == *id))
+            .filter_map(|l| l.line.first())
+            .filter_map(|line| profile.function.iter().find(|f| f.id == line.function_id))
+            .map(|f| profile.string_table[usize::try_from(f.name).unwrap()].as_str())
+            .collect();
+        assert!(
+            leaf_names.iter().all(|n| !is_sampler_frame(n)),
+            "no sample ends in the sampler itself: {leaf_names:?}"
+        );
         assert!(!p.busy.load(Ordering::Acquire), "free again");
     }
 }

@@ -181,6 +181,18 @@ async fn metrics_auth_lets_only_permitted_service_accounts_read() {
             .any(|l| l.contains(" epp_") || l.contains(" epp::")),
         "no epp function in the profile:\n{top}"
     );
+    // Time is charged to what epp was doing, not to the sampler's unwinder.
+    let flat = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=1"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let flat = String::from_utf8_lossy(&flat.stdout);
+    let hottest = flat.lines().last().unwrap_or_default();
+    assert!(
+        !hottest.contains("backtrace::") && !hottest.contains("pprof::"),
+        "{flat}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
