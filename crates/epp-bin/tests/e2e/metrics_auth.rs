@@ -147,7 +147,7 @@ async fn metrics_auth_lets_only_permitted_service_accounts_read() {
     .await;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut load = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..4 {
         let (stop, port) = (stop.clone(), envoy.port);
         load.push(tokio::spawn(async move {
             while !stop.is_cancelled() {
@@ -156,7 +156,10 @@ async fn metrics_auth_lets_only_permitted_service_accounts_read() {
             }
         }));
     }
-    let r = get(port, profile, Some(&profiler)).await;
+    // 5 s rather than 1: at 100 Hz and the CPU a debug build under this load
+    // takes (~10 %), one second is ~10 samples, too few to be sure one lands
+    // in epp's own code rather than in tokio, hyper or h2.
+    let r = get(port, "/debug/pprof/profile?seconds=5", Some(&profiler)).await;
     stop.cancel();
     for l in load {
         l.await.unwrap();
@@ -181,6 +184,22 @@ async fn metrics_auth_lets_only_permitted_service_accounts_read() {
             .any(|l| l.contains(" epp_") || l.contains(" epp::")),
         "no epp function in the profile:\n{top}"
     );
+    // One profile at a time: of two asked together, one is refused.
+    let both = [0, 1].map(|_| {
+        let token = profiler.clone();
+        tokio::spawn(async move {
+            get(port, "/debug/pprof/profile?seconds=3", Some(&token))
+                .await
+                .status
+        })
+    });
+    let mut statuses = Vec::new();
+    for b in both {
+        statuses.push(b.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409]);
+
     // Time is charged to what epp was doing, not to the sampler's unwinder.
     let flat = Command::new("go")
         .args(["tool", "pprof", "-top", "-nodecount=1"])
