@@ -314,7 +314,7 @@ class Fleet:
             p = self._spawn("epp", [
                 str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
                 str(free_port()), "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1",
-                "--secure-serving=false", "--endpoints",
+                "--secure-serving=false", "--drain-timeout", "0s", "--endpoints",
                 ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
             ], env={"RUST_LOG": "warn"})
             wait_until("epp", lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)

@@ -92,7 +92,14 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 64 << 20)]
     pub(crate) max_request_body_bytes: usize,
 
-    /// How long in-flight streams may take to finish after SIGTERM.
+    /// After SIGTERM (health NOT_SERVING, lease released), how long ext_proc
+    /// keeps serving new and existing streams before it stops accepting (as
+    /// the reference's flag). A second signal ends the drain at once.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) drain_timeout: Duration,
+
+    /// After the drain, how long in-flight streams may take to finish before
+    /// epp exits.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace_period: Duration,
 }

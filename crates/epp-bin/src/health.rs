@@ -1,6 +1,7 @@
 //! gRPC health, as the reference's probes ask for it.
 //!
-//! - `liveness`: SERVING while the process runs. It never depends on model
+//! - `liveness`: SERVING while the process runs, through the drain after
+//!   SIGTERM, until ext_proc stops accepting. It never depends on model
 //!   servers, so a liveness probe cannot restart epp in a loop while they
 //!   load.
 //! - `""`, `readiness`, `inference-extension` (the reference chart's probe
@@ -91,7 +92,7 @@ fn fresh_endpoints(source: &dyn EndpointSource, staleness: Duration) -> usize {
 }
 
 /// Keeps the health services in step with `readiness` until `shutdown`,
-/// then reports NOT_SERVING everywhere (before the servers stop accepting).
+/// then reports the readiness services NOT_SERVING (before the drain).
 /// Logs when the fleet goes from some fresh endpoints to none and back.
 pub(crate) async fn track(
     reporter: HealthReporter,
@@ -138,7 +139,9 @@ pub(crate) async fn track(
             _ = tick.tick() => {}
         }
     }
-    for svc in READY_SERVICES.into_iter().chain(["liveness"]) {
+    // Liveness stays SERVING through the drain: the process is alive and
+    // serving; main turns it off when ext_proc stops accepting.
+    for svc in READY_SERVICES {
         reporter
             .set_service_status(svc, ServingStatus::NotServing)
             .await;

@@ -196,6 +196,11 @@ impl Kube {
         })
     }
 
+    /// A client of the cluster, when epp runs against one.
+    pub(crate) fn client(&self) -> Option<::kube::Client> {
+        self.discovery.as_ref().map(|d| d.client().clone())
+    }
+
     /// Releases the lease at once (on SIGTERM) when leading, so another
     /// replica takes over without waiting for it to expire.
     pub(crate) async fn step_down(&self) {

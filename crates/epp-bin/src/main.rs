@@ -6,6 +6,9 @@ mod args;
 mod health;
 mod kube;
 mod metrics;
+mod metrics_auth;
+mod metrics_server;
+mod profiling;
 mod reference_flags;
 mod tls;
 
@@ -212,6 +215,7 @@ async fn run(args: Args) -> Result<()> {
         epp_extproc::ExtProcService::new(Arc::clone(&scheduler), Arc::clone(&source), options);
     ext_proc.register_metrics(&mut prom);
 
+    let metrics_port = metrics_port(&args, kube.client(), &shutdown).await?;
     let grpc_listener = bind(&args, args.grpc_port, "ext_proc").await?;
     let health_listener = bind(&args, args.grpc_health_port, "gRPC health").await?;
     let metrics_listener = bind(&args, args.metrics_port, "metrics").await?;
@@ -227,6 +231,7 @@ async fn run(args: Args) -> Result<()> {
     // Health: ready once discovery synced; first to turn on shutdown.
     let health_stop = CancellationToken::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
+    let live_reporter = reporter.clone();
     let health_task = tokio::spawn(health::track(
         reporter,
         readiness,
@@ -242,14 +247,16 @@ async fn run(args: Args) -> Result<()> {
                 shutdown.clone().cancelled_owned(),
             ),
     );
-    let metrics_server = tokio::spawn(metrics::serve(
+    let metrics_server = tokio::spawn(metrics_server::serve(
         metrics_listener,
-        Arc::new(prom),
-        pool,
-        Arc::clone(&source),
-        std::env::var("EPP_METRICS_BEARER_TOKEN")
-            .ok()
-            .map(Into::into),
+        Arc::new(metrics_server::MetricsServer {
+            registry: Arc::new(prom),
+            pool,
+            source: Arc::clone(&source),
+            auth: metrics_port.auth,
+            profiler: metrics_port.profiler,
+            tls: metrics_port.tls,
+        }),
         shutdown.clone(),
     ));
 
@@ -274,10 +281,22 @@ async fn run(args: Args) -> Result<()> {
     };
 
     wait_for_signal().await;
-    kube.step_down().await;
-    tracing::info!(grace = ?args.shutdown_grace_period, "shutting down: health NOT_SERVING, draining streams");
+    // As the reference: NOT_SERVING and the lease released at once, then
+    // ext_proc keeps serving (new streams too: Envoy may not have seen the
+    // health change yet) for the drain timeout.
+    tracing::info!(drain = ?args.drain_timeout, grace = ?args.shutdown_grace_period,
+        "shutting down: health NOT_SERVING, still serving ext_proc for the drain timeout");
     health_stop.cancel();
     let _ = health_task.await;
+    kube.step_down().await;
+    tokio::select! {
+        () = tokio::time::sleep(args.drain_timeout) => {}
+        () = wait_for_signal() => tracing::info!("second signal: drain ended early"),
+    }
+    tracing::info!("drain over: no new ext_proc streams; waiting for in-flight ones");
+    live_reporter
+        .set_service_status("liveness", tonic_health::ServingStatus::NotServing)
+        .await;
     serve_stop.cancel();
     match tokio::time::timeout(args.shutdown_grace_period, ext_proc_server).await {
         Ok(Ok(Ok(()))) => tracing::info!("all ext_proc streams finished"),
@@ -290,6 +309,52 @@ async fn run(args: Args) -> Result<()> {
     let _ = metrics_server.await;
     data_layer.stop().await;
     Ok(())
+}
+
+/// What the metrics port needs from the flags: who may read it, profiling,
+/// TLS.
+struct MetricsPort {
+    auth: metrics_auth::MetricsAuth,
+    profiler: Option<profiling::Profiler>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+async fn metrics_port(
+    args: &Args,
+    client: Option<::kube::Client>,
+    shutdown: &CancellationToken,
+) -> Result<MetricsPort> {
+    let flags = &args.reference;
+    let auth = metrics_auth::choose(
+        flags.metrics_endpoint_auth,
+        client,
+        std::env::var("EPP_METRICS_BEARER_TOKEN").ok(),
+    )
+    .await?;
+    let tls = match (&flags.metrics_cert_dir, &flags.metrics_client_ca_file) {
+        (None, None) => None,
+        (None, Some(_)) => anyhow::bail!("--metrics-client-ca-file needs --metrics-cert-dir"),
+        (Some(_), None) if matches!(auth, metrics_auth::MetricsAuth::Open) => anyhow::bail!(
+            "--metrics-cert-dir would serve metrics over TLS to anyone: also give --metrics-client-ca-file, keep --metrics-endpoint-auth on against a cluster, or set EPP_METRICS_BEARER_TOKEN"
+        ),
+        (Some(dir), ca) => Some(tls::metrics_acceptor(dir, ca.as_deref(), shutdown.clone())?),
+    };
+    let profiler = flags
+        .enable_pprof
+        .unwrap_or(true)
+        .then(|| profiling::Profiler::new(shutdown.clone()));
+    tracing::info!(
+        auth = auth.describe(),
+        tls = tls.is_some(),
+        client_certificates = flags.metrics_client_ca_file.is_some(),
+        pprof = profiler.is_some(),
+        "metrics port"
+    );
+    Ok(MetricsPort {
+        auth,
+        profiler,
+        tls,
+    })
 }
 
 async fn wait_for_signal() {

@@ -1,15 +1,12 @@
-//! The picker's own Prometheus metrics server, and the pool gauges computed
-//! from the endpoint set at scrape time.
+//! The picker's own Prometheus metrics: plugin durations, and the pool
+//! gauges computed from the endpoint set at scrape time (served by
+//! `metrics_server.rs`).
 
-use std::{convert::Infallible, sync::Arc, time::Duration};
+use std::time::Duration;
 
-use bytes::Bytes;
 use epp_core::{CallSite, EndpointSource, SchedulerObserver};
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::EncodeLabelSet,
     metrics::{
         family::Family,
         gauge::Gauge,
@@ -17,8 +14,6 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
@@ -126,7 +121,7 @@ impl PoolGauges {
         g
     }
 
-    fn refresh(&self, source: &dyn EndpointSource) {
+    pub(crate) fn refresh(&self, source: &dyn EndpointSource) {
         let snapshot = source.snapshot();
         let now = std::time::Instant::now();
         let labels = PoolLabels {
@@ -153,82 +148,4 @@ impl PoolGauges {
         self.avg_queue.get_or_create(&labels).set(avg(queue));
         self.ready.get_or_create(&labels).set(i64::from(n));
     }
-}
-
-/// Serves `GET /metrics` until `shutdown`.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    pool: Arc<PoolGauges>,
-    source: Arc<dyn EndpointSource>,
-    bearer_token: Option<Arc<str>>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let (stream, _) = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics server: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let registry = Arc::clone(&registry);
-        let pool = Arc::clone(&pool);
-        let source = Arc::clone(&source);
-        let token = bearer_token.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let resp = respond(&req, &registry, &pool, &*source, token.as_deref());
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
-}
-
-fn respond(
-    req: &Request<Incoming>,
-    registry: &Registry,
-    pool: &PoolGauges,
-    source: &dyn EndpointSource,
-    token: Option<&str>,
-) -> Response<Full<Bytes>> {
-    let plain = |status: StatusCode, body: &'static str| {
-        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-        *r.status_mut() = status;
-        r
-    };
-    if req.uri().path() != "/metrics" {
-        return plain(StatusCode::NOT_FOUND, "not found\n");
-    }
-    if let Some(token) = token {
-        let ok = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|v| v == token);
-        if !ok {
-            return plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
-        }
-    }
-    pool.refresh(source);
-    let mut text = String::with_capacity(16 * 1024);
-    if encode(&mut text, registry).is_err() {
-        return plain(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
-    }
-    let mut r = Response::new(Full::new(Bytes::from(text)));
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
-    );
-    r
 }

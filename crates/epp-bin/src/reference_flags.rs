@@ -5,7 +5,9 @@
 //! Where epp has the feature the flag keeps its meaning: `--v` and the
 //! `--zap-*` logging flags set the log level and format; the model-server
 //! metrics flags configure the default metrics source and the default
-//! engine's metric names. The others are accepted and, when they ask for
+//! engine's metric names; `--metrics-endpoint-auth`, `--metrics-cert-dir`,
+//! `--metrics-client-ca-file` and `--enable-pprof` secure and extend the
+//! metrics port (`metrics_server.rs`). The others are accepted and, when they ask for
 //! something epp does not do, reported once at start (docs/operations.md
 //! lists them).
 
@@ -49,7 +51,9 @@ pub(crate) struct ReferenceFlags {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) health_checking: Option<bool>,
 
-    /// pprof profiles on the metrics port (accepted; not implemented yet).
+    /// CPU profiles in the pprof format at `/debug/pprof/profile?seconds=N`
+    /// on the metrics port, behind its authentication (default true, as in
+    /// the reference).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) enable_pprof: Option<bool>,
 
@@ -57,10 +61,23 @@ pub(crate) struct ReferenceFlags {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) enable_cert_reload: Option<bool>,
 
-    /// TokenReview authentication of /metrics (accepted; not implemented yet:
-    /// EPP_METRICS_BEARER_TOKEN protects /metrics with a fixed token).
+    /// Authenticate metrics-port requests with a TokenReview and authorise
+    /// them with a SubjectAccessReview (`get` on the request's path) against
+    /// the cluster. Default: on whenever epp runs against a cluster (pool or
+    /// selector mode); without one, EPP_METRICS_BEARER_TOKEN (if set) is the
+    /// accepted token.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) metrics_endpoint_auth: Option<bool>,
+
+    /// Serve the metrics port over TLS with `tls.crt` and `tls.key` from this
+    /// directory (reloaded when they change).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) metrics_cert_dir: Option<std::path::PathBuf>,
+
+    /// PEM CA bundle: the metrics port requires client certificates signed by
+    /// one of these CAs (mTLS). Needs --metrics-cert-dir.
+    #[arg(long, value_name = "FILE", requires = "metrics_cert_dir")]
+    pub(crate) metrics_client_ca_file: Option<std::path::PathBuf>,
 
     /// How often the reference flushed its pool gauges (accepted; epp
     /// computes them at each scrape of /metrics).
@@ -194,14 +211,6 @@ impl ReferenceFlags {
                 "--tracing: tracing is not implemented; no traces are sent",
             ),
             (
-                self.enable_pprof == Some(true),
-                "--enable-pprof: profiling endpoints are not implemented",
-            ),
-            (
-                self.metrics_endpoint_auth == Some(true),
-                "--metrics-endpoint-auth: TokenReview authentication is not implemented; set EPP_METRICS_BEARER_TOKEN to protect /metrics",
-            ),
-            (
                 self.model_server_metrics_port.is_some(),
                 "--model-server-metrics-port: not supported; each endpoint is scraped on its own port",
             ),
@@ -260,6 +269,21 @@ mod tests {
         assert_eq!(f.verbosity(), Some(2));
         assert_eq!(f.enable_pprof, Some(true));
         assert_eq!(f.metrics_endpoint_auth, Some(false));
+        let f = parse(&[
+            "--metrics-cert-dir",
+            "/certs",
+            "--metrics-client-ca-file=/ca.crt",
+        ]);
+        assert_eq!(
+            f.metrics_cert_dir.as_deref(),
+            Some(std::path::Path::new("/certs"))
+        );
+        assert_eq!(
+            f.metrics_client_ca_file.as_deref(),
+            Some(std::path::Path::new("/ca.crt"))
+        );
+        let e = Cli::try_parse_from(["epp", "--metrics-client-ca-file", "/ca.crt"]).unwrap_err();
+        assert!(e.to_string().contains("--metrics-cert-dir"), "{e}");
         assert_eq!(parse(&["--zap-log-level=debug"]).verbosity(), Some(1));
         assert_eq!(parse(&[]).verbosity(), None);
     }

@@ -1,6 +1,8 @@
 //! TLS for the ext_proc server: a self-signed certificate generated at start
 //! (the reference's default), or `tls.crt` / `tls.key` from a directory,
 //! reloaded when the files change so certificates rotate without a restart.
+//! The metrics port's TLS (`--metrics-cert-dir`) reloads the same way and
+//! can require client certificates (`--metrics-client-ca-file`).
 
 use std::{
     io,
@@ -15,10 +17,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{
-        ServerConfig,
+        RootCertStore, ServerConfig,
         crypto::ring::default_provider,
         pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, pem::PemObject},
-        server::{ClientHello, ResolvesServerCert},
+        server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
         sign::CertifiedKey,
     },
     server::TlsStream,
@@ -76,52 +78,108 @@ fn stamp(dir: &Path) -> Option<(SystemTime, SystemTime, u64, u64)> {
     Some((a.modified().ok()?, b.modified().ok()?, a.len(), b.len()))
 }
 
-/// A TLS acceptor for ext_proc. With `cert_dir`, a background task reloads the
-/// files every second when they change; a bad new pair is logged and the old
-/// one kept.
+/// A resolver serving the pair in `dir`; a background task reloads the files
+/// every second when they change. A bad new pair is logged and the old one
+/// kept.
+fn reloading(dir: PathBuf, shutdown: CancellationToken) -> Result<Arc<Resolver>> {
+    let resolver = Arc::new(Resolver(ArcSwap::from_pointee(load_dir(&dir)?)));
+    let live = Arc::clone(&resolver);
+    tokio::spawn(async move {
+        let mut last = stamp(&dir);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let now = stamp(&dir);
+            if now == last {
+                continue;
+            }
+            last = now;
+            match load_dir(&dir) {
+                Ok(key) => {
+                    live.0.store(Arc::new(key));
+                    tracing::info!(dir = %dir.display(), "reloaded TLS certificate");
+                }
+                Err(e) => tracing::error!(
+                    dir = %dir.display(),
+                    error = format!("{e:#}"),
+                    "TLS reload failed; keeping the previous certificate"
+                ),
+            }
+        }
+    });
+    Ok(resolver)
+}
+
+/// A TLS acceptor for ext_proc: the pair in `cert_dir` (reloaded when it
+/// changes), or a self-signed certificate.
 pub(crate) fn acceptor(
     cert_dir: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<TlsAcceptor> {
-    let key = match &cert_dir {
-        Some(dir) => load_dir(dir)?,
-        None => self_signed()?,
+    let resolver = match cert_dir {
+        Some(dir) => reloading(dir, shutdown)?,
+        None => Arc::new(Resolver(ArcSwap::from_pointee(self_signed()?))),
     };
-    let resolver = Arc::new(Resolver(ArcSwap::from_pointee(key)));
     let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?
         .with_no_client_auth()
-        .with_cert_resolver(resolver.clone());
+        .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
 
-    if let Some(dir) = cert_dir {
-        tokio::spawn(async move {
-            let mut last = stamp(&dir);
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                let now = stamp(&dir);
-                if now == last {
-                    continue;
-                }
-                last = now;
-                match load_dir(&dir) {
-                    Ok(key) => {
-                        resolver.0.store(Arc::new(key));
-                        tracing::info!(dir = %dir.display(), "reloaded TLS certificate");
-                    }
-                    Err(e) => tracing::error!(
-                        error = format!("{e:#}"),
-                        "TLS reload failed; keeping the previous certificate"
-                    ),
-                }
-            }
-        });
+/// The CA certificates in the PEM file `path`.
+fn load_roots(path: &Path) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("parsing {}", path.display()))?;
+    for cert in certs {
+        roots
+            .add(cert)
+            .with_context(|| format!("a CA certificate in {} is invalid", path.display()))?;
     }
+    anyhow::ensure!(
+        !roots.is_empty(),
+        "{} holds no CA certificate",
+        path.display()
+    );
+    Ok(roots)
+}
+
+/// A TLS acceptor for the metrics port (`--metrics-cert-dir`, reloaded when
+/// it changes), requiring a client certificate signed by a CA of
+/// `client_ca` when given (`--metrics-client-ca-file`, read at start).
+/// HTTP/2 and HTTP/1.1.
+pub(crate) fn metrics_acceptor(
+    cert_dir: &Path,
+    client_ca: Option<&Path>,
+    shutdown: CancellationToken,
+) -> Result<TlsAcceptor> {
+    let resolver =
+        reloading(cert_dir.to_path_buf(), shutdown).context("invalid --metrics-cert-dir")?;
+    let provider = Arc::new(default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?;
+    let mut config = match client_ca {
+        Some(ca) => {
+            let roots = load_roots(ca).context("invalid --metrics-client-ca-file")?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .context("invalid --metrics-client-ca-file")?;
+            builder
+                .with_client_cert_verifier(verifier)
+                .with_cert_resolver(resolver)
+        }
+        None => builder.with_no_client_auth().with_cert_resolver(resolver),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -10,6 +10,7 @@ mod e2e {
     mod errors;
     mod kubernetes;
     mod logs;
+    mod metrics_auth;
     mod objectives;
     mod prefix;
     mod process;

@@ -341,6 +341,8 @@ async fn the_image_runs_epp_as_nonroot_serving_health_metrics_and_traffic() {
         "--secure-serving=false",
         "--shutdown-grace-period",
         "1s",
+        "--drain-timeout",
+        "1s",
         "--endpoints",
         &sim.addr(),
     ]);

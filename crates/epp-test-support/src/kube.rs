@@ -15,10 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{
-    authentication::v1::TokenRequest,
-    core::v1::{Namespace, Pod, ServiceAccount},
-};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
@@ -113,7 +110,7 @@ impl KubeCluster {
     }
 
     /// Writes a kubeconfig for `user` authenticating with `token` (e.g. one
-    /// from [`Ns::service_account_token`]) into `dir`; returns its path.
+    /// from [`Ns::token_of_service_account`]) into `dir`; returns its path.
     pub fn kubeconfig_with_token(&self, dir: &Path, user: &str, token: &str) -> PathBuf {
         let server = std::fs::read_to_string(self.dir.join("server")).expect("the server's URL");
         let ca = self.dir.join("pki/ca.crt");
@@ -142,6 +139,15 @@ impl KubeCluster {
             .await
             .expect("token kubeconfig");
         Client::try_from(config).expect("token client")
+    }
+
+    /// The admin's bearer token (`system:masters`: may do anything,
+    /// reading epp's metrics port included).
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.dir.join("admin.token"))
+            .expect("admin.token")
+            .trim()
+            .to_owned()
     }
 
     /// A client with the admin token.
@@ -323,22 +329,6 @@ impl Ns {
         .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
     }
 
-    /// A token of the ServiceAccount `sa` of this namespace, issued by the API
-    /// server (TokenRequest), as the kubelet mounts one into a pod.
-    pub async fn service_account_token(&self, sa: &str) -> String {
-        let request: TokenRequest = serde_json::from_value(json!({
-            "spec": {"audiences": [], "expirationSeconds": 3600},
-        }))
-        .unwrap();
-        Api::<ServiceAccount>::namespaced(self.client.clone(), &self.name)
-            .create_token_request(sa, &PostParams::default(), &request)
-            .await
-            .unwrap_or_else(|e| panic!("token of ServiceAccount {sa}: {e}"))
-            .status
-            .expect("a TokenRequest answer has a status")
-            .token
-    }
-
     /// Deletes a v1 InferencePool.
     pub async fn delete_pool(&self, name: &str) {
         self.pools(POOL_V1)
@@ -413,8 +403,19 @@ impl Ns {
     }
 
     /// Grants a test ServiceAccount user exactly the rules `docs/kubernetes.md`
-    /// lists for discovery, in this namespace.
+    /// lists: discovery's, in this namespace, and the reviews the metrics
+    /// port's authentication creates (cluster-wide).
     pub async fn grant_discovery(&self, sa: &str, binding: &str) {
+        self.bind_cluster_role(
+            "epp-metrics-auth",
+            json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+            ]),
+            &format!("{}-{binding}-metrics-auth", self.name),
+            json!({"kind": "User", "name": format!("system:serviceaccount:default:{sa}")}),
+        )
+        .await;
         let role = json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
@@ -455,6 +456,82 @@ impl Ns {
             rb,
         )
         .await;
+    }
+
+    /// Creates (or updates) the ClusterRole `role` with `rules` and binds it
+    /// to `subject` (an RBAC subject) with the ClusterRoleBinding `binding`.
+    pub async fn bind_cluster_role(&self, role: &str, rules: Value, binding: &str, subject: Value) {
+        let cluster_role = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": rules,
+        });
+        self.apply_cluster_raw("ClusterRole", "clusterroles", role, cluster_role)
+            .await;
+        let crb = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [subject],
+        });
+        self.apply_cluster_raw("ClusterRoleBinding", "clusterrolebindings", binding, crb)
+            .await;
+    }
+
+    /// Creates the ServiceAccount `name` in this namespace and returns a
+    /// token for it from the TokenRequest API (valid for an hour, for the
+    /// API server's audience), as a pod would have mounted.
+    pub async fn service_account_token(&self, name: &str) -> String {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.name);
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        api.create(&PostParams::default(), &sa)
+            .await
+            .unwrap_or_else(|e| panic!("create ServiceAccount {name}: {e}"));
+        self.token_of_service_account(name).await
+    }
+
+    /// A token of the existing ServiceAccount `name` of this namespace from
+    /// the TokenRequest API (valid for an hour, for the API server's
+    /// audience), as the kubelet mounts one into a pod.
+    pub async fn token_of_service_account(&self, name: &str) -> String {
+        use k8s_openapi::api::{
+            authentication::v1::{TokenRequest, TokenRequestSpec},
+            core::v1::ServiceAccount,
+        };
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.name);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        api.create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("token for ServiceAccount {name}: {e}"))
+            .status
+            .expect("a TokenRequest answers with a status")
+            .token
+    }
+
+    async fn apply_cluster_raw(&self, kind: &str, plural: &str, name: &str, obj: Value) {
+        let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+        Api::<DynamicObject>::all_with(
+            self.client.clone(),
+            &ApiResource::from_gvk_with_plural(&gvk, plural),
+        )
+        .patch(
+            name,
+            &PatchParams::apply("epp-tests").force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
     }
 
     /// Deletes the role binding `binding` (what `grant_discovery` made).

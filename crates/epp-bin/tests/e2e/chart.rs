@@ -181,7 +181,7 @@ impl Installed {
             .unwrap()
             .to_owned();
         assert_eq!(pod_spec["serviceAccountName"].as_str(), Some(sa.as_str()));
-        let token = ns.service_account_token(&sa).await;
+        let token = ns.token_of_service_account(&sa).await;
         let kubeconfig = cluster.kubeconfig_with_token(&dir, &sa, &token);
         Self {
             ns,

@@ -48,6 +48,17 @@ fn pool_epp(ns: &Ns, kubeconfig: &std::path::Path) -> Command {
     cmd
 }
 
+/// `/metrics` read with the admin's token: against a cluster the metrics
+/// port reviews tokens (tests/e2e/metrics_auth.rs).
+async fn admin_metrics(cluster: &KubeCluster, port: u16) -> String {
+    let auth = format!("Bearer {}", cluster.admin_token());
+    let r = http::send(port, "GET", "/metrics", &[("authorization", &auth)], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.text()
+}
+
 fn chat(i: usize) -> serde_json::Value {
     serde_json::json!({
         "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -133,7 +144,7 @@ async fn routes_to_the_ready_pods_of_the_pool() {
         counts.contains_key("pod-a") && counts.contains_key("pod-b"),
         "{counts:?}"
     );
-    let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+    let metrics = admin_metrics(cluster, epp.metrics_port).await;
     assert!(
         metrics.contains("epp_kubernetes_discovery_ready 1"),
         "{metrics}"
@@ -176,7 +187,7 @@ async fn routes_to_the_ready_pods_of_the_pool() {
             "still routing after the pool was deleted"
         );
     }
-    let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+    let metrics = admin_metrics(cluster, epp.metrics_port).await;
     assert!(
         metrics.contains("epp_kubernetes_discovery_ready 0"),
         "{metrics}"

@@ -14,6 +14,7 @@ use epp_test_support::{
 fn epp(dir: &std::path::Path, endpoints: &str, flags: &[&str]) -> (Proc, u16) {
     let mut cmd = epp_command();
     cmd.args(["--secure-serving=false", "--endpoints", endpoints])
+        .args(["--drain-timeout", "0s"])
         .args(flags)
         .env_remove("RUST_LOG");
     let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));

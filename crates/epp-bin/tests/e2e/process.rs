@@ -58,6 +58,8 @@ async fn health_answers_the_reference_probes_and_stale_endpoints_are_not_a_resta
             &format!("{},{dead}", sims[0].addr()),
             "--metrics-staleness-threshold",
             "300ms",
+            "--drain-timeout",
+            "1s",
         ],
     );
     let services = [
