@@ -32,6 +32,7 @@ use serde_yaml_ng::Value as Yaml;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use super::kubernetes::{health_of, of_kind, served, start_pod_sim, yaml_documents};
+use super::metrics_auth::get as metrics_get;
 
 /// The reference chart's own values file (v1.5.0), beside the checkout.
 fn reference_values() -> std::path::PathBuf {
@@ -176,11 +177,13 @@ impl Installed {
         assert_eq!(moved, 1, "one argument names the mounted config: {args:?}");
 
         // The rendered ServiceAccount's token, issued by the API server.
-        let sa = of_kind(&docs, "ServiceAccount")["metadata"]["name"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        assert_eq!(pod_spec["serviceAccountName"].as_str(), Some(sa.as_str()));
+        let sa = pod_spec["serviceAccountName"].as_str().unwrap().to_owned();
+        assert!(
+            docs.iter()
+                .any(|d| d["kind"].as_str() == Some("ServiceAccount")
+                    && d["metadata"]["name"].as_str() == Some(sa.as_str())),
+            "the chart renders the pod's ServiceAccount {sa}"
+        );
         let token = ns.token_of_service_account(&sa).await;
         let kubeconfig = cluster.kubeconfig_with_token(&dir, &sa, &token);
         Self {
@@ -252,7 +255,8 @@ async fn until_serving(port: u16, service: &str, what: &str) {
 /// cluster; epp run under the rendered ServiceAccount's token with the
 /// rendered arguments, environment and config; traffic through Envoy reaches
 /// exactly the Ready pods the pool selects; the chart's InferenceObjective
-/// takes effect; the probes' services answer SERVING; the token cannot read
+/// takes effect; the probes' services answer SERVING; the metrics port lets
+/// the chart's metrics reader in and no one else; epp's token cannot read
 /// Secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_epp_routes_through_envoy() {
@@ -264,6 +268,7 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
         .port();
     let mut values = test_values(json!({"app": "chart-model"}), model_port);
     values["inferenceObjectives"] = json!([{"name": "batch", "priority": -1}]);
+    values["inferenceExtension"]["monitoring"] = json!({"prometheus": {"enabled": true}});
     let release = Installed::new(cluster, "chat", &values).await;
     let (ns, dir, docs) = (&release.ns, &release.dir, &release.docs);
     assert_eq!(
@@ -277,12 +282,14 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
             "InferencePool",
             "Role",
             "RoleBinding",
+            "Secret",
             "Service",
             "ServiceAccount",
+            "ServiceMonitor",
         ]
         .map(String::from)
         .into(),
-        "the default install's objects"
+        "the objects of an install with monitoring"
     );
 
     // Model servers: a Ready pod the pool selects (on 127.0.0.1, so the test
@@ -401,6 +408,29 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
         200,
         "undeclared objectives are not shed"
     );
+
+    // The metrics port under --metrics-endpoint-auth (on: the chart leaves
+    // the default): epp reviews tokens with the rights the chart gave it; the
+    // metrics reader the ServiceMonitor's Secret names may read, epp's own
+    // token may not, no token is 401. The Secret's token would come from the
+    // token controller, which this cluster lacks: TokenRequest stands in.
+    let secret = of_kind(docs, "Secret");
+    let reader = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        .as_str()
+        .unwrap();
+    assert_ne!(reader, sa, "Prometheus gets a token of its own");
+    let reader_token = ns.token_of_service_account(reader).await;
+    let r = metrics_get(epp.metrics_port, "/metrics", Some(&reader_token)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("inference_pool_ready_pods"),
+        "{}",
+        r.text()
+    );
+    let r = metrics_get(epp.metrics_port, "/metrics", Some(&release.token)).await;
+    assert_eq!(r.status, 403, "epp's own token: {}", r.text());
+    let r = metrics_get(epp.metrics_port, "/metrics", None).await;
+    assert_eq!(r.status, 401, "{}", r.text());
 
     // The same token is refused what epp does not need.
     let as_epp = cluster.client_with_token(dir, sa, &release.token).await;

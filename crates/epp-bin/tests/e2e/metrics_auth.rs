@@ -57,7 +57,7 @@ async fn one_pod(ns: &Ns, dir: &Path) -> Sim {
     Sim { proc, port }
 }
 
-async fn get(port: u16, path: &str, token: Option<&str>) -> http::Response {
+pub(super) async fn get(port: u16, path: &str, token: Option<&str>) -> http::Response {
     let auth = token.map(|t| format!("Bearer {t}"));
     let headers: Vec<(&str, &str)> = auth
         .as_deref()
