@@ -21,16 +21,15 @@
 //! that the next few picks still go to the other pod.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::{
-    net::TcpListener,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use epp_test_support::{
     http,
     kube::{KubeCluster, Ns},
-    process::{BodyMode, Proc, epp_command, scratch_dir, spawn_epp, start_envoy, workspace_bin},
+    process::{
+        BodyMode, Sim, epp_command, free_port_on, scratch_dir, spawn_epp, start_envoy,
+        start_pod_sim,
+    },
     stats::percentile,
 };
 
@@ -85,19 +84,10 @@ async fn run(n: usize) {
     let cluster = KubeCluster::start("bench-transitions");
     let ns = Ns::create(&cluster, "bench").await;
     let dir = scratch_dir("kube-transitions");
-    let port = TcpListener::bind("127.0.0.2:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _sims: Vec<Proc> = [("pod-a", "127.0.0.2"), ("pod-b", "127.0.0.3")]
+    let port = free_port_on("127.0.0.2");
+    let _sims: Vec<Sim> = [("pod-a", "127.0.0.2"), ("pod-b", "127.0.0.3")]
         .iter()
-        .map(|(pod, ip)| {
-            let mut cmd = Command::new(workspace_bin("epp-sim"));
-            cmd.args(["--host", ip, "--port", &port.to_string(), "--pod-name", pod])
-                .args(["--ttft-ms", "0", "--itl-ms", "0"]);
-            Proc::spawn(pod, cmd, "listening on", dir.join(format!("{pod}.log"))).0
-        })
+        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port, &["--ttft-ms", "0", "--itl-ms", "0"]))
         .collect();
     ns.apply_pool("pool", LABELS, &[port]).await;
     ns.pod("pod-a", LABELS, "127.0.0.2", true).await;

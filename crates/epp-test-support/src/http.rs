@@ -155,6 +155,31 @@ pub async fn post_hello(port: u16, header: Option<(&str, &str)>) -> std::io::Res
     send(port, "POST", "/v1/completions", &headers, body.to_string()).await
 }
 
+/// POSTs a 2-token chat for `model` naming `objective` in
+/// `x-gateway-inference-objective`.
+pub async fn chat_for_objective(
+    port: u16,
+    model: &str,
+    objective: &str,
+) -> std::io::Result<Response> {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    });
+    send(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-inference-objective", objective),
+        ],
+        body.to_string(),
+    )
+    .await
+}
+
 /// A blocking GET for admin endpoints: (status, body).
 pub fn get_blocking(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;

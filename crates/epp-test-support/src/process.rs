@@ -247,6 +247,26 @@ pub fn start_sim(dir: &Path, idx: usize, args: &[&str]) -> Sim {
     Sim { proc, port }
 }
 
+/// A port free on `ip` (`0.0.0.0`: on every address; in the Kubernetes
+/// tests 127.0.0.2, 127.0.0.3, … are the pods' IPs).
+pub fn free_port_on(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap_or_else(|e| panic!("{ip} is not a usable loopback address: {e}"))
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts a simulator named `pod` listening on `ip:port` (a pod's IP in
+/// the Kubernetes tests), with extra flags.
+pub fn start_pod_sim(dir: &Path, pod: &str, ip: &str, port: u16, args: &[&str]) -> Sim {
+    let mut cmd = Command::new(workspace_bin("epp-sim"));
+    cmd.args(["--host", ip, "--port", &port.to_string(), "--pod-name", pod])
+        .args(args);
+    let (proc, _) = Proc::spawn(pod, cmd, "listening on", dir.join(format!("{pod}.log")));
+    Sim { proc, port }
+}
+
 /// Starts `n` simulators.
 pub fn start_sims(dir: &Path, n: usize, args: &[&str]) -> Vec<Sim> {
     (0..n).map(|i| start_sim(dir, i, args)).collect()

@@ -12,7 +12,6 @@
 
 use std::{
     collections::BTreeSet,
-    net::TcpListener,
     path::Path,
     process::Command,
     time::{Duration, Instant},
@@ -22,7 +21,8 @@ use epp_test_support::{
     helm, http,
     kube::{KubeCluster, Ns},
     process::{
-        Epp, scratch_dir, sim_admin, spawn_epp, start_envoy_tls, workspace_bin, workspace_root,
+        Epp, free_port_on, scratch_dir, sim_admin, spawn_epp, start_envoy_tls, start_pod_sim,
+        workspace_bin, workspace_root,
     },
 };
 use k8s_openapi::api::core::v1::Secret;
@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use serde_yaml_ng::Value as Yaml;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use super::kubernetes::{health_of, of_kind, served, start_pod_sim, yaml_documents};
+use super::kubernetes::{health_of, of_kind, served, yaml_documents};
 use super::metrics_auth::get as metrics_get;
 
 /// The reference chart's own values file (v1.5.0), beside the checkout.
@@ -45,11 +45,7 @@ fn reference_values() -> std::path::PathBuf {
 /// A port free on every address (epp binds 0.0.0.0 unless told otherwise,
 /// and the chart does not tell it).
 fn free_port() -> u16 {
-    TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_port_on("0.0.0.0")
 }
 
 /// Renders the chart as release `release` in `namespace` with the reference
@@ -261,11 +257,7 @@ async fn until_serving(port: u16, service: &str, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_epp_routes_through_envoy() {
     let cluster = KubeCluster::shared();
-    let model_port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let model_port = free_port_on("127.0.0.1");
     let mut values = test_values(json!({"app": "chart-model"}), model_port);
     values["inferenceObjectives"] = json!([{"name": "batch", "priority": -1}]);
     values["inferenceExtension"]["monitoring"] = json!({"prometheus": {"enabled": true}});
@@ -301,7 +293,7 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
         ("other-0", "127.0.0.10"),
     ]
     .iter()
-    .map(|(pod, ip)| start_pod_sim(dir, pod, ip, model_port))
+    .map(|(pod, ip)| start_pod_sim(dir, pod, ip, model_port, &[]))
     .collect();
     ns.pod(
         "chart-model-0",
@@ -378,20 +370,10 @@ async fn the_chart_installs_and_its_epp_routes_through_envoy() {
     // rights: `batch` (priority -1) is shed once the pool is saturated, an
     // undeclared objective is not.
     let send = |objective: &'static str| async move {
-        let body = json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
-        http::send(
-            envoy.port,
-            "POST",
-            "/v1/chat/completions",
-            &[
-                ("content-type", "application/json"),
-                ("x-gateway-inference-objective", objective),
-            ],
-            body.to_string(),
-        )
-        .await
-        .unwrap()
-        .status
+        http::chat_for_objective(envoy.port, "meta-llama/Llama-3.1-8B-Instruct", objective)
+            .await
+            .unwrap()
+            .status
     };
     assert_eq!(send("batch").await, 200, "not saturated: served");
     sim_admin(model_port, json!({"extra_waiting": 40})).await;

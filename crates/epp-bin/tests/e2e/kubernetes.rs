@@ -4,7 +4,6 @@
 
 use std::{
     collections::BTreeMap,
-    net::TcpListener,
     process::Command,
     time::{Duration, Instant},
 };
@@ -13,22 +12,14 @@ use epp_test_support::{
     http,
     kube::{KubeCluster, Ns},
     process::{
-        BodyMode, Proc, Sim, epp_command, scratch_dir, spawn_epp, start_envoy, start_envoy_tls,
-        workspace_bin, workspace_root,
+        BodyMode, Sim, epp_command, free_port_on, scratch_dir, spawn_epp, start_envoy,
+        start_envoy_tls, start_pod_sim, workspace_root,
     },
 };
 
 /// A port free on every loopback address the simulators use.
 fn shared_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.2:0").expect("127.0.0.2 is a loopback address");
-    l.local_addr().unwrap().port()
-}
-
-pub(super) fn start_pod_sim(dir: &std::path::Path, pod: &str, ip: &str, port: u16) -> Sim {
-    let mut cmd = Command::new(workspace_bin("epp-sim"));
-    cmd.args(["--host", ip, "--port", &port.to_string(), "--pod-name", pod]);
-    let (proc, _) = Proc::spawn(pod, cmd, "listening on", dir.join(format!("{pod}.log")));
-    Sim { proc, port }
+    free_port_on("127.0.0.2")
 }
 
 /// epp following the InferencePool `pool` of `ns` as `kubeconfig`'s user,
@@ -111,7 +102,7 @@ async fn routes_to_the_ready_pods_of_the_pool() {
         ("pod-c", "127.0.0.4"),
     ]
     .iter()
-    .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port))
+    .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port, &[]))
     .collect();
     ns.apply_pool("pool", &[("app", "model")], &[port]).await;
     ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
@@ -212,7 +203,7 @@ async fn routes_to_the_ready_pods_of_the_pool() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+    let metrics = admin_metrics(cluster, epp.metrics_port).await;
     assert!(
         metrics.contains("epp_kubernetes_discovery_ready 1"),
         "{metrics}"
@@ -255,27 +246,19 @@ async fn resources_take_effect(selector_mode: bool) {
     let ns = Ns::create(cluster, "e2e-res").await;
     let dir = scratch_dir("kube-resources");
     // The pod's IP is 127.0.0.1 so the test can read what the simulator received.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut cmd = Command::new(workspace_bin("epp-sim"));
-    cmd.args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--pod-name",
+    let port = free_port_on("127.0.0.1");
+    let _sim = start_pod_sim(
+        &dir,
         "pod-r",
-    ])
-    .args([
-        "--record-requests",
-        "100",
-        "--served-model-name",
-        "chat,chat-v2",
-    ]);
-    let (_sim, _) = Proc::spawn("pod-r", cmd, "listening on", dir.join("pod-r.log"));
+        "127.0.0.1",
+        port,
+        &[
+            "--record-requests",
+            "100",
+            "--served-model-name",
+            "chat,chat-v2",
+        ],
+    );
     if !selector_mode {
         ns.apply_pool("pool", &[("app", "model")], &[port]).await;
     }
@@ -299,19 +282,9 @@ async fn resources_take_effect(selector_mode: bool) {
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
 
     let send = |model: &'static str, objective: &'static str| async move {
-        let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
-        http::send(
-            envoy.port,
-            "POST",
-            "/v1/chat/completions",
-            &[
-                ("content-type", "application/json"),
-                ("x-gateway-inference-objective", objective),
-            ],
-            body.to_string(),
-        )
-        .await
-        .unwrap()
+        http::chat_for_objective(envoy.port, model, objective)
+            .await
+            .unwrap()
     };
     let last_model = || {
         epp_test_support::process::sim_requests(port)
@@ -478,7 +451,7 @@ async fn leader_election_makes_one_replica_ready() {
     let ns = Ns::create(cluster, "e2e-ha").await;
     let dir = scratch_dir("kube-ha");
     let port = shared_port();
-    let _sim = start_pod_sim(&dir, "pod-a", "127.0.0.2", port);
+    let _sim = start_pod_sim(&dir, "pod-a", "127.0.0.2", port, &[]);
     ns.apply_pool("pool", &[("app", "model")], &[port]).await;
     ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
         .await;
@@ -546,7 +519,7 @@ async fn api_server_outage_under_load_fails_no_request() {
     let port = shared_port();
     let _sims: Vec<Sim> = [("pod-a", "127.0.0.2"), ("pod-b", "127.0.0.3")]
         .iter()
-        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port))
+        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port, &[]))
         .collect();
     ns.apply_pool("pool", &[("app", "model")], &[port]).await;
     ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
@@ -638,8 +611,8 @@ async fn target_ports_edits_move_traffic() {
     let ns = Ns::create(cluster, "e2e-ports").await;
     let dir = scratch_dir("kube-ports");
     let (p0, p1) = (shared_port(), shared_port());
-    let _r0 = start_pod_sim(&dir, "rank-0", "127.0.0.2", p0);
-    let _r1 = start_pod_sim(&dir, "rank-1", "127.0.0.2", p1);
+    let _r0 = start_pod_sim(&dir, "rank-0", "127.0.0.2", p0, &[]);
+    let _r1 = start_pod_sim(&dir, "rank-1", "127.0.0.2", p1, &[]);
     ns.apply_pool("pool", &[("app", "model")], &[p0]).await;
     ns.pod("pod-a", &[("app", "model")], "127.0.0.2", true)
         .await;
@@ -736,7 +709,7 @@ async fn the_reference_charts_deployment_runs_unchanged() {
     .await;
     let _sims: Vec<Sim> = [("vllm-0", "127.0.0.5"), ("vllm-1", "127.0.0.6")]
         .iter()
-        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port))
+        .map(|(pod, ip)| start_pod_sim(&dir, pod, ip, port, &[]))
         .collect();
     ns.pod("vllm-0", &[("app", "vllm")], "127.0.0.5", true)
         .await;

@@ -3,14 +3,14 @@
 //! of CPU profiles (read back with `go tool pprof`), failing closed while the
 //! API server is away; TLS and client certificates on the metrics port.
 
-use std::{net::TcpListener, path::Path, process::Command};
+use std::{path::Path, process::Command};
 
 use epp_test_support::{
     http,
     kube::{KubeCluster, Ns},
     process::{
-        BodyMode, Epp, Proc, Sim, epp_command, scratch_dir, spawn_epp, start_envoy, start_sims,
-        workspace_bin,
+        BodyMode, Epp, Sim, epp_command, free_port_on, scratch_dir, spawn_epp, start_envoy,
+        start_pod_sim, start_sims,
     },
     wait::poll,
 };
@@ -36,25 +36,12 @@ async fn epp_as_its_service_account(cluster: &KubeCluster, ns: &Ns, dir: &Path) 
 
 /// A simulator as the pool's only pod, on 127.0.0.1.
 async fn one_pod(ns: &Ns, dir: &Path) -> Sim {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut cmd = Command::new(workspace_bin("epp-sim"));
-    cmd.args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--pod-name",
-        "pod-a",
-    ]);
-    let (proc, _) = Proc::spawn("pod-a", cmd, "listening on", dir.join("pod-a.log"));
+    let port = free_port_on("127.0.0.1");
+    let sim = start_pod_sim(dir, "pod-a", "127.0.0.1", port, &[]);
     ns.apply_pool("pool", &[("app", "model")], &[port]).await;
     ns.pod("pod-a", &[("app", "model")], "127.0.0.1", true)
         .await;
-    Sim { proc, port }
+    sim
 }
 
 pub(super) async fn get(port: u16, path: &str, token: Option<&str>) -> http::Response {
