@@ -8,6 +8,8 @@
 //! cargo bench -p epp-bin --bench gateway_latency -- --quick # shorter runs
 //! # without the reference (no Go, no Kubernetes control plane):
 //! EPP_BENCH_REFERENCE=off cargo bench -p epp-bin --bench gateway_latency
+//! # extra flags for the reference (here: no log line per request):
+//! EPP_BENCH_REFERENCE_ARGS=--v=1 cargo bench -p epp-bin --bench gateway_latency
 //! # and an older build side by side, alternating in the same run:
 //! EPP_BENCH_BASELINE=/tmp/old/epp cargo bench -p epp-bin --bench gateway_latency
 //! ```
@@ -552,10 +554,23 @@ async fn main() {
         buffered: true,
     }];
     if let Some((cluster, ns)) = &fleet.kube {
-        println!("reference: {}", reference_version());
+        // Extra flags, e.g. `--v=1` to drop its per-request log lines.
+        let reference_args: Vec<String> = std::env::var("EPP_BENCH_REFERENCE_ARGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        println!("reference: {} {reference_args:?}", reference_version());
         pickers.push(Picker {
             label: "reference",
-            epp: start_reference(&dir, &cluster.kubeconfig, &ns.name, "pool", &config),
+            epp: start_reference(
+                &dir,
+                &cluster.kubeconfig,
+                &ns.name,
+                "pool",
+                &config,
+                &reference_args,
+            ),
             buffered: false,
         });
     }

@@ -58,14 +58,16 @@ fn free_port() -> u16 {
 /// Starts the reference picker on InferencePool `pool` of `namespace`, as
 /// the user of `kubeconfig`, with `config` as its `--config-file`; plaintext
 /// ext_proc, no tracing exporter, no pprof, metrics without authentication
-/// (the rest of its defaults). Returns once its controller manager starts;
-/// it routes only after its first pod sync, which the caller waits for.
+/// (the rest of its defaults), then `extra` flags. Returns once its
+/// controller manager starts; it routes only after its first pod sync, which
+/// the caller waits for.
 pub fn start_reference(
     dir: &Path,
     kubeconfig: &Path,
     namespace: &str,
     pool: &str,
     config: &Path,
+    extra: &[String],
 ) -> Epp {
     let (grpc, health, metrics) = (free_port(), free_port(), free_port());
     // It logs to stderr; `exec` keeps the pid (CPU and memory are read from it).
@@ -84,6 +86,7 @@ pub fn start_reference(
             "--enable-pprof=false",
             "--metrics-endpoint-auth=false",
         ])
+        .args(extra)
         .env("KUBECONFIG", kubeconfig)
         // Leader election and in-cluster look-ups read these; never set here.
         .env_remove("KUBERNETES_SERVICE_HOST");
