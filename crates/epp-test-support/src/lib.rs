@@ -47,6 +47,7 @@ pub mod http;
 pub mod kube;
 pub mod plugins;
 pub mod process;
+pub mod reference;
 pub mod stats;
 pub mod wait;
 pub mod workload;

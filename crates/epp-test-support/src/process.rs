@@ -272,6 +272,23 @@ pub fn start_sims(dir: &Path, n: usize, args: &[&str]) -> Vec<Sim> {
     (0..n).map(|i| start_sim(dir, i, args)).collect()
 }
 
+/// A port free on 127.0.0.2, for simulators that all listen on the same port
+/// of different loopback addresses, as the pods of one InferencePool do on
+/// their `targetPorts` (127.0.0.1 is left out: it holds the other servers).
+pub fn shared_loopback_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.2:0").expect("127.0.0.2 is a loopback address");
+    l.local_addr().unwrap().port()
+}
+
+/// Starts a simulator named `pod` listening on `ip:port`, with extra flags.
+pub fn start_sim_at(dir: &Path, pod: &str, ip: &str, port: u16, args: &[&str]) -> Sim {
+    let mut cmd = Command::new(workspace_bin("epp-sim"));
+    cmd.args(["--host", ip, "--port", &port.to_string(), "--pod-name", pod])
+        .args(args);
+    let (proc, _) = Proc::spawn(pod, cmd, "listening on", dir.join(format!("{pod}.log")));
+    Sim { proc, port }
+}
+
 /// The epp process.
 #[derive(Debug)]
 pub struct Epp {
@@ -364,14 +381,25 @@ pub fn start_envoy(dir: &Path, mode: BodyMode, ext_proc_port: u16) -> Envoy {
 /// Starts Envoy balancing round-robin over `ports` with no picker: the
 /// baseline for added-latency and routing-quality comparisons.
 pub fn start_envoy_round_robin(dir: &Path, ports: &[u16]) -> Envoy {
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .collect();
+    start_envoy_round_robin_at(dir, &addrs)
+}
+
+/// [`start_envoy_round_robin`] over any loopback addresses.
+pub fn start_envoy_round_robin_at(dir: &Path, addrs: &[SocketAddr]) -> Envoy {
     let template = example_envoy_config("envoy-round-robin.yaml");
     let begin = template.find("        # ENDPOINTS-BEGIN").unwrap();
     let end = template.find("        # ENDPOINTS-END").unwrap();
-    let endpoints: String = ports
+    let endpoints: String = addrs
         .iter()
-        .map(|p| {
+        .map(|a| {
             format!(
-                "        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}\n"
+                "        - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
+                a.ip(),
+                a.port()
             )
         })
         .collect();
