@@ -3,10 +3,13 @@
 //! loopback IPs. Measures what a client sees:
 //!
 //! - pod Ready → first request routed to it: from the start of the status
-//!   update to the first response the pod served;
+//!   update to the send time of the first request the pod served;
 //! - pod deleted → last request routed to it: from the start of the delete
 //!   call to the send time of the last request the pod still served (0 when
 //!   none was), watched until no request reached it for 500 ms.
+//!
+//! Both are read from one client that sends all the time (also while the
+//! API call is under way), logging each request's send time and pod.
 //!
 //! ```sh
 //! cargo build --release --workspace --bins
@@ -14,14 +17,20 @@
 //! cargo bench -p epp-bin --bench kube_transitions -- --quick # 20
 //! ```
 //!
-//! One client sends requests back to back (each a distinct chat, so prefix
-//! affinity does not pin them); with two Ready pods the default profile
+//! The client's requests are distinct chats, so prefix affinity does not
+//! pin them; with two Ready pods the default profile
 //! spreads them, so the measured time includes waiting for the pod's first
 //! metrics scrape (a pod without metrics is a last resort) and the chance
 //! that the next few picks still go to the other pod.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use epp_test_support::{
     http,
@@ -50,10 +59,14 @@ fn main() {
         .block_on(run(n));
 }
 
+/// When a request was sent, and whether pod-b served it (or the status of
+/// a failed one).
+type Sent = (Instant, Result<bool, u16>);
+
 /// One request through Envoy: the pod that served it, or the status.
 async fn send(envoy_port: u16, i: usize) -> Result<String, u16> {
     let body = serde_json::json!({
-        "model": "m",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
         "messages": [{"role": "user", "content": format!("request {i}: tell me something new")}],
         "max_tokens": 1,
     });
@@ -95,6 +108,8 @@ async fn run(n: usize) {
     let mut cmd = epp_command();
     cmd.args([
         "--secure-serving=false",
+        "--drain-timeout",
+        "0s",
         "--pool-name",
         "pool",
         "--pool-namespace",
@@ -106,10 +121,42 @@ async fn run(n: usize) {
     let (epp, _) = spawn_epp("epp", cmd, dir.join("epp.log"));
     let envoy = start_envoy(&dir, BodyMode::Buffered, epp.grpc_port);
 
-    println!("kube_transitions: {n} transitions each, one client back to back, release build");
+    println!(
+        "kube_transitions: {n} transitions each, one client sending back to back, release build"
+    );
+    // A request must work before anything is measured.
+    match send(envoy.port, 0).await {
+        Ok(pod) => assert_eq!(pod, "pod-a"),
+        Err(status) => panic!("a request through Envoy failed with {status} before any transition"),
+    }
+    // One client sends all the time, also while an API call is under way,
+    // logging when each request was sent and which pod served it.
+    let log: Arc<Mutex<Vec<Sent>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = tokio::spawn({
+        let (log, stop, port) = (Arc::clone(&log), Arc::clone(&stop), envoy.port);
+        async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let sent = Instant::now();
+                let served = send(port, i).await.map(|pod| pod == "pod-b");
+                log.lock().unwrap().push((sent, served));
+            }
+        }
+    });
+    // Send times of requests pod-b served, sent at or after `t0`.
+    let to_b_since = |t0: Instant| -> Vec<Duration> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|(sent, served)| *sent >= t0 && *served == Ok(true))
+            .map(|(sent, _)| sent.duration_since(t0))
+            .collect()
+    };
+
     let (mut ready, mut deleted) = (Vec::new(), Vec::new());
-    let (mut ready_failed, mut deleted_failed, mut errors) = (0, 0, 0);
-    let mut i = 0;
+    let (mut ready_failed, mut deleted_failed) = (0, 0);
     for _ in 0..n {
         // A NotReady pod-b, known to epp before it turns Ready.
         ns.pod("pod-b", LABELS, "127.0.0.3", false).await;
@@ -118,41 +165,30 @@ async fn run(n: usize) {
         let t0 = Instant::now();
         ns.set_ready("pod-b", true).await;
         loop {
-            i += 1;
-            match send(envoy.port, i).await {
-                Ok(pod) if pod == "pod-b" => {
-                    ready.push(t0.elapsed());
-                    break;
-                }
-                Ok(_) => {}
-                Err(_) => errors += 1,
+            if let Some(first) = to_b_since(t0).first() {
+                ready.push(*first);
+                break;
             }
             if t0.elapsed() > GIVE_UP {
                 ready_failed += 1;
                 break;
             }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
 
         let t0 = Instant::now();
         ns.delete_pod("pod-b").await;
-        let mut last_b = None;
-        let mut quiet_since = Instant::now();
-        while quiet_since.elapsed() < QUIET && t0.elapsed() < GIVE_UP {
-            i += 1;
-            let sent = Instant::now();
-            match send(envoy.port, i).await {
-                Ok(pod) if pod == "pod-b" => {
-                    last_b = Some(sent.duration_since(t0));
-                    quiet_since = Instant::now();
-                }
-                Ok(_) => {}
-                Err(_) => errors += 1,
+        loop {
+            let last = to_b_since(t0).last().copied().unwrap_or_default();
+            if t0.elapsed() > last + QUIET {
+                deleted.push(last);
+                break;
             }
-        }
-        if quiet_since.elapsed() < QUIET {
-            deleted_failed += 1;
-        } else {
-            deleted.push(last_b.unwrap_or_default());
+            if t0.elapsed() > GIVE_UP {
+                deleted_failed += 1;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Deletion of a pod no kubelet runs is immediate; wait until the
         // name is free for the next round.
@@ -160,6 +196,10 @@ async fn run(n: usize) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+    stop.store(true, Ordering::Relaxed);
+    client.await.unwrap();
+    let log = std::mem::take(&mut *log.lock().unwrap());
+    let errors = log.iter().filter(|(_, served)| served.is_err()).count();
     row(
         "pod Ready -> first request routed to it",
         ready,
@@ -170,5 +210,8 @@ async fn run(n: usize) {
         deleted,
         deleted_failed,
     );
-    println!("  requests sent {i}, answered with an error {errors}");
+    println!(
+        "  requests sent {}, answered with an error {errors}",
+        log.len()
+    );
 }
