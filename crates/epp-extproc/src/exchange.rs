@@ -132,8 +132,7 @@ impl Exchange {
                 }
             }
             Some(Request::ResponseHeaders(ref h)) => {
-                let served = proto::served_endpoint(&msg).map(str::to_owned);
-                self.response_headers(h, served.as_deref(), out);
+                self.response_headers(h, proto::served_endpoint(&msg), out);
             }
             Some(Request::ResponseBody(b)) => self.response_body(b, out),
             Some(Request::ResponseTrailers(_)) => {
