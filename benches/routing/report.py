@@ -16,10 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-ORDER = ["epp", "epp-scraped-only", "epp-kv-scraped", "epp-lora", "round-robin", "sglang-cache-aware",
+ORDER = ["epp", "reference", "epp-scraped-only", "epp-kv-scraped", "epp-lora", "round-robin", "sglang-cache-aware",
          "sglang-power-of-two", "vllm-cache-aware"]
 LABELS = {
     "epp": "Envoy + epp (default)",
+    "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer)",
@@ -30,6 +31,7 @@ LABELS = {
 }
 STYLE = {
     "epp": dict(color="#d62728", marker="o", linewidth=2.5),
+    "reference": dict(color="#000000", marker="X", linewidth=2),
     "epp-scraped-only": dict(color="#ff9896", marker="o", linestyle="--"),
     "epp-kv-scraped": dict(color="#e377c2", marker="o", linestyle=":"),
     "epp-lora": dict(color="#9467bd", marker="o", linestyle="-."),

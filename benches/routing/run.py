@@ -2,8 +2,11 @@
 """Routing-quality benchmark: the same workloads through each router on the
 same simulated fleet, one contender at a time, on fresh simulators.
 
-Contenders: Envoy + epp (default config), Envoy round-robin, sglang-router
-(cache_aware and power_of_two) and vllm-router (cache_aware). Client:
+Contenders: Envoy + epp (default config), Envoy + the reference picker (GIE
+v1.5.0 cmd/epp, built by scripts/reference-epp.sh, following an InferencePool
+on the test control plane of scripts/kube-env.sh, with the same config file),
+Envoy round-robin, sglang-router (cache_aware and power_of_two) and vllm-router
+(cache_aware). Client:
 inference-perf (poisson arrivals, one stage per request rate). Prefix-cache hit
 rates and the spread of requests over servers come from the simulators' own
 /metrics, polled during the run and cut at inference-perf's stage times.
@@ -13,6 +16,7 @@ binaries). Direct use:
 
     .venv/bin/python benches/routing/run.py --out DIR [--workloads a,b]
         [--contenders a,b] [--repeats N] [--quick] [--bin-dir target/release]
+        [--reference-args '--v=1']
 
 Writes DIR/results.jsonl (one line per workload x contender x repeat x rate)
 and, through report.py, DIR/report.md and DIR/ttft_p90.png.
@@ -26,6 +30,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -122,6 +127,7 @@ WORKLOADS = {
 
 CONTENDERS = [
     "epp",
+    "reference",
     "round-robin",
     "sglang-cache-aware",
     "sglang-power-of-two",
@@ -164,11 +170,22 @@ EPP_VARIANTS = {
 KNOWN = CONTENDERS + list(EPP_VARIANTS)
 
 
+def epp_default_config() -> str:
+    """epp's DEFAULT_CONFIG, read from its source so the file both pickers get
+    cannot drift from what epp runs with no config."""
+    src = (ROOT / "crates/epp-plugins/src/lib.rs").read_text()
+    m = re.search(r'pub const DEFAULT_CONFIG: &str = "\\\n(.*?)";', src, re.S)
+    if not m:
+        raise RuntimeError("DEFAULT_CONFIG not found in crates/epp-plugins/src/lib.rs")
+    return m.group(1)
+
+
 LABELS = {
     "epp": "Envoy + epp (default config)",
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
+    "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
     "sglang-power-of-two": "sglang-router power_of_two",
@@ -236,13 +253,16 @@ def wait_until(what: str, check, timeout: float = 60.0, proc: "Proc | None" = No
 class Proc:
     """A process this benchmark started, in its own process group, stopped on exit."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict | None = None):
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict | None = None,
+                 unset: tuple[str, ...] = ()):
         self.name = name
         self.log = log_path
         full_env = dict(os.environ)
         full_env.update(OFFLINE_ENV)
         if env:
             full_env.update(env)
+        for k in unset:
+            full_env.pop(k, None)
         self._file = open(log_path, "wb")
         self.popen = subprocess.Popen(
             cmd, stdout=self._file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -263,6 +283,107 @@ class Proc:
         self._file.close()
 
 
+REFERENCE_SCRIPT = ROOT / "scripts/reference-epp.sh"
+KUBE_ENV = ROOT / "scripts/kube-env.sh"
+POOL_PORT_NOTE = "the pool's pods are the simulators, on 127.0.0.2, 127.0.0.3, ... and one shared port"
+
+
+def script_out(script: Path, *args: str) -> str:
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def reference_missing() -> list[str]:
+    """What the reference contender needs and is not built or present."""
+    missing = []
+    ref = Path(script_out(REFERENCE_SCRIPT, "path"))
+    if not ref.exists():
+        missing.append(f"{ref} (scripts/reference-epp.sh build)")
+    kube = Path(script_out(KUBE_ENV, "bin-dir"))
+    for b in ("etcd", "kube-apiserver"):
+        if not (kube / b).exists():
+            missing.append(f"{kube / b} (scripts/kube-env.sh build)")
+    crds = Path(os.environ.get("EPP_KUBE_CRDS", ROOT.parent / "shared/reference/crds"))
+    if not list(crds.glob("*.yaml")):
+        missing.append(f"the InferencePool CRDs in {crds} (shared/ next to the checkout, or EPP_KUBE_CRDS)")
+    return missing
+
+
+class KubeEnv:
+    """The test control plane (scripts/kube-env.sh): one per benchmark run, a fresh
+    namespace per fleet. Objects are created through its API with the admin token."""
+
+    def __init__(self, out: Path):
+        self.dir = out / "kube"
+        log(f"starting the test control plane in {self.dir}")
+        # Passing our pid: the control plane goes when this run does, even if killed.
+        out_text = subprocess.run(
+            ["bash", str(KUBE_ENV), "start", str(self.dir)], capture_output=True, text=True,
+            env={**os.environ, "EPP_KUBE_OWNER_PID": str(os.getpid())},
+        )
+        if out_text.returncode != 0:
+            self.stop()  # what it started before failing
+            raise RuntimeError(f"scripts/kube-env.sh start failed:\n{out_text.stderr[-2000:]}")
+        self.kubeconfig = Path(out_text.stdout.strip().splitlines()[-1])
+        self.server = (self.dir / "server").read_text().strip()
+        self.token = (self.dir / "admin.token").read_text().strip()
+        self.ssl = ssl.create_default_context(cafile=str(self.dir / "pki/ca.crt"))
+        self.count = 0
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(KUBE_ENV), "stop", str(self.dir)], check=False)
+
+    def api(self, method: str, path: str, body: dict, content_type: str = "application/json") -> dict:
+        req = urllib.request.Request(
+            self.server + path, data=json.dumps(body).encode(), method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self.ssl) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read()[:500]!r}") from None
+
+    def pool(self, ips: list[str], port: int) -> str:
+        """A fresh namespace holding InferencePool `pool` over Ready pods with `ips`."""
+        self.count += 1
+        ns = f"bench-{self.count}"
+        self.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": ns}})
+        self.api("POST", f"/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools", {
+            "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": "pool"},
+            "spec": {"selector": {"matchLabels": {"app": "model"}}, "targetPorts": [{"number": port}],
+                     "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}},
+        })
+        for i, ip in enumerate(ips):
+            name = f"sim-{i}"
+            self.api("POST", f"/api/v1/namespaces/{ns}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "model"}},
+                "spec": {"containers": [{"name": "model", "image": "vllm"}]},
+            })
+            # No kubelet: the status is set through the status subresource.
+            self.api("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }}, content_type="application/merge-patch+json")
+        return ns
+
+
+def shared_loopback_port(ips: list[str]) -> int:
+    """A port free on every address in `ips`."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            for ip in ips:
+                with socket.socket() as s:
+                    s.bind((ip, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no port free on all of {ips}")
+
+
 class Fleet:
     """N simulators plus one contender in front of them."""
 
@@ -271,8 +392,11 @@ class Fleet:
         self.dir = run_dir
         self.procs: list[Proc] = []
         self.sim_ports: list[int] = []
+        self.sim_hosts: list[str] = []
         try:
-            self._start_sims(workload)
+            # The reference finds its endpoints only as pods, by IP with the pool's one target
+            # port: its simulators listen on distinct loopback addresses and one shared port.
+            self._start_sims(workload, pods=contender == "reference")
             self.url = self._start_contender(contender)
         except BaseException:
             self.stop()
@@ -283,22 +407,25 @@ class Fleet:
             p.stop()
         self.procs.clear()
 
-    def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> Proc:
-        p = Proc(name, cmd, self.dir / f"{name}.log", env)
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None, unset: tuple[str, ...] = ()) -> Proc:
+        p = Proc(name, cmd, self.dir / f"{name}.log", env, unset)
         self.procs.append(p)
         return p
 
-    def _start_sims(self, workload: Workload) -> None:
-        for i in range(N_SIMS):
-            port = free_port()
+    def _start_sims(self, workload: Workload, pods: bool) -> None:
+        hosts = [f"127.0.0.{i + 2}" if pods else "127.0.0.1" for i in range(N_SIMS)]
+        shared = shared_loopback_port(hosts) if pods else None
+        for i, host in enumerate(hosts):
+            port = shared or free_port()
             p = self._spawn(
                 f"sim-{i}",
-                [str(self.args.bin_dir / "epp-sim"), "--port", str(port), "--pod-name", f"sim-{i}",
-                 "--model", MODEL, "--model-path", str(self.args.tokenizer)]
+                [str(self.args.bin_dir / "epp-sim"), "--host", host, "--port", str(port),
+                 "--pod-name", f"sim-{i}", "--model", MODEL, "--model-path", str(self.args.tokenizer)]
                 + SIM_ARGS + workload.sim_args,
             )
             self.sim_ports.append(port)
-            wait_until(f"sim-{i}", lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200,
+            self.sim_hosts.append(host)
+            wait_until(f"sim-{i}", lambda: http_get(f"http://{host}:{port}/health")[0] == 200,
                        proc=p)
 
     def _start_contender(self, contender: str) -> str:
@@ -306,11 +433,10 @@ class Fleet:
         urls = [f"http://127.0.0.1:{p}" for p in self.sim_ports]
         if contender == "epp" or contender in EPP_VARIANTS:
             grpc = free_port()
-            config = []
-            if contender in EPP_VARIANTS:
-                text = EPP_VARIANTS[contender]
-                (self.dir / "epp-config.yaml").write_text(text)
-                config = ["--config-file", str(self.dir / "epp-config.yaml")]
+            # The default contender gets the same file as the reference: epp's DEFAULT_CONFIG.
+            text = EPP_VARIANTS.get(contender) or epp_default_config()
+            (self.dir / "epp-config.yaml").write_text(text)
+            config = ["--config-file", str(self.dir / "epp-config.yaml")]
             p = self._spawn("epp", [
                 str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
                 str(free_port()), "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1",
@@ -321,6 +447,8 @@ class Fleet:
             config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
             config = config.replace("port_value: 9002", f"port_value: {grpc}")
             return self._start_envoy(config, port)
+        if contender == "reference":
+            return self._start_reference(port)
         if contender == "round-robin":
             template = (ROOT / "examples/envoy/envoy-round-robin.yaml").read_text()
             begin = template.index("        # ENDPOINTS-BEGIN")
@@ -352,6 +480,33 @@ class Fleet:
             return f"http://127.0.0.1:{port}"
         raise ValueError(f"unknown contender {contender!r}; known: {', '.join(KNOWN)}")
 
+    def _start_reference(self, port: int) -> str:
+        kube: KubeEnv = self.args.kube
+        ns = kube.pool(self.sim_hosts, self.sim_ports[0])
+        config = self.dir / "epp-config.yaml"
+        config.write_text(epp_default_config())
+        grpc = free_port()
+        # As a user runs it, with the flags that take out TLS, tracing, pprof and metrics auth
+        # (none of which a loopback benchmark has); then --reference-args.
+        p = self._spawn("reference-epp", [
+            str(self.args.reference_bin), "--pool-name", "pool", "--pool-namespace", ns,
+            "--grpc-port", str(grpc), "--grpc-health-port", str(free_port()),
+            "--metrics-port", str(free_port()), "--config-file", str(config),
+            "--secure-serving=false", "--tracing=false", "--enable-pprof=false",
+            "--metrics-endpoint-auth=false", *self.args.reference_args.split(),
+        ], env={"KUBECONFIG": str(kube.kubeconfig)}, unset=("KUBERNETES_SERVICE_HOST",))
+        wait_until("reference epp", lambda: "Controller manager starting" in p.log.read_text(errors="replace"),
+                   proc=p)
+        envoy_config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
+        url = self._start_envoy(envoy_config.replace("port_value: 9002", f"port_value: {grpc}"), port)
+
+        # It routes once its first pod sync has seen the pool's pods.
+        def routes() -> bool:
+            return http_post(f"{url}/v1/completions", {"model": MODEL, "prompt": "ready?", "max_tokens": 1},
+                             timeout=5)[0] == 200
+        wait_until("reference epp routing through Envoy", routes, timeout=60, proc=p)
+        return url
+
     def _start_envoy(self, config: str, port: int) -> str:
         admin = free_port()
         config = config.replace("port_value: 9901", f"port_value: {admin}")
@@ -371,8 +526,8 @@ class Fleet:
     def sim_counters(self) -> list[dict[str, float]]:
         """Per simulator: the counters this benchmark reads from /metrics."""
         out = []
-        for port in self.sim_ports:
-            status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        for host, port in zip(self.sim_hosts, self.sim_ports):
+            status, body = http_get(f"http://{host}:{port}/metrics")
             values: dict[str, float] = {}
             if status == 200:
                 for line in body.decode(errors="replace").splitlines():
@@ -632,7 +787,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "target/routing-bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--contenders", help=f"comma-separated, default {','.join(CONTENDERS)}; "
+                    f"also {','.join(EPP_VARIANTS)}")
+    ap.add_argument("--reference-args", default="",
+                    help="extra flags for the reference picker, e.g. '--v=1' (default: none)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="two rates, 6 s stages, one run: a smoke test")
     ap.add_argument("--rates", help="comma-separated request rates for every workload chosen, instead of "
@@ -649,10 +807,26 @@ def main() -> None:
     if args.rates:
         rates = [float(r) for r in args.rates.split(",")]
         workloads = [replace(w, rates=rates) for w in workloads]
-    contenders = args.contenders.split(",")
+    explicit = args.contenders is not None
+    contenders = args.contenders.split(",") if explicit else list(CONTENDERS)
     for c in contenders:
         if c not in KNOWN:
             sys.exit(f"unknown contender {c!r}; known: {', '.join(KNOWN)}")
+    if "reference" in contenders:
+        missing = reference_missing()
+        if missing and not explicit:
+            log("skipping contender 'reference': not built or present:\n  " + "\n  ".join(missing)
+                + "\n  (name it in --contenders to build it here: Go, and several minutes on two cores)")
+            contenders.remove("reference")
+        elif missing:
+            log("building the reference picker and the test control plane (cached outside the checkout)")
+            subprocess.run(["bash", str(REFERENCE_SCRIPT), "build"], check=True)
+            subprocess.run(["bash", str(KUBE_ENV), "build"], check=True)
+            missing = reference_missing()
+            if missing:
+                sys.exit("contender 'reference' needs:\n  " + "\n  ".join(missing))
+        if "reference" in contenders:
+            args.reference_bin = Path(script_out(REFERENCE_SCRIPT, "path"))
     for path, what in [(args.bin_dir / "epp", "epp (cargo build --release)"),
                        (args.bin_dir / "epp-sim", "epp-sim (cargo build --release)"),
                        (args.tokenizer / "tokenizer.json", "tokenizer (scripts/setup-routing-bench.sh)"),
@@ -674,8 +848,31 @@ def main() -> None:
                       for w in workloads},
         "command": " ".join(sys.argv),
         "quick": args.quick,
+        "contenders": contenders,
+        "reference": script_out(REFERENCE_SCRIPT, "version") if "reference" in contenders else None,
+        "reference_args": args.reference_args if "reference" in contenders else None,
     }, indent=2))
     failures = []
+    args.kube = None
+    if "reference" in contenders:
+        try:
+            args.kube = KubeEnv(args.out)
+        except Exception as e:  # the other contenders still run
+            log(f"  FAILED: the reference's control plane: {e}")
+            failures.append(f"reference: control plane: {e}")
+            contenders.remove("reference")
+    try:
+        run_all(args, workloads, contenders, failures)
+    finally:
+        if args.kube is not None:
+            args.kube.stop()
+    subprocess.run([sys.executable, str(Path(__file__).with_name("report.py")), str(args.out)], check=False)
+    if failures:
+        log("failures:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+
+
+def run_all(args, workloads: list[Workload], contenders: list[str], failures: list[str]) -> None:
     with open(args.out / "results.jsonl", "a") as results:
         for workload in workloads:
             for repeat in range(1, args.repeats + 1):
@@ -687,10 +884,6 @@ def main() -> None:
                     except Exception as e:  # one contender failing must not lose the others' results
                         log(f"  FAILED: {e}")
                         failures.append(f"{workload.name}/{contender}/{repeat}: {e}")
-    subprocess.run([sys.executable, str(Path(__file__).with_name("report.py")), str(args.out)], check=False)
-    if failures:
-        log("failures:\n  " + "\n  ".join(failures))
-        sys.exit(1)
 
 
 def cpu_model() -> str:

@@ -5,6 +5,10 @@
 #   benches/routing/run.sh                 # full run (48 min on 2 busy shared cores; --repeats 1 halves it)
 #   benches/routing/run.sh --quick         # smoke test: two rates, one run
 #   benches/routing/run.sh --workloads shared-prefix --repeats 3
+#   benches/routing/run.sh --quick --contenders epp,reference   # epp vs the reference picker
+# The reference picker (contender `reference`) needs scripts/reference-epp.sh build and
+# scripts/kube-env.sh build (Go; cached outside the checkout): skipped when they are
+# missing, built first when named in --contenders.
 # Results: target/routing-bench/<time>/{results.jsonl,report.md,ttft_p90.png}
 set -euo pipefail
 cd "$(dirname "$0")/../.."
