@@ -57,9 +57,10 @@ go_build_module() { # module version package out-file
   rm -rf "$work"
 }
 
-cmd_build() {
-  local bin
-  bin=$(ref_bin)
+# Builds `pkg` of `module@version` into `bin` unless it is there (one build
+# at a time per cache, so concurrent callers wait for the first).
+build_cached() { # bin what module version pkg
+  local bin="$1" what="$2" module="$3" version="$4" pkg="$5"
   mkdir -p "$CACHE_ROOT"
   exec 9>"$CACHE_ROOT/.build.lock"
   flock 9
@@ -67,32 +68,21 @@ cmd_build() {
     log "cached: $bin"
     return 0
   fi
-  command -v go >/dev/null || die "go is not installed (needed to build the reference picker)"
+  command -v go >/dev/null || die "go is not installed (needed to build $what)"
   local start
   start=$(date +%s)
   mkdir -p "$(dirname "$bin")"
-  log "building $REF_MODULE/cmd/epp@$REF_VERSION (several minutes on two cores)"
-  go_build_module "$REF_MODULE" "$REF_VERSION" ./cmd/epp "$bin"
+  log "building $module/${pkg#./}@$version ($what; several minutes on two cores)"
+  go_build_module "$module" "$version" "$pkg" "$bin"
   log "built in $(($(date +%s) - start)) s: $bin"
 }
 
+cmd_build() {
+  build_cached "$(ref_bin)" "the reference picker" "$REF_MODULE" "$REF_VERSION" ./cmd/epp
+}
+
 cmd_build_sim() {
-  local bin
-  bin=$(sim_bin)
-  mkdir -p "$CACHE_ROOT"
-  exec 9>"$CACHE_ROOT/.build.lock"
-  flock 9
-  if [ -x "$bin" ]; then
-    log "cached: $bin"
-    return 0
-  fi
-  command -v go >/dev/null || die "go is not installed (needed to build the simulator)"
-  local start
-  start=$(date +%s)
-  mkdir -p "$(dirname "$bin")"
-  log "building $SIM_MODULE/cmd/llm-d-inference-sim@$SIM_VERSION"
-  go_build_module "$SIM_MODULE" "$SIM_VERSION" ./cmd/llm-d-inference-sim "$bin"
-  log "built in $(($(date +%s) - start)) s: $bin"
+  build_cached "$(sim_bin)" "the simulator" "$SIM_MODULE" "$SIM_VERSION" ./cmd/llm-d-inference-sim
 }
 
 case "${1:-}" in
