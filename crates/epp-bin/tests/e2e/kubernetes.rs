@@ -503,10 +503,13 @@ async fn leader_election_makes_one_replica_ready() {
     survivor.proc.signal_term();
     let (_, took) = one_leader(&[&c], Duration::from_secs(10)).await;
     eprintln!("leader SIGTERM -> the other ready: {took:?}");
-    assert!(
-        took < Duration::from_secs(3),
-        "the lease was not released at once: {took:?}"
-    );
+    // Released, not expired: the stopping leader says it gave the lease up.
+    let log = survivor.proc.log.with_extension("stderr");
+    epp_test_support::wait::eventually("the stopping leader releases the lease", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        std::future::ready(text.contains("lease released"))
+    })
+    .await;
 }
 
 /// The API server stopped for 10 s under load: no request fails, and changes
