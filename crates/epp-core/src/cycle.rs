@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Instant};
 
 use rand::rngs::SmallRng;
 
-use crate::{Endpoint, EndpointId, EndpointMetrics, InferenceRequest};
+use crate::{Endpoint, EndpointId, EndpointMetrics, InferenceRequest, LatencyPredictions};
 
 /// An endpoint considered in a scheduling cycle, with the metrics loaded once
 /// for the whole cycle so every plugin sees the same values.
@@ -143,12 +143,15 @@ impl PrefixMatch {
 pub struct CycleState {
     /// Prefix-cache match results.
     pub prefix: PrefixMatch,
+    /// Latency predictions, when a latency predictor ran.
+    pub latency: LatencyPredictions,
 }
 
 impl CycleState {
     /// Clears for a new cycle, keeping capacity.
     pub fn reset(&mut self) {
         self.prefix.reset();
+        self.latency.reset();
     }
 }
 

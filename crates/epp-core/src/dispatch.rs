@@ -7,11 +7,11 @@
 //! endpoint, [`Dispatch::complete`] or dropping it (client gone, stream reset)
 //! releases the count exactly once and runs the scheduler's response hooks.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, sync::Arc, time::Instant};
 
 use crate::{
-    Endpoint, InferenceRequest, RequestOutcome, ResponseHeaderSink, Scheduler, SchedulingError,
-    SchedulingResult, Usage,
+    Candidate, DispatchLoad, Endpoint, InferenceRequest, RequestOutcome, ResponseHeaderSink,
+    ResponseTiming, Scheduler, SchedulingError, SchedulingResult, Usage,
 };
 
 /// One request routed to one endpoint, from the pick until its response
@@ -31,6 +31,13 @@ pub struct Dispatch {
     tokens: u64,
     uncached_tokens: u64,
     open: bool,
+    /// When the request was dispatched, and the endpoint's load then.
+    started: Instant,
+    load: DispatchLoad,
+    /// When the first response body bytes came, and whether the response
+    /// is streamed.
+    first_byte: Option<Instant>,
+    streamed: bool,
 }
 
 impl fmt::Debug for Dispatch {
@@ -96,8 +103,8 @@ impl Dispatch {
         endpoint: Arc<Endpoint>,
         prefix_hit: f64,
     ) -> Self {
-        let tokens = request.prompt_tokens_estimate();
-        let uncached_tokens = uncached_tokens(tokens, prefix_hit);
+        let load = DispatchLoad::of(&Candidate::new(&endpoint), &request, prefix_hit);
+        let (tokens, uncached_tokens) = (load.prompt_tokens, load.uncached_tokens);
         endpoint.inflight().start_with(tokens, uncached_tokens);
         Self {
             scheduler,
@@ -106,6 +113,26 @@ impl Dispatch {
             tokens,
             uncached_tokens,
             open: true,
+            started: Instant::now(),
+            load,
+            first_byte: None,
+            streamed: false,
+        }
+    }
+
+    /// The endpoint's load when the request was dispatched to it.
+    #[must_use]
+    pub fn load(&self) -> &DispatchLoad {
+        &self.load
+    }
+
+    /// The first bytes of the response body arrived; `streamed` = the
+    /// response is streamed (server-sent events), so they carry the first
+    /// token. Only the first call counts.
+    pub fn first_body_bytes(&mut self, streamed: bool) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(Instant::now());
+            self.streamed = streamed;
         }
     }
 
@@ -155,6 +182,7 @@ impl Dispatch {
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
         self.uncached_tokens = self.tokens;
+        self.load = DispatchLoad::of(&Candidate::new(&served), &self.request, 0.0);
         served
             .inflight()
             .start_with(self.tokens, self.uncached_tokens);
@@ -189,8 +217,24 @@ impl Dispatch {
         self.endpoint
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
-        self.scheduler
-            .response_complete(&self.request, &self.endpoint, usage, outcome);
+        let timing = match outcome {
+            RequestOutcome::Completed { status } => Some(ResponseTiming {
+                load: self.load,
+                first_byte: self.first_byte.map(|t| t - self.started),
+                total: self.started.elapsed(),
+                streamed: self.streamed,
+                output_tokens: usage.map(|u| u.completion_tokens),
+                status,
+            }),
+            RequestOutcome::Aborted => None,
+        };
+        self.scheduler.response_complete(
+            &self.request,
+            &self.endpoint,
+            usage,
+            timing.as_ref(),
+            outcome,
+        );
     }
 }
 
@@ -223,9 +267,10 @@ mod tests {
         assert_eq!(uncached_tokens(100, f64::NAN), 100);
     }
 
-    /// Picks the first candidate and records every outcome it is told of.
+    /// Picks the first candidate and records every outcome and timing it is
+    /// told of.
     #[derive(Debug, Default)]
-    struct FirstAndLog(Mutex<Vec<RequestOutcome>>);
+    struct FirstAndLog(Mutex<Vec<RequestOutcome>>, Mutex<Vec<ResponseTiming>>);
     impl Plugin for FirstAndLog {
         fn type_name(&self) -> &str {
             "first"
@@ -248,6 +293,9 @@ mod tests {
     impl ResponseHooks for FirstAndLog {
         fn request_completed(&self, _: &InferenceRequest, _: &Endpoint, o: RequestOutcome) {
             self.0.lock().unwrap().push(o);
+        }
+        fn response_timing(&self, _: &InferenceRequest, _: &Endpoint, t: &ResponseTiming) {
+            self.1.lock().unwrap().push(*t);
         }
     }
 
@@ -347,6 +395,47 @@ mod tests {
         dispatch.complete(None, RequestOutcome::Completed { status: 200 });
         assert_eq!(fallback.inflight().sample(), Default::default());
         assert_eq!(s.endpoint.inflight().sample(), Default::default());
+    }
+
+    #[test]
+    fn a_completed_response_reports_its_timing_and_the_load_at_dispatch() {
+        let s = setup();
+        s.endpoint.set_metrics(EndpointMetrics {
+            waiting: 3,
+            running: 5,
+            ..EndpointMetrics::fresh()
+        });
+        // Another request already in flight since the scrape.
+        s.endpoint.inflight().start_with(1, 1);
+        let mut dispatch = s
+            .result
+            .dispatch(Arc::clone(&s.scheduler), s.request.clone())
+            .unwrap();
+        assert_eq!(dispatch.load().dispatched, 1, "not counting itself");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        dispatch.first_body_bytes(true);
+        dispatch.first_body_bytes(false);
+        let usage = Usage {
+            completion_tokens: 7,
+            ..Usage::default()
+        };
+        dispatch.complete(Some(&usage), RequestOutcome::Completed { status: 200 });
+        let timings = s.log.1.lock().unwrap().clone();
+        assert_eq!(timings.len(), 1);
+        let t = timings[0];
+        assert_eq!(
+            (t.load.waiting, t.load.running, t.load.dispatched),
+            (3, 5, 1)
+        );
+        assert_eq!((t.load.prompt_tokens, t.load.uncached_tokens), (10, 10));
+        assert!(t.streamed, "the first call decides");
+        assert_eq!((t.output_tokens, t.status), (Some(7), 200));
+        let first = t.first_byte.unwrap();
+        assert!(first >= std::time::Duration::from_millis(2) && first <= t.total);
+
+        // An aborted request teaches nothing.
+        drop(s.result.dispatch(s.scheduler, s.request).unwrap());
+        assert_eq!(s.log.1.lock().unwrap().len(), 1);
     }
 
     #[test]

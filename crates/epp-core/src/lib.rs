@@ -65,6 +65,7 @@ mod dispatch;
 mod endpoint;
 mod error;
 mod extract;
+mod latency;
 mod observe;
 mod plugin;
 mod registry;
@@ -79,9 +80,13 @@ pub use endpoint::{
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{ExtractError, Extractor, MetricsSource};
+pub use latency::{
+    DispatchLoad, LEGACY_TPOT_SLO_HEADER, LEGACY_TTFT_SLO_HEADER, LatencyPrediction,
+    LatencyPredictions, LatencySlo, ResponseTiming, TPOT_SLO_HEADER, TTFT_SLO_HEADER,
+};
 pub use observe::{CallSite, ExtensionPoint, SchedulerObserver};
 pub use plugin::{
-    DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
+    Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
     ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};

@@ -21,6 +21,8 @@ pub enum ExtensionPoint {
     SaturationDetector,
     /// A data producer filling per-cycle state.
     DataProducer,
+    /// An admitter deciding whether the request is admitted.
+    Admitter,
     /// A filter.
     Filter,
     /// A scorer (including applying its weight).
@@ -43,6 +45,7 @@ impl ExtensionPoint {
             Self::ProfilePicker => "ProfilePicker",
             Self::SaturationDetector => "SaturationDetector",
             Self::DataProducer => "DataProducer",
+            Self::Admitter => "Admitter",
             Self::Filter => "Filter",
             Self::Scorer => "Scorer",
             Self::Picker => "Picker",

@@ -9,7 +9,7 @@
 use std::{fmt::Debug, sync::Arc};
 
 use crate::{
-    Candidate, CycleContext, Endpoint, InferenceRequest, SchedulingResult, Usage,
+    Candidate, CycleContext, Endpoint, InferenceRequest, ResponseTiming, SchedulingResult, Usage,
     scheduler::{ProfilePicks, SchedulingProfile},
 };
 
@@ -46,6 +46,10 @@ pub trait Plugin: Send + Sync + Debug {
     }
     /// This plugin as response / completion hooks.
     fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        None
+    }
+    /// This plugin as an admitter (admission after data producers).
+    fn as_admitter(&self) -> Option<&dyn Admitter> {
         None
     }
     /// This plugin as a saturation detector.
@@ -160,6 +164,17 @@ pub trait PreRequest: Plugin {
     fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult);
 }
 
+/// Decides, once the data producers ran and before any profile, whether a
+/// request is admitted at all (llm-d's `Admitter`). A refused request is
+/// answered by the picker with 429 ([`crate::SchedulingError::NotAdmitted`]).
+pub trait Admitter: Plugin {
+    /// `Err(reason)` refuses the request. Allocates only when refusing.
+    ///
+    /// # Errors
+    /// Why the request is refused, for the client's error message.
+    fn admit(&self, cx: &CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String>;
+}
+
 /// What happened to a request at the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -202,6 +217,17 @@ pub trait ResponseHooks: Plugin {
         _request: &InferenceRequest,
         _endpoint: &Endpoint,
         _outcome: RequestOutcome,
+    ) {
+    }
+    /// The response completed (any status) and this is how long it took,
+    /// with the endpoint's load when the request was dispatched: what a
+    /// latency model learns from. Called before [`Self::request_completed`];
+    /// not called for aborted requests.
+    fn response_timing(
+        &self,
+        _request: &InferenceRequest,
+        _endpoint: &Endpoint,
+        _timing: &ResponseTiming,
     ) {
     }
 }

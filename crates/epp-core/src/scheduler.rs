@@ -10,7 +10,8 @@ use rand::{SeedableRng, rngs::SmallRng};
 
 use crate::{
     Candidate, CycleContext, CycleState, Endpoint, EndpointSnapshot, InferenceRequest, Plugin,
-    PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink, Result, SchedulingError, Usage,
+    PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseTiming, Result,
+    SchedulingError, Usage,
     observe::{CallSite, ExtensionPoint, Laps, SchedulerObserver},
 };
 
@@ -246,6 +247,7 @@ pub struct Scheduler {
     profiles: Vec<SchedulingProfile>,
     handler: Arc<dyn Plugin>,
     producers: Vec<PluginRef>,
+    admitters: Vec<PluginRef>,
     pre_request: Vec<PluginRef>,
     response: Vec<PluginRef>,
     saturation: Option<PluginRef>,
@@ -278,6 +280,7 @@ impl Scheduler {
             profiles,
             handler,
             producers: Vec::new(),
+            admitters: Vec::new(),
             pre_request: Vec::new(),
             response: Vec::new(),
             saturation: None,
@@ -287,7 +290,8 @@ impl Scheduler {
     }
 
     /// Adds plugins whose hooks run around each cycle: data producers run
-    /// before the profiles, pre-request hooks after a decision, response hooks
+    /// before the profiles, then admitters (any may refuse the request),
+    /// pre-request hooks after a decision, response hooks
     /// when the edge reports the response (see [`Self::response_hooks`]). A
     /// plugin that plays none of these roles is ignored.
     ///
@@ -300,6 +304,9 @@ impl Scheduler {
         for p in plugins {
             if p.plugin().as_data_producer().is_some() {
                 self.producers.push(p.clone());
+            }
+            if p.plugin().as_admitter().is_some() {
+                self.admitters.push(p.clone());
             }
             if p.plugin().as_pre_request().is_some() {
                 self.pre_request.push(p.clone());
@@ -369,6 +376,11 @@ impl Scheduler {
                 .iter()
                 .map(|p| site(ExtensionPoint::DataProducer, p)),
         );
+        out.extend(
+            self.admitters
+                .iter()
+                .map(|p| site(ExtensionPoint::Admitter, p)),
+        );
         for profile in &self.profiles {
             out.extend(
                 profile
@@ -417,6 +429,7 @@ impl Scheduler {
     fn profile_sites(&self, pi: usize) -> usize {
         self.producer_sites()
             + self.producers.len()
+            + self.admitters.len()
             + self.profiles[..pi.min(self.profiles.len())]
                 .iter()
                 .map(|p| p.filters.len() + p.scorers.len() + 1)
@@ -455,12 +468,14 @@ impl Scheduler {
     }
 
     /// Runs every response hook for the end of a request: the usage read
-    /// from the response (if any), then the outcome.
+    /// from the response (if any), the timing (when the response
+    /// completed), then the outcome.
     pub fn response_complete(
         &self,
         request: &InferenceRequest,
         endpoint: &Endpoint,
         usage: Option<&Usage>,
+        timing: Option<&ResponseTiming>,
         outcome: RequestOutcome,
     ) {
         if self.response.is_empty() {
@@ -472,6 +487,9 @@ impl Scheduler {
         for (i, hook) in self.response_hooks().enumerate() {
             if let Some(u) = usage {
                 hook.response_usage(request, endpoint, u);
+            }
+            if let Some(t) = timing {
+                hook.response_timing(request, endpoint, t);
             }
             hook.request_completed(request, endpoint, outcome);
             laps.lap(first + i);
@@ -595,6 +613,19 @@ impl Scheduler {
             if let Some(producer) = p.plugin().as_data_producer() {
                 producer.produce(&mut cx, base);
                 laps.lap(first_producer + i);
+            }
+        }
+        let first_admitter = first_producer + self.producers.len();
+        for (i, p) in self.admitters.iter().enumerate() {
+            if let Some(admitter) = p.plugin().as_admitter() {
+                let admitted = admitter.admit(&cx, base);
+                laps.lap(first_admitter + i);
+                if let Err(reason) = admitted {
+                    return Err(SchedulingError::NotAdmitted {
+                        plugin: p.plugin().name().to_owned(),
+                        reason,
+                    });
+                }
             }
         }
 

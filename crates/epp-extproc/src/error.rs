@@ -39,7 +39,9 @@ impl ExtProcError {
         match self {
             Self::BadBody(_) | Self::MissingModel => 400,
             Self::BodyTooLarge { .. } => 413,
-            Self::Scheduling(SchedulingError::Saturated) => 429,
+            Self::Scheduling(SchedulingError::Saturated | SchedulingError::NotAdmitted { .. }) => {
+                429
+            }
             Self::Scheduling(SchedulingError::Invalid(_)) => 500,
             Self::Scheduling(_) | Self::NoEndpoints(_) => 503,
         }

@@ -47,6 +47,9 @@ struct Routed {
     /// The client's model name, when the body's model was rewritten.
     restore_model: Option<String>,
     status: Option<u16>,
+    /// The response is server-sent events (its first body bytes carry the
+    /// first token).
+    sse: bool,
     response_bytes: usize,
     usage: Option<UsageReader>,
     restorer: Option<ModelRestorer>,
@@ -287,6 +290,7 @@ impl Exchange {
             labels,
             restore_model,
             status: None,
+            sse: false,
             response_bytes: 0,
             usage: None,
             restorer: None,
@@ -359,6 +363,7 @@ impl Exchange {
                 self.decider.served_by(dispatch, served);
             }
             r.status = Some(status);
+            r.sse = sse;
             let streaming = sse || dispatch.request().stream;
             let mut added: Vec<(String, String)> = Vec::new();
             dispatch.response_received(status, &pairs, &mut added);
@@ -400,6 +405,11 @@ impl Exchange {
         let end = b.end_of_stream || buffered;
         let mut replaced = None;
         if let Some(r) = self.routed.as_mut() {
+            if !b.body.is_empty()
+                && let Some(dispatch) = r.dispatch.as_mut()
+            {
+                dispatch.first_body_bytes(r.sse);
+            }
             r.response_bytes += b.body.len();
             if let Some(u) = r.usage.as_mut() {
                 u.feed(&b.body);

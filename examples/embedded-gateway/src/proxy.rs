@@ -165,6 +165,7 @@ impl Proxy {
                 let tracked = Tracked {
                     usage: UsageReader::new(sse || dispatch.request().stream, 1 << 20),
                     status: head.status.as_u16(),
+                    sse,
                     dispatch: Some(dispatch),
                     inner: body,
                 };
@@ -242,6 +243,8 @@ struct Tracked {
     inner: Incoming,
     dispatch: Option<Dispatch>,
     status: u16,
+    /// Server-sent events: the first body bytes carry the first token.
+    sse: bool,
     usage: UsageReader,
 }
 
@@ -271,6 +274,11 @@ impl Body for Tracked {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
+                    if !data.is_empty()
+                        && let Some(dispatch) = this.dispatch.as_mut()
+                    {
+                        dispatch.first_body_bytes(this.sse);
+                    }
                     this.usage.feed(data);
                 }
                 if this.inner.is_end_stream() {

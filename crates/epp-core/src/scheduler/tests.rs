@@ -90,6 +90,30 @@ impl SaturationDetector for AlwaysSaturated {
     }
 }
 
+/// Refuses sheddable requests when fewer than two candidates exist.
+#[derive(Debug)]
+struct NeedsTwo;
+impl Plugin for NeedsTwo {
+    fn type_name(&self) -> &str {
+        "needs-two"
+    }
+    fn name(&self) -> &str {
+        "gate"
+    }
+    fn as_admitter(&self) -> Option<&dyn crate::Admitter> {
+        Some(self)
+    }
+}
+impl crate::Admitter for NeedsTwo {
+    fn admit(&self, cx: &CycleContext<'_>, c: &[Candidate]) -> Result<(), String> {
+        if cx.request.is_sheddable() && c.len() < 2 {
+            Err(format!("{} candidate(s)", c.len()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
 fn snapshot(n: u32) -> EndpointSnapshot {
     EndpointSnapshot::new(
         (0..n)
@@ -210,6 +234,27 @@ fn sheddable_requests_are_refused_when_saturated() {
 }
 
 #[test]
+fn an_admitter_refuses_before_any_profile_runs() {
+    let s = scheduler(vec![1.0, 2.0]).with_hooks([PluginRef::new(Arc::new(NeedsTwo))]);
+    assert!(
+        s.call_sites()
+            .iter()
+            .any(|c| c.point == crate::ExtensionPoint::Admitter)
+    );
+    let shed = InferenceRequest::builder("m").priority(-1).build();
+    assert_eq!(
+        s.schedule(&shed, &snapshot(1)).unwrap_err(),
+        SchedulingError::NotAdmitted {
+            plugin: "gate".into(),
+            reason: "1 candidate(s)".into()
+        }
+    );
+    assert!(s.schedule(&shed, &snapshot(2)).is_ok());
+    let critical = InferenceRequest::builder("m").priority(0).build();
+    assert!(s.schedule(&critical, &snapshot(1)).is_ok());
+}
+
+#[test]
 fn wrong_roles_are_rejected_at_build() {
     let profile = SchedulingProfile::new("p")
         .with_scorer(PluginRef::new(Arc::new(AllDesc)), 1.0)
@@ -321,7 +366,7 @@ fn observer_sees_every_plugin_call_at_its_site() {
     let endpoint = r.primary().unwrap();
     let mut headers: Vec<(String, String)> = Vec::new();
     s.response_received(&req, endpoint, 200, &[], &mut headers);
-    s.response_complete(&req, endpoint, None, crate::RequestOutcome::Aborted);
+    s.response_complete(&req, endpoint, None, None, crate::RequestOutcome::Aborted);
     assert_eq!(
         headers,
         vec![("x-tag".to_owned(), "10.0.0.1:8001".to_owned())]

@@ -1,0 +1,321 @@
+//! Latency: a request's latency objectives, the load an endpoint carried when
+//! a request was sent to it, what the response path then observed, and the
+//! per-cycle predictions a latency predictor fills for filters and scorers.
+//!
+//! The core does not predict anything: a predictor plugin (a
+//! [`crate::DataProducer`]) writes [`LatencyPredictions`] into the cycle's
+//! state, and learns from the [`ResponseTiming`] every
+//! [`crate::ResponseHooks::response_timing`] call hands it. The load at
+//! dispatch is measured by the core ([`DispatchLoad::of`]) both when a
+//! predictor predicts and when a request is dispatched, so a model is fitted
+//! on exactly the inputs it predicts from.
+
+use std::time::Duration;
+
+use crate::{Candidate, EndpointId, InferenceRequest};
+
+/// Header carrying the request's time-to-first-token objective, in
+/// milliseconds (llm-d's current name).
+pub const TTFT_SLO_HEADER: &str = "x-llm-d-slo-ttft-ms";
+/// Header carrying the request's time-per-output-token objective, in
+/// milliseconds (llm-d's current name).
+pub const TPOT_SLO_HEADER: &str = "x-llm-d-slo-tpot-ms";
+/// The earlier name of [`TTFT_SLO_HEADER`], still honoured.
+pub const LEGACY_TTFT_SLO_HEADER: &str = "x-slo-ttft-ms";
+/// The earlier name of [`TPOT_SLO_HEADER`], still honoured.
+pub const LEGACY_TPOT_SLO_HEADER: &str = "x-slo-tpot-ms";
+
+/// A request's latency objectives, from its headers. A value that is not a
+/// positive finite number of milliseconds is no objective.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencySlo {
+    /// Time to first token, milliseconds.
+    pub ttft_ms: Option<f64>,
+    /// Time per output token, milliseconds.
+    pub tpot_ms: Option<f64>,
+}
+
+impl LatencySlo {
+    /// The objectives `request` states ([`TTFT_SLO_HEADER`] /
+    /// [`TPOT_SLO_HEADER`], or their legacy names when those are absent).
+    #[must_use]
+    pub fn of(request: &InferenceRequest) -> Self {
+        let read = |name: &str, legacy: &str| {
+            request
+                .header(name)
+                .or_else(|| request.header(legacy))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v > 0.0)
+        };
+        Self {
+            ttft_ms: read(TTFT_SLO_HEADER, LEGACY_TTFT_SLO_HEADER),
+            tpot_ms: read(TPOT_SLO_HEADER, LEGACY_TPOT_SLO_HEADER),
+        }
+    }
+
+    /// Whether any objective is set.
+    #[must_use]
+    pub fn is_set(&self) -> bool {
+        self.ttft_ms.is_some() || self.tpot_ms.is_some()
+    }
+}
+
+/// What an endpoint carried, as this picker saw it, when a request was (or
+/// would be) sent there: the inputs of a latency model.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DispatchLoad {
+    /// Requests waiting in its queue at the last scrape.
+    pub waiting: u32,
+    /// Requests running at the last scrape.
+    pub running: u32,
+    /// KV-cache utilisation at the last scrape, in `[0, 1]`.
+    pub kv_usage: f64,
+    /// Requests this picker sent there since the scrape, net of those that
+    /// completed ([`Candidate::since_scrape`]); never below zero.
+    pub dispatched: u32,
+    /// The request's estimated prompt tokens.
+    pub prompt_tokens: u64,
+    /// Of those, the tokens its prefix cache is not expected to hold.
+    pub uncached_tokens: u64,
+    /// The request names a LoRA adapter the endpoint does not have active.
+    pub adapter_cold: bool,
+}
+
+impl DispatchLoad {
+    /// The load `candidate` carries for `request`, of whose prompt the
+    /// fraction `prefix_hit` is expected in the endpoint's prefix cache.
+    #[must_use]
+    pub fn of(candidate: &Candidate, request: &InferenceRequest, prefix_hit: f64) -> Self {
+        let m = &candidate.metrics;
+        let prompt_tokens = request.prompt_tokens_estimate();
+        let adapter = request.target_model.as_str();
+        let adapter_cold = !adapter.is_empty()
+            && adapter != request.model
+            && !m.lora.is_active(adapter)
+            && (m.lora.max_loras > 0 || !m.lora.active.is_empty() || !m.lora.waiting.is_empty());
+        Self {
+            waiting: m.waiting,
+            running: m.running,
+            kv_usage: if m.kv_usage.is_finite() {
+                m.kv_usage.clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+            dispatched: u32::try_from(candidate.since_scrape().requests.max(0)).unwrap_or(u32::MAX),
+            prompt_tokens,
+            uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
+            adapter_cold,
+        }
+    }
+
+    /// Prompt tokens expected in the prefix cache.
+    #[must_use]
+    pub fn cached_tokens(&self) -> u64 {
+        self.prompt_tokens - self.uncached_tokens.min(self.prompt_tokens)
+    }
+}
+
+/// What the response path observed of one dispatched request, for plugins
+/// that learn latencies ([`crate::ResponseHooks::response_timing`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResponseTiming {
+    /// The endpoint's load when the request was dispatched to it.
+    pub load: DispatchLoad,
+    /// From dispatch to the first bytes of the response body, when any came.
+    pub first_byte: Option<Duration>,
+    /// From dispatch to the end of the response.
+    pub total: Duration,
+    /// The response was streamed (server-sent events): its first body bytes
+    /// carry the first token. Otherwise the body arrives whole and
+    /// `first_byte` is close to `total`.
+    pub streamed: bool,
+    /// Output tokens, from the response's usage, when it reported them.
+    pub output_tokens: Option<u64>,
+    /// HTTP status of the response.
+    pub status: u16,
+}
+
+/// One endpoint's predicted latencies for the request being scheduled.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencyPrediction {
+    /// Predicted time to first token, milliseconds.
+    pub ttft_ms: f64,
+    /// Predicted time per output token, milliseconds (0 when unknown).
+    pub tpot_ms: f64,
+    /// The request's TTFT objective minus [`Self::ttft_ms`] (0 minus it
+    /// when the request has none): positive means the objective is met.
+    pub ttft_headroom_ms: f64,
+    /// Likewise for TPOT; 0 when the request has no TPOT objective or TPOT
+    /// is unknown (TPOT then neither helps nor hurts).
+    pub tpot_headroom_ms: f64,
+}
+
+impl LatencyPrediction {
+    /// A prediction for a request with objectives `slo`.
+    #[must_use]
+    pub fn new(ttft_ms: f64, tpot_ms: Option<f64>, slo: LatencySlo) -> Self {
+        let tpot = tpot_ms.filter(|t| t.is_finite() && *t >= 0.0);
+        Self {
+            ttft_ms,
+            tpot_ms: tpot.unwrap_or(0.0),
+            ttft_headroom_ms: slo.ttft_ms.unwrap_or(0.0) - ttft_ms,
+            tpot_headroom_ms: match (slo.tpot_ms, tpot) {
+                (Some(objective), Some(t)) => objective - t,
+                _ => 0.0,
+            },
+        }
+    }
+
+    /// Whether every objective the request states is predicted to be met.
+    /// Without objectives, nothing is "met": headroom is negative.
+    #[must_use]
+    pub fn meets_slo(&self) -> bool {
+        self.ttft_headroom_ms >= 0.0 && self.tpot_headroom_ms >= 0.0
+    }
+}
+
+/// Latency predictions of one scheduling cycle, per endpoint id. Filled by a
+/// latency predictor; endpoints it has no prediction for have none.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyPredictions {
+    by_id: Vec<Option<LatencyPrediction>>,
+    /// The request's objectives.
+    pub slo: LatencySlo,
+    /// Whether a predictor ran in this cycle.
+    pub computed: bool,
+}
+
+impl LatencyPredictions {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn reset(&mut self) {
+        self.by_id.clear();
+        self.slo = LatencySlo::default();
+        self.computed = false;
+    }
+
+    /// Records the prediction for `id`.
+    pub fn set(&mut self, id: EndpointId, prediction: LatencyPrediction) {
+        let i = id.index();
+        if self.by_id.len() <= i {
+            self.by_id.resize(i + 1, None);
+        }
+        self.by_id[i] = Some(prediction);
+    }
+
+    /// The prediction for `id`, if any.
+    #[must_use]
+    pub fn get(&self, id: EndpointId) -> Option<&LatencyPrediction> {
+        self.by_id.get(id.index()).and_then(Option::as_ref)
+    }
+
+    /// Whether any endpoint has a prediction.
+    #[must_use]
+    pub fn any(&self) -> bool {
+        self.by_id.iter().any(Option::is_some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{Endpoint, EndpointMetrics, LoraInfo};
+
+    #[test]
+    fn objectives_come_from_either_header_name_and_only_positive_numbers_count() {
+        let r = InferenceRequest::builder("m")
+            .header(TTFT_SLO_HEADER, "250")
+            .header(LEGACY_TPOT_SLO_HEADER, " 20 ")
+            .build();
+        assert_eq!(
+            LatencySlo::of(&r),
+            LatencySlo {
+                ttft_ms: Some(250.0),
+                tpot_ms: Some(20.0)
+            }
+        );
+        for bad in ["0", "-5", "NaN", "inf", "fast", ""] {
+            let r = InferenceRequest::builder("m")
+                .header(TTFT_SLO_HEADER, bad)
+                .build();
+            assert!(!LatencySlo::of(&r).is_set(), "{bad:?}");
+        }
+        let r = InferenceRequest::builder("m")
+            .header(TTFT_SLO_HEADER, "100")
+            .header(LEGACY_TTFT_SLO_HEADER, "900")
+            .build();
+        assert_eq!(LatencySlo::of(&r).ttft_ms, Some(100.0), "current name wins");
+    }
+
+    #[test]
+    fn headroom_is_objective_minus_prediction() {
+        let slo = LatencySlo {
+            ttft_ms: Some(300.0),
+            tpot_ms: Some(25.0),
+        };
+        let p = LatencyPrediction::new(200.0, Some(30.0), slo);
+        assert_eq!((p.ttft_headroom_ms, p.tpot_headroom_ms), (100.0, -5.0));
+        assert!(!p.meets_slo());
+        let none = LatencyPrediction::new(200.0, Some(30.0), LatencySlo::default());
+        assert_eq!(
+            (none.ttft_headroom_ms, none.tpot_headroom_ms),
+            (-200.0, 0.0)
+        );
+        let unknown_tpot = LatencyPrediction::new(200.0, None, slo);
+        assert_eq!(unknown_tpot.tpot_headroom_ms, 0.0);
+        assert!(unknown_tpot.meets_slo());
+    }
+
+    #[test]
+    fn load_reads_the_scrape_the_dispatches_since_and_the_adapter() {
+        let e = Arc::new(Endpoint::new(3, "10.0.0.1:8000".parse().unwrap()));
+        e.set_metrics(EndpointMetrics {
+            waiting: 4,
+            running: 7,
+            kv_usage: 0.5,
+            lora: LoraInfo {
+                active: vec!["a".into()],
+                waiting: vec![],
+                max_loras: 2,
+            },
+            ..EndpointMetrics::fresh()
+        });
+        e.inflight().start_with(10, 10);
+        e.inflight().start_with(10, 10);
+        let c = Candidate::new(&e);
+        let r = InferenceRequest::builder("base")
+            .target_model("b")
+            .prompt("x".repeat(400))
+            .build();
+        let load = DispatchLoad::of(&c, &r, 0.75);
+        assert_eq!(
+            load,
+            DispatchLoad {
+                waiting: 4,
+                running: 7,
+                kv_usage: 0.5,
+                dispatched: 2,
+                prompt_tokens: 100,
+                uncached_tokens: 25,
+                adapter_cold: true,
+            }
+        );
+        assert_eq!(load.cached_tokens(), 75);
+        let warm = InferenceRequest::builder("base").target_model("a").build();
+        assert!(!DispatchLoad::of(&c, &warm, 0.0).adapter_cold);
+        let base = InferenceRequest::builder("base").build();
+        assert!(!DispatchLoad::of(&c, &base, 0.0).adapter_cold);
+    }
+
+    #[test]
+    fn predictions_are_kept_per_endpoint_and_cleared_per_cycle() {
+        let mut p = LatencyPredictions::default();
+        assert!(!p.any());
+        p.set(EndpointId(5), LatencyPrediction::new(10.0, None, p.slo));
+        assert_eq!(p.get(EndpointId(5)).unwrap().ttft_ms, 10.0);
+        assert!(p.get(EndpointId(2)).is_none() && p.get(EndpointId(50)).is_none());
+        p.reset();
+        assert!(!p.any() && !p.computed);
+    }
+}
