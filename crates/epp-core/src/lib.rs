@@ -84,7 +84,9 @@ pub use latency::{
     DispatchLoad, LEGACY_TPOT_SLO_HEADER, LEGACY_TTFT_SLO_HEADER, LatencyPrediction,
     LatencyPredictions, LatencySlo, ResponseTiming, TPOT_SLO_HEADER, TTFT_SLO_HEADER,
 };
-pub use observe::{CallSite, ExtensionPoint, SchedulerObserver};
+pub use observe::{
+    CallSite, ExtensionPoint, MetricFamily, MetricSink, PluginMetrics, SchedulerObserver,
+};
 pub use plugin::{
     Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
     ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,

@@ -130,3 +130,39 @@ impl<'o> Laps<'o> {
         }
     }
 }
+
+/// A metric family a plugin reports ([`PluginMetrics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricFamily {
+    /// Prometheus name (a counter's without `_total`, which the exporter adds).
+    pub name: &'static str,
+    /// Help text.
+    pub help: &'static str,
+}
+
+/// Receives the series a plugin reports, at scrape time. The exporter groups
+/// series by family; labels are `(name, value)` pairs.
+pub trait MetricSink {
+    /// A gauge.
+    fn gauge(&mut self, family: MetricFamily, labels: &[(&str, &str)], value: f64);
+    /// A counter (monotonic).
+    fn counter(&mut self, family: MetricFamily, labels: &[(&str, &str)], value: u64);
+    /// A histogram: `buckets` are `(upper bound, count in that bucket)`,
+    /// ascending, not cumulative; the last bound is `f64::MAX` (+Inf).
+    fn histogram(
+        &mut self,
+        family: MetricFamily,
+        labels: &[(&str, &str)],
+        buckets: &[(f64, u64)],
+        sum: f64,
+        count: u64,
+    );
+}
+
+/// Metrics a plugin keeps itself (how well it predicts, how much it holds),
+/// read whenever the picker's metrics are scraped. The core does not format
+/// them: whoever exports metrics (the binary) gives a [`MetricSink`].
+pub trait PluginMetrics {
+    /// Reports every series now.
+    fn report(&self, out: &mut dyn MetricSink);
+}

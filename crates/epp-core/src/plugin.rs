@@ -64,6 +64,10 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_extractor(&self) -> Option<&dyn crate::Extractor> {
         None
     }
+    /// The metrics this plugin keeps itself, if any.
+    fn as_plugin_metrics(&self) -> Option<&dyn crate::PluginMetrics> {
+        None
+    }
 
     /// For a plugin that reads prefix-cache matches
     /// ([`crate::CycleState::prefix`]): the name of the plugin it reads them
@@ -73,6 +77,15 @@ pub trait Plugin: Send + Sync + Debug {
     /// them.
     fn prefix_match_source(&self) -> Option<&str> {
         None
+    }
+
+    /// Whether this plugin reads latency predictions
+    /// ([`crate::CycleState::latency`]). Config loading makes sure a plugin
+    /// produces them ([`DataProducer::produces_latency_predictions`]),
+    /// creating the registry's default latency predictor when none is
+    /// declared.
+    fn reads_latency_predictions(&self) -> bool {
+        false
     }
 }
 
@@ -137,6 +150,11 @@ pub trait DataProducer: Plugin {
 
     /// Whether this producer fills [`crate::CycleState::prefix`].
     fn produces_prefix_matches(&self) -> bool {
+        false
+    }
+
+    /// Whether this producer fills [`crate::CycleState::latency`].
+    fn produces_latency_predictions(&self) -> bool {
         false
     }
 }

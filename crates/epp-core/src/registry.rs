@@ -138,6 +138,10 @@ pub enum Role {
     /// Fills prefix-cache matches for readers that name the default producer
     /// ([`crate::DEFAULT_PREFIX_PRODUCER`]) when no plugin has that name.
     PrefixProducer,
+    /// Predicts latencies for plugins that read predictions
+    /// ([`crate::Plugin::reads_latency_predictions`]) when no declared
+    /// plugin produces them.
+    LatencyPredictor,
 }
 
 impl fmt::Display for Role {
@@ -150,6 +154,7 @@ impl fmt::Display for Role {
             Self::MetricsSource => "metrics source",
             Self::MetricsExtractor => "metrics extractor",
             Self::PrefixProducer => "prefix-match producer",
+            Self::LatencyPredictor => "latency predictor",
         })
     }
 }

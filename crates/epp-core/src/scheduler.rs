@@ -9,9 +9,9 @@ use std::{
 use rand::{SeedableRng, rngs::SmallRng};
 
 use crate::{
-    Candidate, CycleContext, CycleState, Endpoint, EndpointSnapshot, InferenceRequest, Plugin,
-    PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseTiming, Result,
-    SchedulingError, Usage,
+    Candidate, CycleContext, CycleState, DataProducer, Endpoint, EndpointSnapshot,
+    InferenceRequest, Plugin, PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink,
+    ResponseTiming, Result, SchedulingError, Usage,
     observe::{CallSite, ExtensionPoint, Laps, SchedulerObserver},
 };
 
@@ -298,7 +298,9 @@ impl Scheduler {
     /// Producers run in the order given, except that pure producers (not also
     /// scorers) run before scorers that produce their own data: a declared
     /// `approx-prefix-cache-producer` fills the prefix state before a
-    /// `prefix-cache-scorer` would compute it again.
+    /// `prefix-cache-scorer` would compute it again; and producers that read
+    /// prefix matches ([`Plugin::prefix_match_source`]) without producing
+    /// them run after both.
     #[must_use]
     pub fn with_hooks(mut self, plugins: impl IntoIterator<Item = PluginRef>) -> Self {
         for p in plugins {
@@ -315,9 +317,20 @@ impl Scheduler {
                 self.response.push(p);
             }
         }
-        // Stable: keeps declaration order within each group.
-        self.producers
-            .sort_by_key(|p| p.plugin().as_scorer().is_some());
+        // Stable: keeps declaration order within each group. Producers that
+        // read prefix matches without producing them (a latency predictor)
+        // run last, once the matches exist.
+        self.producers.sort_by_key(|p| {
+            let plugin = p.plugin();
+            let produces_prefix = plugin
+                .as_data_producer()
+                .is_some_and(DataProducer::produces_prefix_matches);
+            if plugin.prefix_match_source().is_some() && !produces_prefix {
+                2
+            } else {
+                u8::from(plugin.as_scorer().is_some())
+            }
+        });
         self
     }
 

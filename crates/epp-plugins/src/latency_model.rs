@@ -5,14 +5,16 @@
 //!
 //! ```text
 //! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, cached/1000,
-//!                  running · uncached/1000]
+//!                  running · uncached/1000, adapter_cold]
 //! ```
 //!
 //! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
 //! for the queue a request waits behind, `uncached/1000` for the prefill it
 //! needs (thousands of prompt tokens the endpoint's prefix cache is not
 //! expected to hold), `running · uncached/1000` for a prefill slowed by the
-//! batch it shares the engine with, `cached/1000` for reading a cached prefix.
+//! batch it shares the engine with, `cached/1000` for reading a cached prefix,
+//! `adapter_cold` (1 when the request's LoRA adapter is not active there)
+//! for loading it.
 //!
 //! θ is fitted by recursive least squares with exponential forgetting
 //! (factor λ, so samples older than about `1 / (1 − λ)` fade and the model
@@ -30,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 /// Number of model inputs (bias included).
-pub const FEATURES: usize = 8;
+pub const FEATURES: usize = 9;
 
 /// What is known about a request and its endpoint when it is dispatched.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -47,6 +49,22 @@ pub struct Features {
     pub uncached_tokens: f64,
     /// Prompt tokens it is expected to hold.
     pub cached_tokens: f64,
+    /// 1 when the request's LoRA adapter is not active on the endpoint.
+    pub adapter_cold: f64,
+}
+
+impl From<&epp_core::DispatchLoad> for Features {
+    fn from(load: &epp_core::DispatchLoad) -> Self {
+        Self {
+            waiting: f64::from(load.waiting),
+            dispatched: f64::from(load.dispatched),
+            running: f64::from(load.running),
+            kv_utilization: load.kv_usage,
+            uncached_tokens: load.uncached_tokens as f64,
+            cached_tokens: load.cached_tokens() as f64,
+            adapter_cold: if load.adapter_cold { 1.0 } else { 0.0 },
+        }
+    }
 }
 
 impl Features {
@@ -63,6 +81,7 @@ impl Features {
             uncached_k,
             self.cached_tokens / 1000.0,
             self.running * uncached_k,
+            self.adapter_cold,
         ]
     }
 
@@ -124,7 +143,7 @@ impl Rls {
 
     /// One recursive-least-squares step with forgetting `lambda`; `samples`
     /// seen before this one.
-    fn update(&mut self, x: &[f64; FEATURES], y: f64, lambda: f64, cap: f64, samples: u64) {
+    fn update(&mut self, x: &[f64; FEATURES], y: f64, lambda: f64, cap: f64, free: bool) {
         // P x
         let mut px = [0.0; FEATURES];
         for (i, row) in self.p.iter().enumerate() {
@@ -137,7 +156,7 @@ impl Rls {
         let mut error = y - self.predict(x);
         // Clamp a residual far beyond the recent error (after a warm-up, so
         // the first samples can move θ freely from its prior).
-        if samples >= 8 {
+        if !free {
             let limit = 4.0 * self.mean_abs_error.max(1e-9) + 1e-3 * y.abs();
             error = error.clamp(-limit, limit);
         }
@@ -167,7 +186,7 @@ impl Rls {
             }
         }
         let a = error.abs();
-        self.mean_abs_error = if samples == 0 {
+        self.mean_abs_error = if free && self.mean_abs_error == 0.0 {
             a
         } else {
             0.95 * self.mean_abs_error + 0.05 * a
@@ -245,7 +264,9 @@ impl LatencyModel {
             observed,
             self.settings.forgetting,
             self.settings.prior_variance,
-            *samples,
+            // Until it predicts on its own, a model learns every sample in
+            // full: it is expected to differ from its prior.
+            *samples < self.settings.min_samples.max(2 * FEATURES as u64),
         );
         *samples += 1;
         // Publish θ: readers that see an odd or changed version retry.
@@ -325,7 +346,7 @@ mod tests {
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
     /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
     /// running request, with ±5 % noise.
-    const TRUE: [f64; FEATURES] = [20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0];
+    const TRUE: [f64; FEATURES] = [20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0];
 
     fn random_features(rng: &mut StdRng) -> Features {
         Features {
@@ -335,6 +356,7 @@ mod tests {
             kv_utilization: rng.random_range(0.0..1.0),
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
+            adapter_cold: f64::from(rng.random_range(0..4u32) == 0),
         }
     }
 
@@ -352,7 +374,7 @@ mod tests {
         }
         let theta = model.coefficients();
         // The slopes that matter within 10 % (the noise is multiplicative).
-        for i in [1, 2, 5, 7] {
+        for i in [1, 2, 5, 7, 8] {
             assert!(
                 (theta[i] - TRUE[i]).abs() <= 0.1 * TRUE[i],
                 "θ[{i}] = {} vs {}: {theta:?}",

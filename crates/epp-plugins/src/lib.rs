@@ -25,6 +25,8 @@ mod header_based_testing_filter;
 mod header_label_affinity_scorer;
 mod label_selector_filter;
 mod latency_model;
+mod latency_scorer;
+mod latency_slo_admitter;
 mod load_aware_scorer;
 mod load_signal_scorer;
 mod lora_affinity_scorer;
@@ -32,11 +34,13 @@ mod max_score_picker;
 mod metric_scorer;
 mod no_hit_lru_scorer;
 mod openai_parser;
+mod predicted_latency_producer;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
 mod random_picker;
 mod session_affinity_scorer;
+mod slo_headroom_tier_filter;
 mod token_load_scorer;
 mod utilization_detector;
 mod utilization_filter;
@@ -58,6 +62,8 @@ pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
 pub use latency_model::{FEATURES, Features, LatencyModel, ModelSettings};
+pub use latency_scorer::{HeadroomStrategy, LatencyScorer, LatencyScorerParams};
+pub use latency_slo_admitter::{LatencyAdmitterParams, LatencySloAdmitter};
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
 pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;
@@ -65,6 +71,7 @@ pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
 pub use openai_parser::OpenAiParser;
+pub use predicted_latency_producer::{Predicted, PredictedLatencyParams, PredictedLatencyProducer};
 pub use prefix_cache_affinity_filter::{
     PrefixAffinityParams, PrefixCacheAffinityFilter, TtftSource,
 };
@@ -75,6 +82,7 @@ pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
     session_token,
 };
+pub use slo_headroom_tier_filter::{SloHeadroomTierFilter, SloTierParams};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
 pub use utilization_filter::{
@@ -174,6 +182,7 @@ pub fn register_builtins(registry: &mut Registry) {
         .set_default(Role::SaturationDetector, UtilizationDetector::TYPE)
         .set_default(Role::Parser, OpenAiParser::TYPE)
         .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
+        .set_default(Role::LatencyPredictor, PredictedLatencyProducer::TYPE)
         .set_default_config(DEFAULT_CONFIG);
     for signal in Signal::ALL {
         add(registry, signal.type_name(), move |name, p| {
@@ -204,6 +213,10 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<HeaderLabelAffinityScorer>(registry);
     reg::<UtilizationFilter>(registry);
     reg::<PrefixCacheAffinityFilter>(registry);
+    reg::<PredictedLatencyProducer>(registry);
+    reg::<LatencyScorer>(registry);
+    reg::<SloHeadroomTierFilter>(registry);
+    reg::<LatencySloAdmitter>(registry);
     reg::<LabelSelectorFilter>(registry);
     reg::<HeaderBasedTestingFilter>(registry);
     add(registry, "decode-filter", |name, NoParams {}| {

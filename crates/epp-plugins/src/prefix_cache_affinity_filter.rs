@@ -25,8 +25,9 @@ pub struct PrefixAffinityParams {
     /// than this many milliseconds; 0 = always stick. Default 18000 (llm-d).
     #[serde(default = "default_penalty", rename = "maxTTFTPenaltyMs")]
     pub max_ttft_penalty_ms: f64,
-    /// Where the TTFT estimate comes from: only `prefillThroughput`
-    /// (in-flight tokens / `peakPrefillThroughput`) is available here.
+    /// Where the TTFT estimate comes from: `prefillThroughput` (in-flight
+    /// tokens / `peakPrefillThroughput`, the default) or `latencyPredictor`
+    /// (the cycle's latency predictions).
     #[serde(default, rename = "ttftSource")]
     pub ttft_source: TtftSource,
     /// Prefill tokens per second for the TTFT estimate. Default 15928 (llm-d).
@@ -41,8 +42,7 @@ pub enum TtftSource {
     #[default]
     #[serde(rename = "prefillThroughput")]
     PrefillThroughput,
-    /// llm-d's latency predictor, which this picker does not have: a load
-    /// error.
+    /// The latency predictor's TTFT (`predicted-latency-producer`).
     #[serde(rename = "latencyPredictor")]
     LatencyPredictor,
 }
@@ -92,8 +92,7 @@ impl Builtin for PrefixCacheAffinityFilter {
 
     /// # Errors
     /// Threshold above 1, probability outside [0, 1], a negative penalty or
-    /// throughput, a zero throughput with a positive penalty, or
-    /// `ttftSource: latencyPredictor`.
+    /// throughput, or a zero throughput with a positive penalty.
     fn build(name: impl Into<String>, params: PrefixAffinityParams) -> Result<Self, BuildError> {
         let bad = |field: &str, v: f64, reason: &str| BuildError::InvalidValue {
             plugin: Self::TYPE.into(),
@@ -129,14 +128,6 @@ impl Builtin for PrefixCacheAffinityFilter {
                 "must be > 0 when maxTTFTPenaltyMs > 0",
             ));
         }
-        if params.ttft_source == TtftSource::LatencyPredictor {
-            return Err(BuildError::InvalidValue {
-                plugin: Self::TYPE.into(),
-                field: "ttftSource".into(),
-                value: "latencyPredictor".into(),
-                reason: "this picker has no latency predictor; use prefillThroughput".into(),
-            });
-        }
         if !(0.0..=1.0).contains(&params.exploration_probability) {
             return Err(bad(
                 "explorationProbability",
@@ -161,6 +152,9 @@ impl Plugin for PrefixCacheAffinityFilter {
     fn as_filter(&self) -> Option<&dyn Filter> {
         Some(self)
     }
+    fn reads_latency_predictions(&self) -> bool {
+        self.params.ttft_source == TtftSource::LatencyPredictor
+    }
     fn prefix_match_source(&self) -> Option<&str> {
         Some(
             self.params
@@ -173,10 +167,17 @@ impl Plugin for PrefixCacheAffinityFilter {
 }
 
 impl PrefixCacheAffinityFilter {
-    /// Estimated time to first token from the endpoint's in-flight tokens.
-    fn ttft_ms(&self, c: &Candidate) -> f64 {
-        c.endpoint.inflight().uncached_tokens() as f64 / self.params.peak_prefill_throughput
-            * 1000.0
+    /// Estimated time to first token: from the endpoint's in-flight tokens,
+    /// or the latency predictor's (none without a prediction).
+    fn ttft_ms(&self, cx: &CycleContext<'_>, c: &Candidate) -> Option<f64> {
+        match self.params.ttft_source {
+            TtftSource::PrefillThroughput => Some(
+                c.endpoint.inflight().uncached_tokens() as f64
+                    / self.params.peak_prefill_throughput
+                    * 1000.0,
+            ),
+            TtftSource::LatencyPredictor => cx.state.latency.get(c.id()).map(|p| p.ttft_ms),
+        }
     }
 }
 
@@ -195,16 +196,23 @@ impl Filter for PrefixCacheAffinityFilter {
         }
         let prefix = &cx.state.prefix;
         if self.params.max_ttft_penalty_ms > 0.0 {
+            // Without any estimate (no prediction yet) the gate is skipped.
             let (mut sticky, mut other) = (f64::INFINITY, f64::INFINITY);
             for c in candidates.iter() {
+                let Some(ttft) = self.ttft_ms(cx, c) else {
+                    continue;
+                };
                 let best = if prefix.ratio(c.id()) >= t {
                     &mut sticky
                 } else {
                     &mut other
                 };
-                *best = best.min(self.ttft_ms(c));
+                *best = best.min(ttft);
             }
-            if other.is_finite() && sticky - other > self.params.max_ttft_penalty_ms {
+            if sticky.is_finite()
+                && other.is_finite()
+                && sticky - other > self.params.max_ttft_penalty_ms
+            {
                 return;
             }
         }
@@ -259,6 +267,46 @@ mod tests {
     }
 
     #[test]
+    fn with_ttft_from_the_predictor_a_slow_affine_endpoint_breaks_stickiness() {
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        let f = PrefixCacheAffinityFilter::build(
+            "f",
+            PrefixAffinityParams {
+                exploration_probability: 0.0,
+                max_ttft_penalty_ms: 500.0,
+                ttft_source: TtftSource::LatencyPredictor,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let run_predicted = |ttft: Option<[f64; 2]>| {
+            let req = InferenceRequest::builder("m").build();
+            with_cx(&req, 0, |cx| {
+                cx.state.prefix.hashes = vec![1, 2, 3, 4];
+                cx.state.prefix.set_matched(c[0].id(), 4);
+                for (c, t) in c.iter().zip(ttft.iter().flatten()) {
+                    let p = epp_core::LatencyPrediction::new(*t, None, Default::default());
+                    cx.state.latency.set(c.id(), p);
+                }
+                let mut kept = c.to_vec();
+                f.filter(cx, &mut kept);
+                kept.iter().map(|c| c.id().0).collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            run_predicted(Some([900.0, 300.0])),
+            vec![0, 1],
+            "600 ms > 500 ms"
+        );
+        assert_eq!(
+            run_predicted(Some([700.0, 300.0])),
+            vec![0],
+            "400 ms: stick"
+        );
+        assert_eq!(run_predicted(None), vec![0], "no prediction: no gate");
+    }
+
+    #[test]
     fn llm_d_parameters_and_limits() {
         let p: PrefixAffinityParams = serde_yaml_ng::from_str(
             "{affinityThreshold: 0, maxTTFTPenaltyMs: 0, ttftSource: prefillThroughput, \
@@ -270,8 +318,8 @@ mod tests {
         assert_eq!(run(&f, &c, &[4, 0]), vec![0, 1], "threshold 0: filter off");
         let p: PrefixAffinityParams =
             serde_yaml_ng::from_str("{ttftSource: latencyPredictor}").unwrap();
-        let err = PrefixCacheAffinityFilter::build("f", p).unwrap_err();
-        assert!(err.to_string().contains("latency predictor"), "{err}");
+        let f = PrefixCacheAffinityFilter::build("f", p).unwrap();
+        assert!(f.reads_latency_predictions());
         let p: PrefixAffinityParams =
             serde_yaml_ng::from_str("{peakPrefillThroughput: 0}").unwrap();
         assert!(PrefixCacheAffinityFilter::build("f", p).is_err());

@@ -37,6 +37,7 @@ mod data_layer;
 mod detector;
 mod flow;
 mod header;
+mod latency;
 mod locate;
 mod objectives;
 mod parser;
@@ -224,6 +225,7 @@ impl EndpointPickerConfig {
             .map_err(|(field, message)| self.err(field, message))?;
 
         let mut wiring = self.build_plugins(registry)?;
+        self.wire_latency_predictions(registry, &mut wiring)?;
         let prefix_source = self.wire_prefix_matches(registry, &mut wiring)?;
         let handler = self.profile_handler(registry, &mut wiring)?;
         let profiles = self.build_profiles(registry, &handler, &mut wiring)?;

@@ -137,9 +137,10 @@ impl EndpointPickerConfig {
                 profile = profile.with_scorer(plugin, weight);
             } else if p.as_filter().is_some() {
                 profile = profile.with_filter(plugin);
-            } else if p.as_data_producer().is_some() {
-                // Producers run once per request for every profile; some
-                // configs list them in a profile too, which means the same.
+            } else if p.as_data_producer().is_some() || p.as_admitter().is_some() {
+                // Producers and admitters run once per request for every
+                // profile; some configs list them in a profile too, which
+                // means the same.
             } else {
                 return Err(self.err(
                     format!("{field}.pluginRef"),

@@ -1,0 +1,745 @@
+//! `predicted-latency-producer`: learns each endpoint's time to first token
+//! (TTFT) and time per output token (TPOT) from the responses it serves, and
+//! predicts both for every candidate of a request.
+//!
+//! Each endpoint has two [`LatencyModel`]s over the load it carried when a
+//! request was dispatched to it ([`epp_core::DispatchLoad`]: scraped queue,
+//! running requests and KV use, this picker's dispatches since the scrape,
+//! uncached and cached prompt tokens, a cold LoRA adapter). The fleet has one
+//! pair more, fitted on every endpoint's samples. What each response teaches
+//! ([`epp_core::ResponseTiming`], 2xx only):
+//!
+//! ```text
+//! streamed (server-sent events):  TTFT ← first body bytes − dispatch
+//!                                 TPOT ← (end − first bytes) / (output tokens − 1)   (≥ 2 tokens)
+//! whole body, TPOT model warm:    TTFT ← (end − dispatch) − (output tokens − 1) · predicted TPOT
+//! whole body, TPOT model cold:    TTFT ← end − dispatch        (the end-to-end time, as llm-d
+//!                                                               trains without streaming)
+//! ```
+//!
+//! A prediction for a candidate comes from its endpoint's model once that
+//! has seen `minSamples` samples, else from the fleet's; a new endpoint's
+//! model starts from the fleet's coefficients. While the fleet's model is not
+//! warm either there is no prediction, and readers fall back (the
+//! `latency-scorer` to its heuristic blend). Headroom is
+//! `objective · sloBufferFactor − predicted` per the request's
+//! `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (0 − predicted without one).
+//!
+//! Predicting reads each model's published coefficients without locking or
+//! allocating; fitting runs on the response path, one short lock per model.
+//! Prediction quality is exported per endpoint
+//! (`epp_latency_prediction_relative_error`: |predicted − observed| /
+//! observed of each sample, predicted before the sample is learned).
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use epp_core::{
+    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, DispatchLoad,
+    Endpoint, EndpointId, InferenceRequest, LatencyPrediction, LatencySlo, MetricFamily,
+    MetricSink, Plugin, PluginMetrics, ResponseHooks, ResponseTiming,
+};
+use parking_lot::RwLock;
+
+use crate::{Builtin, Features, LatencyModel, ModelSettings, invalid};
+
+/// Parameters of `predicted-latency-producer` (llm-d's names where they have
+/// a meaning here).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PredictedLatencyParams {
+    /// Multiplies the request's objectives before headroom is computed
+    /// (above 1 loosens them). Default 1.
+    #[serde(default = "one")]
+    pub slo_buffer_factor: f64,
+    /// Label naming an endpoint's role in disaggregated serving: endpoints
+    /// whose role is `prefill` get no TPOT prediction (their TPOT neither
+    /// helps nor hurts). Empty = no roles.
+    #[serde(default)]
+    pub endpoint_role_label: String,
+    /// Whether to predict at all; `false` only learns. Default true.
+    #[serde(default = "yes")]
+    pub predict_in_produce: bool,
+    /// llm-d's switch between TTFT at the first chunk and at the end. Here
+    /// every response is judged on its own (streamed or not), so the value
+    /// changes nothing; it is accepted so llm-d's configs load.
+    #[serde(default)]
+    pub streaming_mode: bool,
+    /// llm-d's decode-token sampling of its predictor sidecar; accepted,
+    /// no effect (every response's TPOT is learned).
+    #[serde(default)]
+    pub sampling_mean: Option<f64>,
+    /// As `samplingMean`.
+    #[serde(default)]
+    pub max_decode_token_samples_for_prediction: Option<u64>,
+    /// llm-d's per-request context TTL; accepted, no effect (the dispatch
+    /// carries its own context).
+    #[serde(default, rename = "contextTTL")]
+    pub context_ttl: Option<String>,
+    /// Multimodal encoder-cache features: not supported (a load error when
+    /// true).
+    #[serde(default)]
+    pub use_encoder_cache_features: bool,
+    /// As `useEncoderCacheFeatures`.
+    #[serde(default)]
+    pub encoder_cache_match_info_producer_name: Option<String>,
+    /// Producer whose prefix matches say how much of the prompt an endpoint
+    /// holds (default `approx-prefix-cache-producer`).
+    #[serde(default)]
+    pub prefix_match_info_producer_name: Option<String>,
+    /// Samples a model needs before it predicts. Default 32.
+    #[serde(default = "default_min_samples")]
+    pub min_samples: u64,
+    /// Forgetting factor λ in (0, 1]: the models weigh roughly the last
+    /// 1 / (1 − λ) samples. Default 0.995.
+    #[serde(default = "default_forgetting")]
+    pub forgetting: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn default_min_samples() -> u64 {
+    ModelSettings::default().min_samples
+}
+fn default_forgetting() -> f64 {
+    ModelSettings::default().forgetting
+}
+
+impl Default for PredictedLatencyParams {
+    fn default() -> Self {
+        Self {
+            slo_buffer_factor: 1.0,
+            endpoint_role_label: String::new(),
+            predict_in_produce: true,
+            streaming_mode: false,
+            sampling_mean: None,
+            max_decode_token_samples_for_prediction: None,
+            context_ttl: None,
+            use_encoder_cache_features: false,
+            encoder_cache_match_info_producer_name: None,
+            prefix_match_info_producer_name: None,
+            min_samples: default_min_samples(),
+            forgetting: default_forgetting(),
+        }
+    }
+}
+
+/// Upper bounds of the relative-error histogram.
+const ERROR_BOUNDS: [f64; 12] = [
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    f64::MAX,
+];
+
+/// Counts of |predicted − observed| / observed, by [`ERROR_BOUNDS`].
+#[derive(Debug, Default)]
+struct ErrorHistogram {
+    buckets: [AtomicU64; ERROR_BOUNDS.len()],
+    /// Sum of the ratios, in millionths.
+    sum_micros: AtomicU64,
+}
+
+impl ErrorHistogram {
+    fn observe(&self, predicted: f64, observed: f64) {
+        if !(observed > 0.0 && predicted.is_finite()) {
+            return;
+        }
+        let ratio = (predicted - observed).abs() / observed;
+        let i = ERROR_BOUNDS
+            .iter()
+            .position(|&b| ratio <= b)
+            .unwrap_or(ERROR_BOUNDS.len() - 1);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((ratio.min(1e6) * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    fn report(&self, out: &mut dyn MetricSink, labels: &[(&str, &str)]) {
+        let buckets: [(f64, u64); ERROR_BOUNDS.len()] =
+            std::array::from_fn(|i| (ERROR_BOUNDS[i], self.buckets[i].load(Ordering::Relaxed)));
+        let count = buckets.iter().map(|b| b.1).sum();
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        out.histogram(RELATIVE_ERROR, labels, &buckets, sum, count);
+    }
+}
+
+const RELATIVE_ERROR: MetricFamily = MetricFamily {
+    name: "epp_latency_prediction_relative_error",
+    help: "|predicted - observed| / observed of each learned sample, predicted before learning \
+           it, per endpoint and latency (ttft, tpot)",
+};
+const SAMPLES: MetricFamily = MetricFamily {
+    name: "epp_latency_model_samples",
+    help: "Samples each latency model learned from, per endpoint and latency",
+};
+const WARM: MetricFamily = MetricFamily {
+    name: "epp_latency_model_warm",
+    help: "1 when the endpoint's own latency model predicts (enough samples), else 0 \
+           (the fleet's model predicts for it)",
+};
+const MEAN_ERROR: MetricFamily = MetricFamily {
+    name: "epp_latency_model_mean_abs_error_seconds",
+    help: "Recent mean absolute residual of each latency model, in seconds",
+};
+
+/// One latency's model and its error record.
+#[derive(Debug)]
+struct Learner {
+    model: LatencyModel,
+    errors: ErrorHistogram,
+}
+
+impl Learner {
+    fn new(settings: ModelSettings, prior: [f64; crate::FEATURES]) -> Self {
+        Self {
+            model: LatencyModel::with_prior(settings, prior),
+            errors: ErrorHistogram::default(),
+        }
+    }
+}
+
+/// An endpoint's (or the fleet's) two models.
+#[derive(Debug)]
+struct Models {
+    addr: Option<SocketAddr>,
+    name: String,
+    ttft: Learner,
+    tpot: Learner,
+}
+
+impl Models {
+    fn new(settings: ModelSettings, endpoint: Option<&Endpoint>, fleet: Option<&Models>) -> Self {
+        let prior = |pick: fn(&Models) -> &Learner| {
+            fleet.map_or([0.0; crate::FEATURES], |f| pick(f).model.coefficients())
+        };
+        Self {
+            addr: endpoint.map(Endpoint::addr),
+            name: endpoint.map_or_else(|| "fleet".to_owned(), |e| e.name().to_owned()),
+            ttft: Learner::new(settings, prior(|m| &m.ttft)),
+            tpot: Learner::new(settings, prior(|m| &m.tpot)),
+        }
+    }
+}
+
+/// `predicted-latency-producer`: see the module docs for the model.
+#[derive(Debug)]
+pub struct PredictedLatencyProducer {
+    name: String,
+    params: PredictedLatencyParams,
+    settings: ModelSettings,
+    fleet: Models,
+    /// By endpoint id; an entry whose address differs belongs to an
+    /// endpoint that left (ids are reused) and is replaced.
+    endpoints: RwLock<Vec<Option<Arc<Models>>>>,
+}
+
+impl Builtin for PredictedLatencyProducer {
+    const TYPE: &'static str = "predicted-latency-producer";
+    type Params = PredictedLatencyParams;
+
+    /// # Errors
+    /// A non-positive or non-finite `sloBufferFactor`, `forgetting` outside
+    /// (0, 1], `minSamples` of 0, or `useEncoderCacheFeatures: true`.
+    fn build(name: impl Into<String>, params: PredictedLatencyParams) -> Result<Self, BuildError> {
+        if !(params.slo_buffer_factor.is_finite() && params.slo_buffer_factor > 0.0) {
+            return Err(invalid(
+                Self::TYPE,
+                "sloBufferFactor",
+                params.slo_buffer_factor,
+                "must be a finite number > 0",
+            ));
+        }
+        if !(params.forgetting > 0.0 && params.forgetting <= 1.0) {
+            return Err(invalid(
+                Self::TYPE,
+                "forgetting",
+                params.forgetting,
+                "must be in (0, 1]",
+            ));
+        }
+        if params.min_samples == 0 {
+            return Err(invalid(Self::TYPE, "minSamples", 0, "must be at least 1"));
+        }
+        if params.use_encoder_cache_features {
+            return Err(invalid(
+                Self::TYPE,
+                "useEncoderCacheFeatures",
+                true,
+                "multimodal encoder-cache features are not supported by this picker",
+            ));
+        }
+        let settings = ModelSettings {
+            forgetting: params.forgetting,
+            min_samples: params.min_samples,
+            ..ModelSettings::default()
+        };
+        Ok(Self {
+            name: name.into(),
+            settings,
+            fleet: Models::new(settings, None, None),
+            endpoints: RwLock::new(Vec::new()),
+            params,
+        })
+    }
+}
+
+impl Plugin for PredictedLatencyProducer {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_data_producer(&self) -> Option<&dyn DataProducer> {
+        Some(self)
+    }
+    fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        Some(self)
+    }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
+        Some(self)
+    }
+    fn prefix_match_source(&self) -> Option<&str> {
+        Some(
+            self.params
+                .prefix_match_info_producer_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(DEFAULT_PREFIX_PRODUCER),
+        )
+    }
+}
+
+/// What a model pair predicts for one load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Predicted {
+    /// Time to first token, milliseconds.
+    pub ttft_ms: f64,
+    /// Time per output token, milliseconds, when known.
+    pub tpot_ms: Option<f64>,
+}
+
+impl PredictedLatencyProducer {
+    /// The models of `id` when they belong to the endpoint at `addr`.
+    fn models_of(&self, id: EndpointId, addr: SocketAddr) -> Option<Arc<Models>> {
+        let map = self.endpoints.read();
+        map.get(id.index())
+            .and_then(Option::as_ref)
+            .filter(|m| m.addr == Some(addr))
+            .cloned()
+    }
+
+    /// The models of `endpoint`, created from the fleet's when missing.
+    fn models_for(&self, endpoint: &Endpoint) -> Arc<Models> {
+        if let Some(m) = self.models_of(endpoint.id(), endpoint.addr()) {
+            return m;
+        }
+        let mut map = self.endpoints.write();
+        let i = endpoint.id().index();
+        if map.len() <= i {
+            map.resize(i + 1, None);
+        }
+        match &map[i] {
+            Some(m) if m.addr == Some(endpoint.addr()) => Arc::clone(m),
+            _ => {
+                let m = Arc::new(Models::new(
+                    self.settings,
+                    Some(endpoint),
+                    Some(&self.fleet),
+                ));
+                map[i] = Some(Arc::clone(&m));
+                m
+            }
+        }
+    }
+
+    /// Whether `endpoint` only prefills (TPOT means nothing there).
+    fn prefill_only(&self, endpoint: &Endpoint) -> bool {
+        !self.params.endpoint_role_label.is_empty()
+            && endpoint.label(&self.params.endpoint_role_label) == Some("prefill")
+    }
+
+    /// What the endpoint with these models (or the fleet, where they are
+    /// not warm) predicts for `load`; `None` while neither is warm.
+    fn predict_with(&self, own: Option<&Models>, load: &DispatchLoad) -> Option<Predicted> {
+        let f = Features::from(load);
+        let pick = |get: fn(&Models) -> &Learner| {
+            own.map(get)
+                .filter(|l| l.model.is_warm())
+                .or_else(|| Some(get(&self.fleet)).filter(|l| l.model.is_warm()))
+                .and_then(|l| l.model.predict_unchecked(&f))
+        };
+        let ttft_ms = pick(|m| &m.ttft)?;
+        Some(Predicted {
+            ttft_ms,
+            tpot_ms: pick(|m| &m.tpot),
+        })
+    }
+
+    /// The prediction for `endpoint` carrying `load` (for tests and tools).
+    #[must_use]
+    pub fn predict(&self, endpoint: &Endpoint, load: &DispatchLoad) -> Option<Predicted> {
+        let own = self.models_of(endpoint.id(), endpoint.addr());
+        self.predict_with(own.as_deref(), load)
+    }
+
+    /// Learns one observation into a model (recording its error first when
+    /// the model already predicts).
+    fn learn(learner: &Learner, features: &Features, observed_ms: f64) {
+        if let Some(p) = learner.model.predict(features) {
+            learner.errors.observe(p, observed_ms);
+        }
+        learner.model.observe(features, observed_ms);
+    }
+}
+
+impl DataProducer for PredictedLatencyProducer {
+    fn produces_latency_predictions(&self) -> bool {
+        true
+    }
+
+    fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) {
+        let factor = self.params.slo_buffer_factor;
+        let stated = LatencySlo::of(cx.request);
+        let slo = LatencySlo {
+            ttft_ms: stated.ttft_ms.map(|v| v * factor),
+            tpot_ms: stated.tpot_ms.map(|v| v * factor),
+        };
+        let state = &mut *cx.state;
+        state.latency.slo = slo;
+        state.latency.computed = true;
+        if !self.params.predict_in_produce {
+            return;
+        }
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
+        for c in candidates {
+            let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
+            let own = self.models_of(c.id(), c.endpoint.addr());
+            let Some(p) = self.predict_with(own.as_deref(), &load) else {
+                continue;
+            };
+            let tpot = if self.prefill_only(&c.endpoint) {
+                None
+            } else {
+                p.tpot_ms
+            };
+            let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo);
+            state.latency.set(c.id(), prediction);
+            if debug {
+                tracing::debug!(
+                    request_id = %cx.request.request_id,
+                    endpoint = %c.endpoint.addr_str(),
+                    ttft_ms = prediction.ttft_ms,
+                    tpot_ms = prediction.tpot_ms,
+                    ttft_headroom_ms = prediction.ttft_headroom_ms,
+                    tpot_headroom_ms = prediction.tpot_headroom_ms,
+                    own_model = own.as_ref().is_some_and(|m| m.ttft.model.is_warm()),
+                    "latency prediction"
+                );
+            }
+        }
+    }
+}
+
+impl ResponseHooks for PredictedLatencyProducer {
+    fn response_timing(
+        &self,
+        _request: &InferenceRequest,
+        endpoint: &Endpoint,
+        timing: &ResponseTiming,
+    ) {
+        if !(200..300).contains(&timing.status) {
+            return;
+        }
+        let models = self.models_for(endpoint);
+        let f = Features::from(&timing.load);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let total = ms(timing.total);
+        let tokens = timing.output_tokens.unwrap_or(0);
+        let prefill_only = self.prefill_only(endpoint);
+        let (ttft, tpot) = match timing.first_byte {
+            Some(first) if timing.streamed => {
+                let first = ms(first);
+                let tpot = (tokens >= 2 && !prefill_only)
+                    .then(|| (total - first).max(0.0) / (tokens - 1) as f64);
+                (first, tpot)
+            }
+            _ => {
+                let decode = self
+                    .predict_with(Some(&models), &timing.load)
+                    .and_then(|p| p.tpot_ms)
+                    .filter(|_| tokens >= 2 && !prefill_only)
+                    .map_or(0.0, |tpot| (tokens - 1) as f64 * tpot);
+                ((total - decode).max(0.0), None)
+            }
+        };
+        for learner in [&models.ttft, &self.fleet.ttft] {
+            Self::learn(learner, &f, ttft);
+        }
+        if let Some(tpot) = tpot {
+            for learner in [&models.tpot, &self.fleet.tpot] {
+                Self::learn(learner, &f, tpot);
+            }
+        }
+    }
+}
+
+impl PluginMetrics for PredictedLatencyProducer {
+    fn report(&self, out: &mut dyn MetricSink) {
+        let map = self.endpoints.read();
+        let all = std::iter::once(&self.fleet).chain(map.iter().flatten().map(|m| &**m));
+        for m in all {
+            for (latency, learner) in [("ttft", &m.ttft), ("tpot", &m.tpot)] {
+                let labels = [("endpoint", m.name.as_str()), ("latency", latency)];
+                learner.errors.report(out, &labels);
+                out.counter(SAMPLES, &labels, learner.model.samples());
+                out.gauge(WARM, &labels, f64::from(u8::from(learner.model.is_warm())));
+                out.gauge(MEAN_ERROR, &labels, learner.model.mean_abs_error() / 1e3);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use epp_core::{EndpointMetrics, TTFT_SLO_HEADER};
+
+    use super::*;
+    use crate::testing::{endpoint, with_cx};
+
+    fn producer(min_samples: u64) -> PredictedLatencyProducer {
+        PredictedLatencyProducer::build(
+            "p",
+            PredictedLatencyParams {
+                min_samples,
+                ..PredictedLatencyParams::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn load(waiting: u32, prompt_tokens: u64) -> DispatchLoad {
+        DispatchLoad {
+            waiting,
+            prompt_tokens,
+            uncached_tokens: prompt_tokens,
+            ..DispatchLoad::default()
+        }
+    }
+
+    /// A streamed response: TTFT `ttft_ms`, then `tokens` tokens `tpot_ms` apart.
+    fn streamed(load: DispatchLoad, ttft_ms: f64, tpot_ms: f64, tokens: u64) -> ResponseTiming {
+        let first = Duration::from_secs_f64(ttft_ms / 1e3);
+        ResponseTiming {
+            load,
+            first_byte: Some(first),
+            total: first + Duration::from_secs_f64(tpot_ms * (tokens - 1) as f64 / 1e3),
+            streamed: true,
+            output_tokens: Some(tokens),
+            status: 200,
+        }
+    }
+
+    fn request() -> InferenceRequest {
+        InferenceRequest::builder("m").build()
+    }
+
+    /// Server `i`'s TTFT: `base` + 20 ms per queued request + 50 ms per
+    /// thousand prompt tokens.
+    fn ttft(base: f64, l: &DispatchLoad) -> f64 {
+        base + 20.0 * f64::from(l.waiting) + 0.05 * l.uncached_tokens as f64
+    }
+
+    #[test]
+    fn learns_each_endpoints_speed_from_streamed_responses() {
+        let p = producer(16);
+        let fast = endpoint(0, EndpointMetrics::fresh());
+        let slow = endpoint(1, EndpointMetrics::fresh());
+        for i in 0..400u32 {
+            let l = load(i % 7, u64::from(i % 13) * 300);
+            p.response_timing(&request(), &fast, &streamed(l, ttft(10.0, &l), 5.0, 20));
+            p.response_timing(&request(), &slow, &streamed(l, ttft(80.0, &l), 15.0, 20));
+        }
+        let probe = load(3, 2000);
+        let f = p.predict(&fast, &probe).unwrap();
+        let s = p.predict(&slow, &probe).unwrap();
+        let want_fast = ttft(10.0, &probe);
+        let want_slow = ttft(80.0, &probe);
+        assert!((f.ttft_ms - want_fast).abs() / want_fast < 0.05, "{f:?}");
+        assert!((s.ttft_ms - want_slow).abs() / want_slow < 0.05, "{s:?}");
+        assert!((f.tpot_ms.unwrap() - 5.0).abs() < 0.25, "{f:?}");
+        assert!((s.tpot_ms.unwrap() - 15.0).abs() < 0.75, "{s:?}");
+    }
+
+    #[test]
+    fn nothing_is_predicted_until_a_model_is_warm_then_new_endpoints_use_the_fleets() {
+        let p = producer(8);
+        let seen = endpoint(0, EndpointMetrics::fresh());
+        let new = endpoint(1, EndpointMetrics::fresh());
+        let l = load(1, 1000);
+        for i in 0..8 {
+            assert_eq!(p.predict(&seen, &l), None, "after {i} samples");
+            p.response_timing(&request(), &seen, &streamed(l, 70.0, 5.0, 10));
+        }
+        assert!(p.predict(&seen, &l).is_some());
+        let fleet = p.predict(&new, &l).expect("the fleet's model answers");
+        assert!((fleet.ttft_ms - 70.0).abs() < 1.0, "{fleet:?}");
+    }
+
+    #[test]
+    fn whole_bodies_teach_ttft_net_of_the_decode_the_tpot_model_expects() {
+        let p = producer(4);
+        let e = endpoint(0, EndpointMetrics::fresh());
+        let l = load(0, 500);
+        // Streamed responses teach TPOT = 10 ms and TTFT = 40 ms.
+        for _ in 0..40 {
+            p.response_timing(&request(), &e, &streamed(l, 40.0, 10.0, 11));
+        }
+        // A whole body of 101 tokens in 1040 ms: TTFT 40 ms once the
+        // expected decode (100 · 10 ms) is taken off.
+        let whole = ResponseTiming {
+            load: l,
+            first_byte: Some(Duration::from_millis(1039)),
+            total: Duration::from_millis(1040),
+            streamed: false,
+            output_tokens: Some(101),
+            status: 200,
+        };
+        for _ in 0..40 {
+            p.response_timing(&request(), &e, &whole);
+        }
+        let got = p.predict(&e, &l).unwrap().ttft_ms;
+        assert!((got - 40.0).abs() < 2.0, "{got}");
+    }
+
+    #[test]
+    fn failures_teach_nothing() {
+        let p = producer(1);
+        let e = endpoint(0, EndpointMetrics::fresh());
+        let mut t = streamed(load(0, 100), 5000.0, 1.0, 2);
+        t.status = 503;
+        p.response_timing(&request(), &e, &t);
+        assert_eq!(p.predict(&e, &load(0, 100)), None);
+    }
+
+    #[test]
+    fn produce_fills_predictions_with_headroom_against_the_requests_objective() {
+        let p = producer(4);
+        let fast = endpoint(0, EndpointMetrics::fresh());
+        let slow = endpoint(1, EndpointMetrics::fresh());
+        for _ in 0..20 {
+            p.response_timing(&request(), &fast, &streamed(load(0, 25), 50.0, 5.0, 3));
+            p.response_timing(&request(), &slow, &streamed(load(0, 25), 300.0, 5.0, 3));
+        }
+        let req = InferenceRequest::builder("m")
+            .prompt("x".repeat(100))
+            .header(TTFT_SLO_HEADER, "200")
+            .build();
+        let candidates = vec![Candidate::new(&fast), Candidate::new(&slow)];
+        with_cx(&req, 1, |cx| {
+            p.produce(cx, &candidates);
+            let l = &cx.state.latency;
+            assert!(l.computed);
+            assert_eq!(l.slo.ttft_ms, Some(200.0));
+            let (f, s) = (l.get(fast.id()).unwrap(), l.get(slow.id()).unwrap());
+            assert!((f.ttft_headroom_ms - 150.0).abs() < 2.0, "{f:?}");
+            assert!((s.ttft_headroom_ms + 100.0).abs() < 2.0, "{s:?}");
+            assert!(f.meets_slo() && !s.meets_slo());
+        });
+    }
+
+    #[test]
+    fn an_endpoint_id_reused_by_another_address_starts_afresh() {
+        let p = producer(2);
+        let old = endpoint(0, EndpointMetrics::fresh());
+        for _ in 0..4 {
+            p.response_timing(&request(), &old, &streamed(load(0, 10), 900.0, 1.0, 2));
+        }
+        let replacement = Arc::new(Endpoint::new(0, "10.9.9.9:8000".parse().unwrap()));
+        assert!(p.models_of(replacement.id(), replacement.addr()).is_none());
+        let m = p.models_for(&replacement);
+        assert_eq!(m.ttft.model.samples(), 0);
+    }
+
+    #[test]
+    fn reports_errors_per_endpoint() {
+        #[derive(Default)]
+        struct Sink(Vec<(String, Vec<String>, u64)>);
+        impl MetricSink for Sink {
+            fn gauge(&mut self, _: MetricFamily, _: &[(&str, &str)], _: f64) {}
+            fn counter(&mut self, f: MetricFamily, l: &[(&str, &str)], v: u64) {
+                let labels = l.iter().map(|(_, v)| (*v).to_owned()).collect();
+                self.0.push((f.name.to_owned(), labels, v));
+            }
+            fn histogram(
+                &mut self,
+                f: MetricFamily,
+                l: &[(&str, &str)],
+                _: &[(f64, u64)],
+                _: f64,
+                count: u64,
+            ) {
+                let labels = l.iter().map(|(_, v)| (*v).to_owned()).collect();
+                self.0.push((f.name.to_owned(), labels, count));
+            }
+        }
+        let p = producer(2);
+        let e = endpoint(0, EndpointMetrics::fresh());
+        for _ in 0..5 {
+            p.response_timing(&request(), &e, &streamed(load(0, 10), 50.0, 2.0, 4));
+        }
+        let mut sink = Sink::default();
+        p.report(&mut sink);
+        let get = |name: &str, who: &str| {
+            sink.0
+                .iter()
+                .find(|(n, l, _)| n == name && l[0] == who && l[1] == "ttft")
+                .map(|x| x.2)
+        };
+        let who = e.name().to_owned();
+        assert_eq!(get("epp_latency_model_samples", &who), Some(5));
+        // Errors are recorded once the model predicts: samples 3 to 5.
+        assert_eq!(get("epp_latency_prediction_relative_error", &who), Some(3));
+        assert_eq!(get("epp_latency_model_samples", "fleet"), Some(5));
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        for (yaml, field) in [
+            ("sloBufferFactor: 0", "sloBufferFactor"),
+            ("forgetting: 1.5", "forgetting"),
+            ("minSamples: 0", "minSamples"),
+            ("useEncoderCacheFeatures: true", "useEncoderCacheFeatures"),
+        ] {
+            let params: PredictedLatencyParams = serde_yaml_ng::from_str(yaml).unwrap();
+            let err = PredictedLatencyProducer::build("p", params).unwrap_err();
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+        }
+        let llm_d: PredictedLatencyParams = serde_yaml_ng::from_str(
+            "{samplingMean: 1000, maxDecodeTokenSamplesForPrediction: 0, contextTTL: 5m, \
+             streamingMode: true, endpointRoleLabel: llm-d.ai/role}",
+        )
+        .unwrap();
+        assert!(PredictedLatencyProducer::build("p", llm_d).is_ok());
+    }
+}
