@@ -172,6 +172,7 @@ async fn run(args: Args) -> Result<()> {
         .scheduler
         .with_staleness_threshold(args.metrics_staleness_threshold);
     let plugin_durations = metrics::PluginDurations::register(&mut prom, &scheduler.call_sites());
+    metrics::PluginReports::register(&mut prom, &built.plugins);
     let scheduler = Arc::new(scheduler.with_observer(Arc::new(plugin_durations)));
 
     let shutdown = CancellationToken::new();

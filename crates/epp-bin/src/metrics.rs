@@ -1,12 +1,14 @@
-//! The picker's own Prometheus metrics: plugin durations, and the pool
-//! gauges computed from the endpoint set at scrape time (served by
-//! `metrics_server.rs`).
+//! The picker's own Prometheus metrics: plugin durations, the pool gauges
+//! computed from the endpoint set at scrape time, and what plugins report
+//! themselves (served by `metrics_server.rs`).
 
 use std::time::Duration;
 
-use epp_core::{CallSite, EndpointSource, SchedulerObserver};
+use epp_core::{CallSite, EndpointSource, MetricFamily, MetricSink, PluginRef, SchedulerObserver};
 use prometheus_client::{
-    encoding::EncodeLabelSet,
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet},
+    metrics::MetricType,
     metrics::{
         family::Family,
         gauge::Gauge,
@@ -147,5 +149,197 @@ impl PoolGauges {
         self.avg_kv.get_or_create(&labels).set(avg(kv));
         self.avg_queue.get_or_create(&labels).set(avg(queue));
         self.ready.get_or_create(&labels).set(i64::from(n));
+    }
+}
+
+/// What one plugin series is.
+#[derive(Debug)]
+enum Value {
+    Gauge(f64),
+    Counter(u64),
+    Histogram {
+        buckets: Vec<(f64, u64)>,
+        sum: f64,
+        count: u64,
+    },
+}
+
+/// One family's series as reported, in report order.
+type Series = Vec<(Vec<(String, String)>, Value)>;
+
+/// Gathers what plugins report into families (a family's series must be
+/// written together).
+#[derive(Debug, Default)]
+struct Gathered {
+    families: Vec<(MetricFamily, Series)>,
+}
+
+impl Gathered {
+    fn push(&mut self, family: MetricFamily, labels: &[(&str, &str)], value: Value) {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        match self
+            .families
+            .iter_mut()
+            .find(|(f, _)| f.name == family.name)
+        {
+            Some((_, series)) => series.push((labels, value)),
+            None => self.families.push((family, vec![(labels, value)])),
+        }
+    }
+}
+
+impl MetricSink for Gathered {
+    fn gauge(&mut self, family: MetricFamily, labels: &[(&str, &str)], value: f64) {
+        self.push(family, labels, Value::Gauge(value));
+    }
+    fn counter(&mut self, family: MetricFamily, labels: &[(&str, &str)], value: u64) {
+        self.push(family, labels, Value::Counter(value));
+    }
+    fn histogram(
+        &mut self,
+        family: MetricFamily,
+        labels: &[(&str, &str)],
+        buckets: &[(f64, u64)],
+        sum: f64,
+        count: u64,
+    ) {
+        let value = Value::Histogram {
+            buckets: buckets.to_vec(),
+            sum,
+            count,
+        };
+        self.push(family, labels, value);
+    }
+}
+
+/// The metrics plugins keep themselves ([`PluginMetrics`]), read at every
+/// scrape.
+#[derive(Debug)]
+pub(crate) struct PluginReports {
+    plugins: Vec<PluginRef>,
+}
+
+impl PluginReports {
+    /// Registers the plugins among `plugins` that report metrics.
+    pub(crate) fn register(registry: &mut Registry, plugins: &[(String, PluginRef)]) {
+        let plugins: Vec<PluginRef> = plugins
+            .iter()
+            .filter(|(_, p)| p.plugin().as_plugin_metrics().is_some())
+            .map(|(_, p)| p.clone())
+            .collect();
+        if !plugins.is_empty() {
+            registry.register_collector(Box::new(Self { plugins }));
+        }
+    }
+}
+
+impl Collector for PluginReports {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut gathered = Gathered::default();
+        for p in &self.plugins {
+            if let Some(m) = p.plugin().as_plugin_metrics() {
+                m.report(&mut gathered);
+            }
+        }
+        for (family, series) in &gathered.families {
+            let Some((_, first)) = series.first() else {
+                continue;
+            };
+            let kind = std::mem::discriminant(first);
+            let metric_type = match first {
+                Value::Counter(_) => MetricType::Counter,
+                Value::Histogram { .. } => MetricType::Histogram,
+                Value::Gauge(_) => MetricType::Gauge,
+            };
+            let mut metric =
+                encoder.encode_descriptor(family.name, family.help, None, metric_type)?;
+            // A plugin reporting one family as two kinds: the stray series
+            // are dropped rather than break the page.
+            for (labels, value) in series
+                .iter()
+                .filter(|(_, v)| std::mem::discriminant(v) == kind)
+            {
+                let mut m = metric.encode_family(labels)?;
+                match value {
+                    Value::Gauge(v) => m.encode_gauge(v)?,
+                    Value::Counter(v) => m.encode_counter::<NoLabelSet, _, u64>(v, None)?,
+                    Value::Histogram {
+                        buckets,
+                        sum,
+                        count,
+                    } => m.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use epp_core::PluginMetrics;
+
+    use super::*;
+
+    #[derive(Debug)]
+    struct Reporting;
+    impl epp_core::Plugin for Reporting {
+        fn type_name(&self) -> &str {
+            "r"
+        }
+        fn name(&self) -> &str {
+            "r"
+        }
+        fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
+            Some(self)
+        }
+    }
+    const F: MetricFamily = MetricFamily {
+        name: "demo_error",
+        help: "Demo",
+    };
+    const C: MetricFamily = MetricFamily {
+        name: "demo_samples",
+        help: "Samples",
+    };
+    impl PluginMetrics for Reporting {
+        fn report(&self, out: &mut dyn MetricSink) {
+            for who in ["a", "b"] {
+                out.histogram(F, &[("endpoint", who)], &[(0.5, 2), (f64::MAX, 1)], 1.5, 3);
+                out.counter(C, &[("endpoint", who)], 7);
+            }
+        }
+    }
+
+    #[test]
+    fn plugin_reports_are_grouped_by_family_in_the_text_format() {
+        let mut registry = Registry::default();
+        let plugins = vec![(
+            "r".to_owned(),
+            PluginRef::new(std::sync::Arc::new(Reporting)),
+        )];
+        PluginReports::register(&mut registry, &plugins);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert_eq!(
+            text.matches("# TYPE demo_error histogram").count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.contains("demo_error_bucket{le=\"0.5\",endpoint=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("demo_error_bucket{le=\"+Inf\",endpoint=\"b\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("demo_samples_total{endpoint=\"b\"} 7"),
+            "{text}"
+        );
     }
 }

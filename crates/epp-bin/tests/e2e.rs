@@ -9,6 +9,7 @@ mod e2e {
     mod custom_metric;
     mod errors;
     mod kubernetes;
+    mod latency;
     mod logs;
     mod metrics_auth;
     mod objectives;
