@@ -707,7 +707,7 @@ fn the_charts_values_select_what_is_rendered() {
         (
             "predictor",
             with(json!({"inferenceExtension": {"latencyPredictor": {"enabled": true}}})),
-            "no latency predictor",
+            "needs no predictor sidecars",
         ),
         (
             "grpc",

@@ -126,7 +126,7 @@ something that would not work.
 {{- fail (printf "inferenceExtension.failureMode %q: FailOpen or FailClose" $ie.failureMode) -}}
 {{- end -}}
 {{- if and $ie.latencyPredictor $ie.latencyPredictor.enabled -}}
-{{- fail "inferenceExtension.latencyPredictor.enabled: epp has no latency predictor; set it to false" -}}
+{{- fail "inferenceExtension.latencyPredictor.enabled: epp predicts latency in-process and needs no predictor sidecars; set it to false and declare predicted-latency-producer and latency-scorer in the plugins config (docs/plugins.md)" -}}
 {{- end -}}
 {{- if not (has (.Values.provider.name | default "none" | lower) (list "none" "istio")) -}}
 {{- fail (printf "provider.name %q: this chart creates Istio's DestinationRule (istio) or nothing (none); create other providers' objects beside the release (docs/install.md)" .Values.provider.name) -}}
