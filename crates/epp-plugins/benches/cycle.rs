@@ -1,6 +1,13 @@
 //! The scheduling cycle as the reference defines it: hash the prompt, match
 //! it against the prefix index, run the default profile's scorers over every
-//! candidate, pick, and record the pick in the index.
+//! candidate, pick, and record the pick in the index. `cycle-latency` runs
+//! the learned-latency profile (`examples/configs/predicted-latency.yaml`:
+//! prefix matches, a prediction per candidate, `latency-scorer`) on the same
+//! requests, its models trained, for the side-by-side figure;
+//! `cycle-default+latency` adds the predictor and a weight-0 `latency-scorer`
+//! to the default profile: the same picks as `cycle`, so the difference is
+//! the latency plugins' own cost, without the prefix-index churn their
+//! different picks cause.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench cycle
@@ -11,9 +18,13 @@ use std::{sync::Arc, time::Duration};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
-use epp_test_support::workload::Workload;
+use epp_test_support::workload::{Profile, Workload};
 
 fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
+    bench_profile(c, group, endpoints, kib, Profile::Default);
+}
+
+fn bench_profile(c: &mut Criterion, group: &str, endpoints: usize, kib: usize, profile: Profile) {
     // Built on first use, so a filtered-out setup costs nothing.
     let mut setup: Option<Workload<PrefixCacheScorer>> = None;
     let mut g = c.benchmark_group(group);
@@ -21,7 +32,8 @@ fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
         let w = setup.get_or_insert_with(|| {
             let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, PrefixCacheScorerParams::default())
                 .expect("default parameters are valid");
-            let mut w = Workload::new(endpoints, kib, &builtin_registry(), Arc::new(prefix));
+            let mut w =
+                Workload::with_profile(endpoints, kib, &builtin_registry(), Arc::new(prefix), profile);
             w.warm(10_000);
             eprintln!(
                 "{group} {endpoints} endpoints × {kib} KiB: index {} entries, {:.1} bytes per block",
@@ -37,6 +49,14 @@ fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
 
 fn cycle(c: &mut Criterion) {
     bench(c, "cycle", 64, 16);
+    bench_profile(c, "cycle-latency", 64, 16, Profile::Latency);
+    bench_profile(
+        c,
+        "cycle-default+latency",
+        64,
+        16,
+        Profile::DefaultPlusLatency,
+    );
 }
 
 fn scaling(c: &mut Criterion) {

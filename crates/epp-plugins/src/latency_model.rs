@@ -311,10 +311,11 @@ impl LatencyModel {
     /// a prior the caller trusts). `None` for non-finite features.
     #[must_use]
     pub fn predict_unchecked(&self, features: &Features) -> Option<f64> {
-        if !features.is_finite() {
+        let x = features.vector();
+        if !x.iter().all(|v| v.is_finite()) {
             return None;
         }
-        let p = dot(&self.coefficients(), &features.vector());
+        let p = dot(&self.coefficients(), &x);
         p.is_finite().then_some(p.max(0.0))
     }
 

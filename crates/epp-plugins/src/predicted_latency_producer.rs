@@ -378,8 +378,14 @@ impl PredictedLatencyProducer {
     }
 
     /// What the endpoint with these models (or the fleet, where they are
-    /// not warm) predicts for `load`; `None` while neither is warm.
-    fn predict_with(&self, own: Option<&Models>, load: &DispatchLoad) -> Option<Predicted> {
+    /// not warm) predicts for `load` (TPOT only when `tpot`); `None` while
+    /// neither is warm.
+    fn predict_with(
+        &self,
+        own: Option<&Models>,
+        load: &DispatchLoad,
+        tpot: bool,
+    ) -> Option<Predicted> {
         let f = Features::from(load);
         let pick = |get: fn(&Models) -> &Learner| {
             own.map(get)
@@ -390,7 +396,7 @@ impl PredictedLatencyProducer {
         let ttft_ms = pick(|m| &m.ttft)?;
         Some(Predicted {
             ttft_ms,
-            tpot_ms: pick(|m| &m.tpot),
+            tpot_ms: if tpot { pick(|m| &m.tpot) } else { None },
         })
     }
 
@@ -398,7 +404,7 @@ impl PredictedLatencyProducer {
     #[must_use]
     pub fn predict(&self, endpoint: &Endpoint, load: &DispatchLoad) -> Option<Predicted> {
         let own = self.models_of(endpoint.id(), endpoint.addr());
-        self.predict_with(own.as_deref(), load)
+        self.predict_with(own.as_deref(), load, true)
     }
 
     /// Learns one observation into a model (recording its error first when
@@ -430,10 +436,19 @@ impl DataProducer for PredictedLatencyProducer {
             return;
         }
         let debug = tracing::enabled!(tracing::Level::DEBUG);
+        // TPOT only matters against a TPOT objective (else its headroom is
+        // 0 everywhere); the debug log shows it anyway.
+        let want_tpot = slo.tpot_ms.is_some() || debug;
+        // One read lock for the whole cycle: fitting only takes it to add
+        // an endpoint.
+        let map = self.endpoints.read();
         for c in candidates {
             let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
-            let own = self.models_of(c.id(), c.endpoint.addr());
-            let Some(p) = self.predict_with(own.as_deref(), &load) else {
+            let own = map
+                .get(c.id().index())
+                .and_then(Option::as_deref)
+                .filter(|m| m.addr == Some(c.endpoint.addr()));
+            let Some(p) = self.predict_with(own, &load, want_tpot) else {
                 continue;
             };
             let tpot = if self.prefill_only(&c.endpoint) {
@@ -451,7 +466,7 @@ impl DataProducer for PredictedLatencyProducer {
                     tpot_ms = prediction.tpot_ms,
                     ttft_headroom_ms = prediction.ttft_headroom_ms,
                     tpot_headroom_ms = prediction.tpot_headroom_ms,
-                    own_model = own.as_ref().is_some_and(|m| m.ttft.model.is_warm()),
+                    own_model = own.is_some_and(|m| m.ttft.model.is_warm()),
                     "latency prediction"
                 );
             }
@@ -484,7 +499,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             }
             _ => {
                 let decode = self
-                    .predict_with(Some(&models), &timing.load)
+                    .predict_with(Some(&models), &timing.load, true)
                     .and_then(|p| p.tpot_ms)
                     .filter(|_| tokens >= 2 && !prefill_only)
                     .map_or(0.0, |tpot| (tokens - 1) as f64 * tpot);

@@ -16,8 +16,9 @@ use std::{
 };
 
 use epp_core::{
-    EndpointMetrics, EndpointSnapshot, InferenceRequest, Plugin, PluginRef, PluginSpec, Registry,
-    Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,
+    DispatchLoad, EndpointMetrics, EndpointSnapshot, InferenceRequest, Plugin, PluginRef,
+    PluginSpec, Registry, RequestOutcome, ResponseTiming, Scheduler, SchedulingProfile,
+    SchedulingResult, Scratch, SingleProfileHandler,
 };
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -37,20 +38,72 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 /// If `registry` lacks one of those types.
 #[must_use]
 pub fn default_profile(registry: &Registry, prefix: PluginRef) -> Scheduler {
+    default_with(registry, prefix, false)
+}
+
+/// [`default_profile`], with `latency` a `predicted-latency-producer` hook
+/// and a `latency-scorer` of weight 0 added.
+fn default_with(registry: &Registry, prefix: PluginRef, latency: bool) -> Scheduler {
     let build = |type_name: &str| {
         let plugin = registry
             .build(&PluginSpec::new(type_name))
             .unwrap_or_else(|e| panic!("{type_name}: {e}"));
         PluginRef::new(plugin)
     };
-    let profile = SchedulingProfile::new("default")
+    let mut profile = SchedulingProfile::new("default")
         .with_scorer(build("queue-scorer"), 2.0)
         .with_scorer(build("kv-cache-utilization-scorer"), 2.0)
-        .with_scorer(prefix.clone(), 3.0)
+        .with_scorer(prefix.clone(), 3.0);
+    let mut hooks = vec![prefix];
+    if latency {
+        profile = profile.with_scorer(build("latency-scorer"), 0.0);
+        hooks.push(build("predicted-latency-producer"));
+    }
+    Scheduler::new(
+        vec![profile.with_picker(build("max-score-picker"))],
+        Arc::new(SingleProfileHandler::default()),
+    )
+    .expect("a valid profile")
+    .with_hooks(hooks)
+}
+
+/// The learned-latency profile: `latency-scorer` and `max-score-picker`
+/// (built by `registry`), with `prefix` producing the prefix matches and a
+/// `predicted-latency-producer` (from `registry`) predicting; returns the
+/// scheduler and the predictor.
+///
+/// # Panics
+/// If `registry` lacks one of those types.
+#[must_use]
+pub fn latency_profile(registry: &Registry, prefix: PluginRef) -> (Scheduler, PluginRef) {
+    let build = |type_name: &str| {
+        let plugin = registry
+            .build(&PluginSpec::new(type_name))
+            .unwrap_or_else(|e| panic!("{type_name}: {e}"));
+        PluginRef::new(plugin)
+    };
+    let predictor = build("predicted-latency-producer");
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(build("latency-scorer"), 1.0)
         .with_picker(build("max-score-picker"));
-    Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
+    let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
         .expect("a valid profile")
-        .with_hooks([prefix])
+        .with_hooks([prefix, predictor.clone()]);
+    (scheduler, predictor)
+}
+
+/// Which profile a [`Workload`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// [`default_profile`].
+    Default,
+    /// [`latency_profile`], its models trained until every endpoint's own
+    /// model predicts.
+    Latency,
+    /// [`default_profile`] plus the trained predictor and a `latency-scorer`
+    /// of weight 0: the default profile's picks, with the latency plugins'
+    /// work done on every cycle (their cost alone, index churn aside).
+    DefaultPlusLatency,
 }
 
 /// One benchmark setup: the scheduler, the endpoints and the reused buffers.
@@ -88,6 +141,45 @@ fn text(rng: &mut SmallRng, out: &mut String, len: usize) {
     }
 }
 
+/// Teaches `scheduler`'s latency predictor 64 responses per endpoint, each
+/// endpoint with its own speed, so every endpoint's model predicts.
+fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng) {
+    let request = InferenceRequest::builder(MODEL).build();
+    for (i, e) in snapshot.endpoints().iter().enumerate() {
+        let base = 20.0 + (i % 7) as f64 * 10.0;
+        for _ in 0..64 {
+            let load = DispatchLoad {
+                waiting: rng.random_range(0..20),
+                running: rng.random_range(0..64),
+                kv_usage: rng.random_range(0.0..1.0),
+                dispatched: rng.random_range(0..4),
+                prompt_tokens: 4096,
+                uncached_tokens: rng.random_range(0..4096),
+                adapter_cold: false,
+            };
+            let ttft = base
+                + 25.0 * f64::from(load.waiting)
+                + 0.04 * load.uncached_tokens as f64
+                + rng.random_range(0.0..5.0);
+            let timing = ResponseTiming {
+                load,
+                first_byte: Some(Duration::from_secs_f64(ttft / 1e3)),
+                total: Duration::from_secs_f64((ttft + 150.0) / 1e3),
+                streamed: true,
+                output_tokens: Some(16),
+                status: 200,
+            };
+            scheduler.response_complete(
+                &request,
+                e,
+                None,
+                Some(&timing),
+                RequestOutcome::Completed { status: 200 },
+            );
+        }
+    }
+}
+
 impl<P: Plugin + 'static> Workload<P> {
     /// `endpoints` endpoints and prompts of `prompt_kib` KiB, scheduled by
     /// [`default_profile`] with `prefix` as its prefix scorer.
@@ -96,6 +188,21 @@ impl<P: Plugin + 'static> Workload<P> {
     /// If `registry` lacks one of the default profile's types.
     #[must_use]
     pub fn new(endpoints_n: usize, prompt_kib: usize, registry: &Registry, prefix: Arc<P>) -> Self {
+        Self::with_profile(endpoints_n, prompt_kib, registry, prefix, Profile::Default)
+    }
+
+    /// As [`Self::new`], scheduled by `profile`.
+    ///
+    /// # Panics
+    /// If `registry` lacks one of the profile's types.
+    #[must_use]
+    pub fn with_profile(
+        endpoints_n: usize,
+        prompt_kib: usize,
+        registry: &Registry,
+        prefix: Arc<P>,
+        profile: Profile,
+    ) -> Self {
         let mut rng = SmallRng::seed_from_u64(7);
         let metrics: Vec<EndpointMetrics> = (0..64)
             .map(|_| EndpointMetrics {
@@ -117,7 +224,19 @@ impl<P: Plugin + 'static> Workload<P> {
                 s
             })
             .collect();
-        let scheduler = default_profile(registry, PluginRef::new(prefix.clone()));
+        let scheduler = match profile {
+            Profile::Default => default_profile(registry, PluginRef::new(prefix.clone())),
+            Profile::Latency => {
+                let (scheduler, _) = latency_profile(registry, PluginRef::new(prefix.clone()));
+                train(&scheduler, &snapshot, &mut rng);
+                scheduler
+            }
+            Profile::DefaultPlusLatency => {
+                let scheduler = default_with(registry, PluginRef::new(prefix.clone()), true);
+                train(&scheduler, &snapshot, &mut rng);
+                scheduler
+            }
+        };
         let mut request = InferenceRequest::builder(MODEL).build();
         request.prompt = String::with_capacity(prompt);
         Self {
