@@ -16,10 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-ORDER = ["epp", "reference", "epp-scraped-only", "epp-kv-scraped", "epp-lora", "round-robin", "sglang-cache-aware",
+ORDER = ["epp", "epp-latency", "reference", "epp-scraped-only", "epp-kv-scraped", "epp-lora", "round-robin", "sglang-cache-aware",
          "sglang-power-of-two", "vllm-cache-aware"]
 LABELS = {
     "epp": "Envoy + epp (default)",
+    "epp-latency": "Envoy + epp (learned latency)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
@@ -31,6 +32,7 @@ LABELS = {
 }
 STYLE = {
     "epp": dict(color="#d62728", marker="o", linewidth=2.5),
+    "epp-latency": dict(color="#ff7f0e", marker="P", linewidth=2.5),
     "reference": dict(color="#000000", marker="X", linewidth=2),
     "epp-scraped-only": dict(color="#ff9896", marker="o", linestyle="--"),
     "epp-kv-scraped": dict(color="#e377c2", marker="o", linestyle=":"),
@@ -154,6 +156,20 @@ def main() -> None:
     for w in g:
         desc = meta.get("workloads", {}).get(w, {}).get("description", "")
         md += [f"### {w}", "", desc, "", table(w, g[w]), ""]
+    predictions = args.run_dir / "predictions.jsonl"
+    if predictions.exists():
+        md += ["### TTFT prediction error", "",
+               "Per run of a contender whose epp learns latencies: the median of |predicted - observed| / "
+               "observed over every TTFT sample of the run (each predicted by the endpoint's own model, once "
+               "warm, before it was learned), and the share within 25 %.", "",
+               "| workload | contender | run | samples | median relative error | within 25 % |",
+               "|---|---|---:|---:|---:|---:|"]
+        for line in predictions.read_text().splitlines():
+            p = json.loads(line)
+            md.append(f"| {p['workload']} | {LABELS.get(p['contender'], p['contender'])} | {p['repeat']} "
+                      f"| {p['samples']} | {fmt(p['ttft_median_rel_error'], 3)} "
+                      f"| {fmt(p['ttft_within_25pct'] * 100)} % |")
+        md.append("")
     text = "\n".join(md)
     (args.md_out or args.run_dir / "report.md").write_text(text)
     print(text)

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+from collections import defaultdict
 import signal
 import socket
 import ssl
@@ -83,6 +84,22 @@ MIXED_LENGTHS = {
     "output_distribution": {"min": 8, "max": 64, "mean": 32, "std_dev": 16},
 }
 
+def shared_prefix(groups: int, per_group: int, system_len: int, question_len: int, output_len: int) -> dict:
+    """inference-perf's shared-prefix data: `groups` tenants, each a system prompt
+    of `system_len` tokens shared by `per_group` questions."""
+    return {
+        "type": "shared_prefix",
+        "shared_prefix": {
+            "num_groups": groups,
+            "num_prompts_per_group": per_group,
+            "system_prompt_len": system_len,
+            "question_len": question_len,
+            "output_len": output_len,
+            "seed": 1,
+        },
+    }
+
+
 WORKLOADS = {
     "shared-prefix": Workload(
         name="shared-prefix",
@@ -90,17 +107,7 @@ WORKLOADS = {
         "simulator's 4-byte rule) + 32-token question, 32 output tokens, streamed completions",
         rates=[8, 16, 24, 32, 40],
         stage_secs=10,
-        data={
-            "type": "shared_prefix",
-            "shared_prefix": {
-                "num_groups": 16,
-                "num_prompts_per_group": 12,
-                "system_prompt_len": 6000,
-                "question_len": 32,
-                "output_len": 32,
-                "seed": 1,
-            },
-        },
+        data=shared_prefix(groups=16, per_group=12, system_len=6000, question_len=32, output_len=32),
     ),
     "no-sharing": Workload(
         name="no-sharing",
@@ -109,6 +116,35 @@ WORKLOADS = {
         rates=[8, 16, 24],
         stage_secs=10,
         data=MIXED_LENGTHS,
+    ),
+    # Shapes the default profile's fixed weights were not tuned on (issue 15).
+    "many-tenants": Workload(
+        name="many-tenants",
+        description="64 tenants x ~6,000-token shared system prompt + 32-token question, 32 output "
+        "tokens: four times the prefixes the fleet's KV cache holds, streamed completions",
+        rates=[8, 16, 24],
+        stage_secs=10,
+        data=shared_prefix(groups=64, per_group=4, system_len=6000, question_len=32, output_len=32),
+    ),
+    "short-prompts": Workload(
+        name="short-prompts",
+        description="32 tenants x 256-token shared system prompt + 32-token question, 8 output "
+        "tokens, up to saturation, streamed completions",
+        rates=[40, 80, 120],
+        stage_secs=10,
+        data=shared_prefix(groups=32, per_group=16, system_len=256, question_len=32, output_len=8),
+    ),
+    "long-outputs": Workload(
+        name="long-outputs",
+        description="random prompts, lengths 64-2,000 tokens (mean 500), outputs 64-256 tokens "
+        "(mean 160), nothing shared: decode-bound, streamed completions",
+        rates=[2, 4, 6],
+        stage_secs=10,
+        data={
+            "type": "random",
+            "input_distribution": {"min": 64, "max": 2000, "mean": 500, "std_dev": 400},
+            "output_distribution": {"min": 64, "max": 256, "mean": 160, "std_dev": 48},
+        },
     ),
     "lora-mix": Workload(
         name="lora-mix",
@@ -165,6 +201,8 @@ EPP_VARIANTS = {
     "epp-lora": EPP_DEFAULT_PROFILE.format(
         queue="", kv="", extra_plugin="\n- type: lora-affinity-scorer",
         extra_ref="\n  - {pluginRef: lora-affinity-scorer, weight: 2}"),
+    # Routing by learned latency (issue 15): the example config as shipped.
+    "epp-latency": (ROOT / "examples/configs/predicted-latency.yaml").read_text(),
 }
 
 KNOWN = CONTENDERS + list(EPP_VARIANTS)
@@ -185,6 +223,7 @@ LABELS = {
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
+    "epp-latency": "Envoy + epp (learned latency: latency-scorer)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
@@ -437,9 +476,10 @@ class Fleet:
             text = EPP_VARIANTS.get(contender) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
             config = ["--config-file", str(self.dir / "epp-config.yaml")]
+            self.epp_metrics_port = free_port()
             p = self._spawn("epp", [
                 str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
-                str(free_port()), "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1",
+                str(free_port()), "--metrics-port", str(self.epp_metrics_port), "--bind-address", "127.0.0.1",
                 "--secure-serving=false", "--drain-timeout", "0s", "--endpoints",
                 ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
             ], env={"RUST_LOG": "warn"})
@@ -680,7 +720,54 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
             results.flush()
             log_point(r)
     finally:
+        record_predictions(args, fleet, workload, contender, repeat)
         fleet.stop()
+
+
+def record_predictions(args, fleet, workload: Workload, contender: str, repeat: int) -> None:
+    """For a contender whose epp learns latencies: the median relative error
+    of its TTFT predictions over the run (every sample predicted before it
+    was learned, by the endpoint's own model once warm), from epp's
+    epp_latency_prediction_relative_error histogram, to predictions.jsonl."""
+    port = getattr(fleet, "epp_metrics_port", None)
+    if port is None:
+        return
+    try:
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    except Exception as e:  # a run's figures must not be lost over this one
+        log(f"  prediction error: cannot read epp's metrics: {e}")
+        return
+    if status != 200:
+        return
+    buckets: dict[float, float] = defaultdict(float)
+    for line in body.decode(errors="replace").splitlines():
+        m = re.match(r'epp_latency_prediction_relative_error_bucket\{(.*)\} (\S+)$', line)
+        if not m or 'latency="ttft"' not in m.group(1) or 'endpoint="fleet"' in m.group(1):
+            continue
+        le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+        buckets[float("inf") if le == "+Inf" else float(le)] += float(m.group(2))
+    if not buckets:
+        return
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total == 0:
+        return
+    # The median by linear interpolation within its (cumulative) bucket.
+    median, lower, below = None, 0.0, 0.0
+    for b in bounds:
+        if buckets[b] >= total / 2:
+            upper = b if b != float("inf") else lower * 2 or 1.0
+            share = (total / 2 - below) / (buckets[b] - below) if buckets[b] > below else 0.0
+            median = lower + share * (upper - lower)
+            break
+        lower, below = b, buckets[b]
+    within = buckets.get(0.25, 0.0) / total
+    r = {"workload": workload.name, "contender": contender, "repeat": repeat, "samples": int(total),
+         "ttft_median_rel_error": median, "ttft_within_25pct": within}
+    with open(args.out / "predictions.jsonl", "a") as f:
+        f.write(json.dumps(r) + "\n")
+    log(f"  TTFT prediction: median relative error {median:.3f}, {within:.0%} within 25 % "
+        f"({int(total)} samples)")
 
 
 def log_point(r: dict) -> None:
