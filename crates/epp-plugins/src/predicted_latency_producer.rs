@@ -223,7 +223,14 @@ struct Models {
     name: String,
     ttft: Learner,
     tpot: Learner,
+    /// Seconds since the producer started when the endpoint was last a
+    /// candidate or served: endpoints gone for [`FORGET_AFTER_SECS`] are
+    /// forgotten (and their series leave `/metrics`).
+    seen: AtomicU64,
 }
+
+/// An endpoint neither a candidate nor serving for this long is forgotten.
+const FORGET_AFTER_SECS: u64 = 600;
 
 impl Models {
     fn new(settings: ModelSettings, endpoint: Option<&Endpoint>, fleet: Option<&Models>) -> Self {
@@ -235,7 +242,20 @@ impl Models {
             name: endpoint.map_or_else(|| "fleet".to_owned(), |e| e.name().to_owned()),
             ttft: Learner::new(settings, prior(|m| &m.ttft)),
             tpot: Learner::new(settings, prior(|m| &m.tpot)),
+            seen: AtomicU64::new(0),
         }
+    }
+
+    /// Notes that the endpoint is still around at `now` (seconds); a write
+    /// only when the second changed, so concurrent cycles mostly read.
+    fn touch(&self, now: u64) {
+        if self.seen.load(Ordering::Relaxed) != now {
+            self.seen.store(now, Ordering::Relaxed);
+        }
+    }
+
+    fn gone(&self, now: u64) -> bool {
+        now.saturating_sub(self.seen.load(Ordering::Relaxed)) > FORGET_AFTER_SECS
     }
 }
 
@@ -246,9 +266,11 @@ pub struct PredictedLatencyProducer {
     params: PredictedLatencyParams,
     settings: ModelSettings,
     fleet: Models,
-    /// By endpoint id; an entry whose address differs belongs to an
-    /// endpoint that left (ids are reused) and is replaced.
+    /// By endpoint id; an entry whose address differs belongs to another
+    /// endpoint and is replaced.
     endpoints: RwLock<Vec<Option<Arc<Models>>>>,
+    /// When the producer was built (the clock of [`Models::seen`]).
+    started: std::time::Instant,
 }
 
 impl Builtin for PredictedLatencyProducer {
@@ -296,6 +318,7 @@ impl Builtin for PredictedLatencyProducer {
             settings,
             fleet: Models::new(settings, None, None),
             endpoints: RwLock::new(Vec::new()),
+            started: std::time::Instant::now(),
             params,
         })
     }
@@ -347,12 +370,25 @@ impl PredictedLatencyProducer {
             .cloned()
     }
 
-    /// The models of `endpoint`, created from the fleet's when missing.
+    /// Seconds since the producer was built.
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// The models of `endpoint`, created from the fleet's when missing
+    /// (forgetting, then, endpoints long gone).
     fn models_for(&self, endpoint: &Endpoint) -> Arc<Models> {
+        let now = self.now();
         if let Some(m) = self.models_of(endpoint.id(), endpoint.addr()) {
+            m.touch(now);
             return m;
         }
         let mut map = self.endpoints.write();
+        for slot in map.iter_mut() {
+            if slot.as_ref().is_some_and(|m| m.gone(now)) {
+                *slot = None;
+            }
+        }
         let i = endpoint.id().index();
         if map.len() <= i {
             map.resize(i + 1, None);
@@ -365,6 +401,7 @@ impl PredictedLatencyProducer {
                     Some(endpoint),
                     Some(&self.fleet),
                 ));
+                m.touch(now);
                 map[i] = Some(Arc::clone(&m));
                 m
             }
@@ -442,12 +479,16 @@ impl DataProducer for PredictedLatencyProducer {
         // One read lock for the whole cycle: fitting only takes it to add
         // an endpoint.
         let map = self.endpoints.read();
+        let now = self.now();
         for c in candidates {
             let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
             let own = map
                 .get(c.id().index())
                 .and_then(Option::as_deref)
                 .filter(|m| m.addr == Some(c.endpoint.addr()));
+            if let Some(m) = own {
+                m.touch(now);
+            }
             let Some(p) = self.predict_with(own, &load, want_tpot) else {
                 continue;
             };
@@ -520,7 +561,9 @@ impl ResponseHooks for PredictedLatencyProducer {
 impl PluginMetrics for PredictedLatencyProducer {
     fn report(&self, out: &mut dyn MetricSink) {
         let map = self.endpoints.read();
-        let all = std::iter::once(&self.fleet).chain(map.iter().flatten().map(|m| &**m));
+        let now = self.now();
+        let current = map.iter().flatten().filter(|m| !m.gone(now)).map(|m| &**m);
+        let all = std::iter::once(&self.fleet).chain(current);
         for m in all {
             for (latency, learner) in [("ttft", &m.ttft), ("tpot", &m.tpot)] {
                 let labels = [("endpoint", m.name.as_str()), ("latency", latency)];
@@ -694,6 +737,27 @@ mod tests {
         assert!(p.models_of(replacement.id(), replacement.addr()).is_none());
         let m = p.models_for(&replacement);
         assert_eq!(m.ttft.model.samples(), 0);
+    }
+
+    #[test]
+    fn endpoints_long_gone_are_forgotten() {
+        // A producer started long ago, so "last seen at second 0" is old.
+        let p = PredictedLatencyProducer {
+            started: std::time::Instant::now() - Duration::from_secs(FORGET_AFTER_SECS + 5),
+            ..producer(2)
+        };
+        let gone = endpoint(0, EndpointMetrics::fresh());
+        let fresh = Arc::new(Endpoint::new(1, "10.9.9.8:8000".parse().unwrap()));
+        p.response_timing(&request(), &gone, &streamed(load(0, 10), 50.0, 1.0, 2));
+        let m = p.models_of(gone.id(), gone.addr()).unwrap();
+        assert!(!m.gone(p.now()), "just seen");
+        m.seen.store(0, Ordering::Relaxed);
+        assert!(m.gone(p.now()));
+        drop(m);
+        // The next endpoint to arrive sweeps it out.
+        p.response_timing(&request(), &fresh, &streamed(load(0, 10), 50.0, 1.0, 2));
+        assert!(p.models_of(gone.id(), gone.addr()).is_none(), "forgotten");
+        assert!(p.models_of(fresh.id(), fresh.addr()).is_some());
     }
 
     #[test]
