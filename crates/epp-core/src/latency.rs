@@ -148,6 +148,12 @@ pub struct LatencyPrediction {
     /// Likewise for TPOT; 0 when the request has no TPOT objective or TPOT
     /// is unknown (TPOT then neither helps nor hurts).
     pub tpot_headroom_ms: f64,
+    /// How much the request would delay the requests already at the
+    /// endpoint: the time its own work (prefill of its uncached prompt, a
+    /// cold adapter) is predicted to take, times the requests it would hold
+    /// up (running, waiting, and dispatched since the scrape). Large where a
+    /// long prompt misses the cache of a busy endpoint.
+    pub delay_to_others_ms: f64,
 }
 
 impl LatencyPrediction {
@@ -163,7 +169,15 @@ impl LatencyPrediction {
                 (Some(objective), Some(t)) => objective - t,
                 _ => 0.0,
             },
+            delay_to_others_ms: 0.0,
         }
+    }
+
+    /// With [`Self::delay_to_others_ms`] set.
+    #[must_use]
+    pub fn with_delay_to_others(mut self, ms: f64) -> Self {
+        self.delay_to_others_ms = if ms.is_finite() { ms.max(0.0) } else { 0.0 };
+        self
     }
 
     /// Whether every objective the request states is predicted to be met.

@@ -34,6 +34,10 @@ use parking_lot::Mutex;
 /// Number of model inputs (bias included).
 pub const FEATURES: usize = 9;
 
+/// The inputs that describe the request's own work (its prompt, the batch
+/// slowing its prefill, a cold adapter), as opposed to what it waits behind.
+const OWN_WORK: [usize; 4] = [5, 6, 7, 8];
+
 /// What is known about a request and its endpoint when it is dispatched.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Features {
@@ -319,6 +323,22 @@ impl LatencyModel {
         p.is_finite().then_some(p.max(0.0))
     }
 
+    /// [`Self::predict_unchecked`], and of it the part the request's own
+    /// work accounts for: its prompt (uncached and cached tokens, the batch
+    /// slowing its prefill) and a cold adapter — what it would keep the
+    /// server busy with, never negative.
+    #[must_use]
+    pub fn predict_with_own_work(&self, features: &Features) -> Option<(f64, f64)> {
+        let x = features.vector();
+        if !x.iter().all(|v| v.is_finite()) {
+            return None;
+        }
+        let theta = self.coefficients();
+        let total = dot(&theta, &x);
+        let own: f64 = OWN_WORK.iter().map(|&i| theta[i] * x[i]).sum();
+        (total.is_finite() && own.is_finite()).then_some((total.max(0.0), own.max(0.0)))
+    }
+
     /// Whether it has seen its minimum samples.
     #[must_use]
     pub fn is_warm(&self) -> bool {
@@ -393,6 +413,27 @@ mod tests {
             .collect();
         errors.sort_by(f64::total_cmp);
         assert!(errors[250] < 0.05, "median relative error {}", errors[250]);
+    }
+
+    #[test]
+    fn own_work_is_the_prompts_and_adapters_share() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let model = LatencyModel::new(ModelSettings::default());
+        for _ in 0..3000 {
+            let f = random_features(&mut rng);
+            model.observe(&f, truth(&TRUE, &f, &mut rng));
+        }
+        let f = Features {
+            waiting: 6.0,
+            running: 10.0,
+            uncached_tokens: 2000.0,
+            adapter_cold: 1.0,
+            ..Features::default()
+        };
+        let (total, own) = model.predict_with_own_work(&f).unwrap();
+        // 80 · 2 + 4 · 10 · 2 + 150 = 390 of 20 + 30 · 6 + 390 = 590.
+        assert!((own - 390.0).abs() / 390.0 < 0.1, "{own}");
+        assert!((total - 590.0).abs() / 590.0 < 0.1, "{total}");
     }
 
     #[test]

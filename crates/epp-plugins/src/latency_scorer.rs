@@ -4,9 +4,11 @@
 //! Reads the predictions of a latency predictor
 //! ([`epp_core::CycleState::latency`], filled by
 //! `predicted-latency-producer`). With `h` a candidate's headroom (objective
-//! − predicted, or 0 − predicted without an objective), each latency's
-//! headroom is scaled to the candidates' range, `n = (h − min) / (max − min)`,
-//! and blended:
+//! − predicted, or 0 − predicted without an objective) — for TTFT less
+//! `delayToOthersWeight ·` the delay the request's own work would add to the
+//! requests already there (plus it, for `least`, whose scale is inverted) —
+//! each latency's headroom is scaled to the candidates' range,
+//! `n = (h − min) / (max − min)`, and blended:
 //!
 //! ```text
 //! score = (ttftWeight · s(n_ttft) + tpotWeight · s(n_tpot)) / (ttftWeight + tpotWeight)
@@ -67,6 +69,12 @@ pub struct LatencyScorerParams {
     /// Prefix-cache weight of the heuristic fallback. Default 1.
     #[serde(default = "one")]
     pub composite_prefix_weight: f64,
+    /// Weight of the delay a request's own work would add to the requests
+    /// already at an endpoint ([`LatencyPrediction::delay_to_others_ms`]),
+    /// counted against its TTFT headroom. Default 1; 0 ranks by the
+    /// request's own latency alone, as llm-d does.
+    #[serde(default = "one")]
+    pub delay_to_others_weight: f64,
 }
 
 fn default_ttft_weight() -> f64 {
@@ -88,6 +96,7 @@ impl Default for LatencyScorerParams {
             composite_kv_weight: 1.0,
             composite_queue_weight: 1.0,
             composite_prefix_weight: 1.0,
+            delay_to_others_weight: 1.0,
         }
     }
 }
@@ -112,6 +121,7 @@ impl Builtin for LatencyScorer {
             ("compositeKVWeight", params.composite_kv_weight),
             ("compositeQueueWeight", params.composite_queue_weight),
             ("compositePrefixWeight", params.composite_prefix_weight),
+            ("delayToOthersWeight", params.delay_to_others_weight),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(
@@ -240,12 +250,20 @@ impl Scorer for LatencyScorer {
             };
             ok.then_some(p)
         };
-        let (t_lo, t_hi) = range(
-            candidates
-                .iter()
-                .filter_map(competes)
-                .map(|p| p.ttft_headroom_ms),
-        );
+        let tight =
+            any_positive && self.params.headroom_selection_strategy == HeadroomStrategy::Least;
+        // TTFT headroom, less the delay the request would cause others
+        // (added for `least`, whose scale is inverted).
+        let w = self.params.delay_to_others_weight;
+        let ttft = |p: &LatencyPrediction| {
+            let delay = w * p.delay_to_others_ms;
+            if tight {
+                p.ttft_headroom_ms + delay
+            } else {
+                p.ttft_headroom_ms - delay
+            }
+        };
+        let (t_lo, t_hi) = range(candidates.iter().filter_map(competes).map(ttft));
         let (p_lo, p_hi) = range(
             candidates
                 .iter()
@@ -267,8 +285,6 @@ impl Scorer for LatencyScorer {
             // latency has weight 0): all equal.
             (wt, wp) = (1.0, 0.0);
         }
-        let tight =
-            any_positive && self.params.headroom_selection_strategy == HeadroomStrategy::Least;
         let scale = |h: f64, lo: f64, hi: f64| {
             let n = if hi > lo { (h - lo) / (hi - lo) } else { 1.0 };
             if tight { 1.0 - n } else { n }
@@ -276,7 +292,7 @@ impl Scorer for LatencyScorer {
         for (c, s) in candidates.iter().zip(out.iter_mut()) {
             *s = match competes(c) {
                 Some(p) => {
-                    let t = scale(p.ttft_headroom_ms, t_lo, t_hi);
+                    let t = scale(ttft(p), t_lo, t_hi);
                     let q = scale(p.tpot_headroom_ms, p_lo, p_hi);
                     ((wt * t + wp * q) / (wt + wp)).clamp(0.0, 1.0)
                 }
@@ -412,6 +428,39 @@ mod tests {
         assert_eq!(busy[3], 0.0);
         let one_idle = score_with(&scorer(HeadroomStrategy::Least), &preds, slo, &[2, 2, 2, 0]);
         assert_eq!(one_idle, vec![0.0, 0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn the_delay_a_request_would_cause_others_counts_against_its_ttft() {
+        // Endpoint 0: TTFT 300 ms, its prompt cached (causes 50 ms of delay);
+        // endpoint 1: TTFT 200 ms, but its 100 ms prefill holds up 8
+        // requests (800 ms). Own latency alone prefers 1; with the delay, 0.
+        let eps = endpoints([EndpointMetrics::fresh(), EndpointMetrics::fresh()]);
+        let candidates: Vec<Candidate> = eps.iter().map(Candidate::new).collect();
+        let request = InferenceRequest::builder("m").build();
+        let run = |weight: f64| {
+            let s = LatencyScorer::build(
+                "s",
+                LatencyScorerParams {
+                    delay_to_others_weight: weight,
+                    ..LatencyScorerParams::default()
+                },
+            )
+            .unwrap();
+            with_cx(&request, 1, |cx| {
+                let slo = LatencySlo::default();
+                for (c, (ttft, delay)) in candidates.iter().zip([(300.0, 50.0), (200.0, 800.0)]) {
+                    let p = LatencyPrediction::new(ttft, None, slo).with_delay_to_others(delay);
+                    cx.state.latency.set(c.id(), p);
+                }
+                let mut out = vec![0.0; 2];
+                s.score(cx, &candidates, &mut out);
+                out
+            })
+        };
+        // h = −(300 + 50) = −350 and −(200 + 800) = −1000.
+        assert_eq!(run(1.0), vec![1.0, 0.0]);
+        assert_eq!(run(0.0), vec![0.0, 1.0], "llm-d's ranking");
     }
 
     #[test]

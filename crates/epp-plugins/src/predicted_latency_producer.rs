@@ -356,6 +356,8 @@ impl Plugin for PredictedLatencyProducer {
 pub struct Predicted {
     /// Time to first token, milliseconds.
     pub ttft_ms: f64,
+    /// Of it, the request's own work (its prompt's prefill, a cold adapter).
+    pub own_work_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
 }
@@ -424,16 +426,20 @@ impl PredictedLatencyProducer {
         tpot: bool,
     ) -> Option<Predicted> {
         let f = Features::from(load);
-        let pick = |get: fn(&Models) -> &Learner| {
+        let warm = |get: fn(&Models) -> &Learner| {
             own.map(get)
                 .filter(|l| l.model.is_warm())
                 .or_else(|| Some(get(&self.fleet)).filter(|l| l.model.is_warm()))
-                .and_then(|l| l.model.predict_unchecked(&f))
         };
-        let ttft_ms = pick(|m| &m.ttft)?;
+        let (ttft_ms, own_work_ms) = warm(|m| &m.ttft)?.model.predict_with_own_work(&f)?;
         Some(Predicted {
             ttft_ms,
-            tpot_ms: if tpot { pick(|m| &m.tpot) } else { None },
+            own_work_ms,
+            tpot_ms: if tpot {
+                warm(|m| &m.tpot).and_then(|l| l.model.predict_unchecked(&f))
+            } else {
+                None
+            },
         })
     }
 
@@ -497,7 +503,10 @@ impl DataProducer for PredictedLatencyProducer {
             } else {
                 p.tpot_ms
             };
-            let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo);
+            let held_up =
+                f64::from(load.running) + f64::from(load.waiting) + f64::from(load.dispatched);
+            let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo)
+                .with_delay_to_others(p.own_work_ms * held_up);
             state.latency.set(c.id(), prediction);
             if debug {
                 tracing::debug!(
@@ -507,6 +516,7 @@ impl DataProducer for PredictedLatencyProducer {
                     tpot_ms = prediction.tpot_ms,
                     ttft_headroom_ms = prediction.ttft_headroom_ms,
                     tpot_headroom_ms = prediction.tpot_headroom_ms,
+                    delay_to_others_ms = prediction.delay_to_others_ms,
                     own_model = own.is_some_and(|m| m.ttft.model.is_warm()),
                     "latency prediction"
                 );
