@@ -79,7 +79,7 @@ pub use endpoint::{
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{ExtractError, Extractor, MetricsSource};
-pub use observe::{CallSite, ExtensionPoint, SchedulerObserver};
+pub use observe::{CallSite, CycleRecorder, ExtensionPoint, ProfileRun, SchedulerObserver};
 pub use plugin::{
     DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
     ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,

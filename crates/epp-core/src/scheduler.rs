@@ -11,7 +11,7 @@ use rand::{SeedableRng, rngs::SmallRng};
 use crate::{
     Candidate, CycleContext, CycleState, Endpoint, EndpointSnapshot, InferenceRequest, Plugin,
     PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink, Result, SchedulingError, Usage,
-    observe::{CallSite, ExtensionPoint, Laps, SchedulerObserver},
+    observe::{CallSite, CycleRecorder, ExtensionPoint, Laps, ProfileRun, SchedulerObserver},
 };
 
 /// A scorer and its weight in a profile.
@@ -509,6 +509,43 @@ impl Scheduler {
         }
     }
 
+    /// Schedules `request` as [`Self::schedule`] does, telling `recorder`
+    /// when each plugin call and each profile run started and ended (for a
+    /// traced request).
+    ///
+    /// # Errors
+    /// See [`SchedulingError`].
+    pub fn schedule_recorded(
+        &self,
+        request: &InferenceRequest,
+        snapshot: &EndpointSnapshot,
+        recorder: &mut dyn CycleRecorder,
+    ) -> Result<SchedulingResult> {
+        let mut result = SchedulingResult::default();
+        let borrowed = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => Some(self.run_cycle(
+                request,
+                snapshot,
+                &mut scratch,
+                &mut result,
+                Some(&mut *recorder),
+            )),
+            Err(_) => None,
+        });
+        match borrowed {
+            Some(r) => r.map(|()| result),
+            None => self
+                .run_cycle(
+                    request,
+                    snapshot,
+                    &mut Scratch::new(),
+                    &mut result,
+                    Some(recorder),
+                )
+                .map(|()| result),
+        }
+    }
+
     /// Schedules `request` with caller-owned buffers, writing into `result`
     /// (whose vectors are reused). In steady state this does not allocate
     /// unless a plugin does.
@@ -521,6 +558,17 @@ impl Scheduler {
         snapshot: &EndpointSnapshot,
         scratch: &mut Scratch,
         result: &mut SchedulingResult,
+    ) -> Result<()> {
+        self.run_cycle(request, snapshot, scratch, result, None)
+    }
+
+    fn run_cycle(
+        &self,
+        request: &InferenceRequest,
+        snapshot: &EndpointSnapshot,
+        scratch: &mut Scratch,
+        result: &mut SchedulingResult,
+        recorder: Option<&mut dyn CycleRecorder>,
     ) -> Result<()> {
         result.clear();
         scratch.used_runs = 0;
@@ -576,7 +624,7 @@ impl Scheduler {
             state,
         };
 
-        let mut laps = Laps::new(self.observer.as_deref(), now);
+        let mut laps = Laps::new(self.observer.as_deref(), recorder, now);
         if request.is_sheddable()
             && let Some(det) = &self.saturation
             && let Some(det) = det.plugin().as_saturation_detector()
@@ -623,6 +671,7 @@ impl Scheduler {
             } else {
                 0
             };
+            let started = laps.last();
             let mut timing = Timing {
                 laps: &mut laps,
                 first: sites,
@@ -638,6 +687,15 @@ impl Scheduler {
                 &mut timing,
             );
             let scored: &[Candidate] = if scored { candidates } else { base };
+            if let (Some(start), Some(end)) = (started, laps.last()) {
+                laps.profile_run(|| ProfileRun {
+                    profile: pi,
+                    start,
+                    end,
+                    candidates: base.len(),
+                    filtered: scored.len(),
+                });
+            }
             let prefix = &cx.state.prefix;
             run.prefix_hit = prefix.any_hit() && scored.iter().any(|c| prefix.matched(c.id()) > 0);
             for &i in picks.iter() {
@@ -715,8 +773,8 @@ fn refresh_pool(pool: &mut Vec<Candidate>, versions: &mut Vec<u64>, endpoints: &
 
 /// The laps of one profile run and the call site of its first plugin
 /// (filters, then scorers, then the picker).
-struct Timing<'l, 'o> {
-    laps: &'l mut Laps<'o>,
+struct Timing<'l, 'o, 'r> {
+    laps: &'l mut Laps<'o, 'r>,
     first: usize,
 }
 
@@ -736,7 +794,7 @@ fn run_profile(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
-    timing: &mut Timing<'_, '_>,
+    timing: &mut Timing<'_, '_, '_>,
 ) -> bool {
     picks.clear();
     candidates.clear();
@@ -766,7 +824,7 @@ fn score_and_pick(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
-    timing: &mut Timing<'_, '_>,
+    timing: &mut Timing<'_, '_, '_>,
 ) {
     let n = candidates.len();
     totals.clear();
