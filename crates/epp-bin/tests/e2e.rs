@@ -20,5 +20,6 @@ mod e2e {
     mod session;
     mod shutdown;
     mod streaming;
+    mod tracing;
     mod trailers;
 }
