@@ -338,3 +338,33 @@ async fn always_off_exports_nothing_and_a_dead_collector_fails_no_request() {
         .collect();
     assert!(leaked.is_empty(), "always_off exported: {leaked:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_protobuf_reaches_the_collector_too() {
+    let dir = scratch_dir("tracing-http");
+    let collector = start_collector(&dir);
+    let sims = start_sims(&dir, 1, &[]);
+    // The base endpoint: epp appends /v1/traces.
+    let endpoint = format!("http://127.0.0.1:{}", collector.http_port);
+    let epp = epp(
+        &dir,
+        "epp",
+        &sims,
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_TRACES_SAMPLER", "parentbased_always_off"),
+        ],
+    );
+    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    let traceparent = format!("00-{TRACE}-{CALLER}-01");
+    assert_eq!(send(envoy.port, "hi", Some(&traceparent)).await.status, 200);
+    let spans = trace_of(&collector, TRACE).await;
+    let root = spans.iter().find(|s| s.name == "gateway.request").unwrap();
+    assert_eq!(root.parent_span_id, CALLER);
+    assert_eq!(
+        root.resource["service.name"]["stringValue"],
+        "gateway-api-inference-extension/epp"
+    );
+    assert!(spans.iter().any(|s| s.name == "pick_endpoints"));
+}
