@@ -368,3 +368,36 @@ async fn http_protobuf_reaches_the_collector_too() {
     );
     assert!(spans.iter().any(|s| s.name == "pick_endpoints"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_spans_are_sent_on_sigterm() {
+    let dir = scratch_dir("tracing-flush");
+    let collector = start_collector(&dir);
+    let sims = start_sims(&dir, 1, &[]);
+    let endpoint = collector.grpc_endpoint();
+    // Batches would wait ten minutes: only the shutdown sends this one.
+    let mut epp = epp(
+        &dir,
+        "epp",
+        &sims,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_TRACES_SAMPLER", "always_on"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    );
+    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    let traceparent = format!("00-{TRACE}-{CALLER}-01");
+    assert_eq!(
+        send(envoy.port, "bye", Some(&traceparent)).await.status,
+        200
+    );
+    drop(envoy);
+    assert!(collector.spans().is_empty(), "nothing sent before the stop");
+    assert_eq!(
+        epp.proc.terminate(std::time::Duration::from_secs(30)),
+        Some(0)
+    );
+    let spans = trace_of(&collector, TRACE).await;
+    assert!(spans.iter().any(|s| s.name == "llm_d.epp.scheduling"));
+}
