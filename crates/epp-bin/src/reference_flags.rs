@@ -283,6 +283,12 @@ mod tests {
         );
         let e = Cli::try_parse_from(["epp", "--metrics-client-ca-file", "/ca.crt"]).unwrap_err();
         assert!(e.to_string().contains("--metrics-cert-dir"), "{e}");
+        // --tracing in each of the reference's spellings.
+        assert_eq!(parse(&["--tracing"]).tracing, Some(true));
+        assert_eq!(parse(&["--tracing", "true"]).tracing, Some(true));
+        assert_eq!(parse(&["--tracing=true"]).tracing, Some(true));
+        assert_eq!(parse(&["--tracing", "false"]).tracing, Some(false));
+        assert_eq!(parse(&[]).tracing, None);
         assert_eq!(parse(&["--zap-log-level=debug"]).verbosity(), Some(1));
         assert_eq!(parse(&[]).verbosity(), None);
     }
