@@ -1,6 +1,6 @@
 //! A real OpenTelemetry Collector (OTLP receiver, file exporter), built from
 //! its Go modules by `scripts/otelcol.sh` into a cache outside the checkout
-//! (about two minutes cold; a test that needs it builds it when missing
+//! (about four minutes cold; a test that needs it builds it when missing
 //! rather than skipping), and the spans it wrote, read back.
 
 use std::{
