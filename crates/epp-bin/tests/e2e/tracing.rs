@@ -247,6 +247,17 @@ async fn spans_reach_the_collector_continuing_the_callers_trace() {
         picked.as_str()
     );
 
+    // Counted on the metrics port (once epp has read the collector's answer).
+    poll("the exported spans counted", 400, || async {
+        let (_, metrics) = http::get_blocking(epp.metrics_port, "/metrics").unwrap();
+        metrics
+            .lines()
+            .find(|l| l.starts_with("epp_trace_spans_exported_total "))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+            .filter(|n| *n == spans.len())
+    })
+    .await;
+
     // Never the prompt, of any request.
     let raw = collector.raw();
     assert!(
@@ -400,4 +411,47 @@ async fn queued_spans_are_sent_on_sigterm() {
     );
     let spans = trace_of(&collector, TRACE).await;
     assert!(spans.iter().any(|s| s.name == "llm_d.epp.scheduling"));
+}
+
+#[test]
+fn a_bad_tracing_variable_stops_epp_at_start_naming_it() {
+    for (var, value) in [
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_TRACES_SAMPLER_ARG", "2"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name"),
+    ] {
+        let out = epp_command()
+            .args([
+                "--secure-serving=false",
+                "--tracing",
+                "--endpoints",
+                "127.0.0.1:1",
+            ])
+            .env(var, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}={value}: {stderr}");
+        assert!(
+            stderr.contains("invalid tracing configuration") && stderr.contains(var),
+            "{var}={value}: {stderr}"
+        );
+    }
+    // The same variables do nothing without --tracing (the chart's --tracing=false).
+    let mut cmd = epp_command();
+    cmd.args([
+        "--secure-serving=false",
+        "--tracing=false",
+        "--drain-timeout",
+        "0s",
+        "--endpoints",
+        "127.0.0.1:1",
+    ])
+    .env("OTEL_TRACES_SAMPLER", "sometimes");
+    let (mut epp, _) = spawn_epp("epp", cmd, scratch_dir("tracing-flag").join("epp.log"));
+    assert_eq!(
+        epp.proc.terminate(std::time::Duration::from_secs(30)),
+        Some(0)
+    );
 }
