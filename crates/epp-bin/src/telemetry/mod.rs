@@ -445,3 +445,108 @@ fn spans(trace: RequestTrace) -> impl Iterator<Item = proto::Span> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use epp_extproc::SpanRecord;
+
+    use super::*;
+
+    fn trace(n: usize) -> RequestTrace {
+        RequestTrace {
+            trace_id: [7; 16],
+            trace_state: "k=v".into(),
+            spans: (0..n)
+                .map(|i| SpanRecord {
+                    span_id: [u8::try_from(i + 1).unwrap(); 8],
+                    parent_span_id: (i > 0).then_some([9; 8]),
+                    name: Cow::Borrowed("s"),
+                    kind: if i == 0 {
+                        SpanKind::Server
+                    } else {
+                        SpanKind::Internal
+                    },
+                    start_unix_nanos: 1,
+                    end_unix_nanos: 2,
+                    attributes: vec![("a", AttrValue::StrList(vec!["x".into()]))],
+                    error: (i == 0).then(|| "failed".into()),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_whole_traces_and_counts_their_spans() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let counters = Counters::default();
+        let tracer = Tracer {
+            sampler: config::Sampler::AlwaysOn,
+            queue: tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            max_queue: 10,
+            counters: counters.clone(),
+        };
+        tracer.export(trace(6));
+        tracer.export(trace(6));
+        tracer.export(trace(4));
+        let dropped = |reason| counters.dropped.get_or_create(&DropLabels { reason }).get();
+        assert_eq!(dropped("queue_full"), 6);
+        assert_eq!(rx.try_recv().unwrap().spans.len(), 6);
+        assert_eq!(rx.try_recv().unwrap().spans.len(), 4);
+        assert!(rx.try_recv().is_err());
+        assert_eq!(tracer.queued.load(Ordering::Relaxed), 10);
+        drop(rx);
+        tracer.export(trace(0));
+        tracer.export(trace(2));
+        assert_eq!(dropped("queue_full"), 8, "still full: nothing was taken");
+    }
+
+    #[test]
+    fn spans_become_otlp_spans() {
+        let out: Vec<proto::Span> = spans(trace(2)).collect();
+        assert_eq!(out.len(), 2);
+        let (root, child) = (&out[0], &out[1]);
+        assert_eq!(root.trace_id, vec![7; 16]);
+        assert_eq!(root.trace_state, "k=v");
+        assert_eq!(root.kind, 2);
+        assert!(root.parent_span_id.is_empty());
+        assert_eq!(root.flags, 0x101, "sampled; a root has no remote parent");
+        assert_eq!(
+            root.status.as_ref().map(|s| (s.code, s.message.as_str())),
+            Some((2, "failed"))
+        );
+        assert_eq!((child.kind, child.parent_span_id.clone()), (1, vec![9; 8]));
+        assert_eq!(child.flags, 0x101);
+        assert!(child.status.is_none());
+        assert_eq!(
+            child.attributes[0].value,
+            Some(proto::AnyValue {
+                value: Some(proto::Value::Array(proto::ArrayValue {
+                    values: vec![proto::AnyValue {
+                        value: Some(proto::Value::String("x".into()))
+                    }]
+                }))
+            })
+        );
+        // The server span under a caller's span: the parent is remote.
+        let mut t = trace(1);
+        t.spans[0].parent_span_id = Some([3; 8]);
+        assert_eq!(spans(t).next().unwrap().flags, 0x301);
+        // The request survives encoding (that the tags are the schema's, the
+        // real collector shows: tests/e2e/tracing.rs).
+        let req = proto::ExportTraceServiceRequest {
+            resource_spans: vec![proto::ResourceSpans {
+                resource: Some(resource(&[("service.name".into(), "epp".into())])),
+                scope_spans: vec![proto::ScopeSpans {
+                    scope: None,
+                    spans: out,
+                }],
+            }],
+        };
+        let back =
+            proto::ExportTraceServiceRequest::decode(req.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back, req);
+    }
+}
