@@ -3,7 +3,8 @@
 # .venv/, the Rust build), checks formatting and lints, then runs every test,
 # including the end-to-end tests through the real Envoy and the Kubernetes
 # tests against a real kube-apiserver (built from Go modules by kube-env.sh),
-# and the Helm chart's tests with a real helm (built by helm.sh).
+# the Helm chart's tests with a real helm (built by helm.sh), and the tracing
+# tests against a real OpenTelemetry Collector (built by otelcol.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,8 @@ echo "[test] building the test control plane (etcd, kube-apiserver; cached after
 scripts/kube-env.sh build
 echo "[test] building helm for the chart tests (cached after the first time)" >&2
 scripts/helm.sh build
+echo "[test] building the OpenTelemetry Collector for the tracing tests (cached after the first time)" >&2
+scripts/otelcol.sh build
 echo "[test] building binaries the end-to-end tests start" >&2
 cargo build --workspace --bins --quiet
 echo "[test] cargo test" >&2

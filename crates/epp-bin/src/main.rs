@@ -10,6 +10,7 @@ mod metrics_auth;
 mod metrics_server;
 mod profiling;
 mod reference_flags;
+mod telemetry;
 mod tls;
 
 use std::{io::IsTerminal, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
@@ -174,6 +175,7 @@ async fn run(args: Args) -> Result<()> {
     let plugin_durations = metrics::PluginDurations::register(&mut prom, &scheduler.call_sites());
     metrics::PluginReports::register(&mut prom, &built.plugins);
     let scheduler = Arc::new(scheduler.with_observer(Arc::new(plugin_durations)));
+    let (options, trace_exporter) = tracing_setup(&args, options, &mut prom)?;
 
     let shutdown = CancellationToken::new();
     let store = Arc::new(epp_datalayer::EndpointStore::new());
@@ -305,11 +307,37 @@ async fn run(args: Args) -> Result<()> {
         Ok(Err(e)) => tracing::warn!(error = %e, "ext_proc server task failed"),
         Err(_) => tracing::warn!("grace period over; dropping remaining streams"),
     }
+    if let Some(exporter) = trace_exporter {
+        exporter.shutdown().await;
+    }
     shutdown.cancel();
     let _ = health_server.await;
     let _ = metrics_server.await;
     data_layer.stop().await;
     Ok(())
+}
+
+/// `--tracing` and the `OTEL_*` variables: the tracer in the ext_proc
+/// options and the exporter to flush on shutdown, or neither.
+fn tracing_setup(
+    args: &Args,
+    mut options: epp_extproc::ExtProcOptions,
+    prom: &mut prometheus_client::registry::Registry,
+) -> Result<(epp_extproc::ExtProcOptions, Option<telemetry::Exporter>)> {
+    let env = |var: &str| std::env::var(var).ok();
+    let config = telemetry::configure(args.reference.tracing, &env)
+        .context("invalid tracing configuration")?;
+    let Some(config) = config else {
+        if args.reference.tracing == Some(true) {
+            tracing::info!(
+                "--tracing given, but OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none turns it off"
+            );
+        }
+        return Ok((options, None));
+    };
+    let (tracer, exporter) = telemetry::start(config, prom);
+    options.tracer = Some(tracer);
+    Ok((options, Some(exporter)))
 }
 
 /// What the metrics port needs from the flags: who may read it, profiling,

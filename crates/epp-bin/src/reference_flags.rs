@@ -7,7 +7,8 @@
 //! metrics flags configure the default metrics source and the default
 //! engine's metric names; `--metrics-endpoint-auth`, `--metrics-cert-dir`,
 //! `--metrics-client-ca-file` and `--enable-pprof` secure and extend the
-//! metrics port (`metrics_server.rs`). The others are accepted and, when they ask for
+//! metrics port (`metrics_server.rs`); `--tracing` exports spans over OTLP
+//! as the `OTEL_*` variables say (`telemetry/`). The others are accepted and, when they ask for
 //! something epp does not do, reported once at start (docs/operations.md
 //! lists them).
 
@@ -43,7 +44,9 @@ pub(crate) struct ReferenceFlags {
     #[arg(long, value_name = "ENCODING")]
     pub(crate) zap_time_encoding: Option<String>,
 
-    /// Emit OpenTelemetry traces (accepted; tracing is not implemented yet).
+    /// Export OpenTelemetry traces over OTLP, configured by the standard
+    /// `OTEL_*` variables (endpoint, protocol, sampler, service name,
+    /// resource attributes). Off unless given.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) tracing: Option<bool>,
 
@@ -207,10 +210,6 @@ impl ReferenceFlags {
     pub(crate) fn report(&self) {
         let unsupported = [
             (
-                self.tracing == Some(true),
-                "--tracing: tracing is not implemented; no traces are sent",
-            ),
-            (
                 self.model_server_metrics_port.is_some(),
                 "--model-server-metrics-port: not supported; each endpoint is scraped on its own port",
             ),
@@ -284,6 +283,12 @@ mod tests {
         );
         let e = Cli::try_parse_from(["epp", "--metrics-client-ca-file", "/ca.crt"]).unwrap_err();
         assert!(e.to_string().contains("--metrics-cert-dir"), "{e}");
+        // --tracing in each of the reference's spellings.
+        assert_eq!(parse(&["--tracing"]).tracing, Some(true));
+        assert_eq!(parse(&["--tracing", "true"]).tracing, Some(true));
+        assert_eq!(parse(&["--tracing=true"]).tracing, Some(true));
+        assert_eq!(parse(&["--tracing", "false"]).tracing, Some(false));
+        assert_eq!(parse(&[]).tracing, None);
         assert_eq!(parse(&["--zap-log-level=debug"]).verbosity(), Some(1));
         assert_eq!(parse(&[]).verbosity(), None);
     }

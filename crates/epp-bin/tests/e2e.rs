@@ -21,5 +21,6 @@ mod e2e {
     mod session;
     mod shutdown;
     mod streaming;
+    mod tracing;
     mod trailers;
 }

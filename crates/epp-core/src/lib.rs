@@ -85,7 +85,8 @@ pub use latency::{
     LatencyPredictions, LatencySlo, ResponseTiming, TPOT_SLO_HEADER, TTFT_SLO_HEADER,
 };
 pub use observe::{
-    CallSite, ExtensionPoint, MetricFamily, MetricSink, PluginMetrics, SchedulerObserver,
+    CallSite, CycleRecorder, ExtensionPoint, MetricFamily, MetricSink, PluginMetrics, ProfileRun,
+    SchedulerObserver,
 };
 pub use plugin::{
     Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,

@@ -85,18 +85,55 @@ pub trait SchedulerObserver: Send + Sync + fmt::Debug {
     fn plugin_call(&self, site: usize, took: Duration);
 }
 
+/// One profile run of a recorded cycle ([`CycleRecorder::profile_run`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ProfileRun {
+    /// Index of the profile in [`crate::Scheduler::profiles`].
+    pub profile: usize,
+    /// When the run started (its filters, or its scorers when it has none).
+    pub start: Instant,
+    /// When its picker returned.
+    pub end: Instant,
+    /// Candidates the run started with.
+    pub candidates: usize,
+    /// Candidates left after its filters (what was scored and picked from).
+    pub filtered: usize,
+}
+
+/// Records one scheduling cycle in detail: every plugin call with its start
+/// and end, and every profile run ([`crate::Scheduler::schedule_recorded`]).
+/// For tracing a sampled request; a cycle without a recorder reads no clock
+/// for it.
+///
+/// Called on the scheduling path of that one request: implementations should
+/// only store what they are given.
+pub trait CycleRecorder {
+    /// The plugin at call site `site` (an index into
+    /// [`crate::Scheduler::call_sites`]) ran from `start` to `end`.
+    fn plugin_call(&mut self, site: usize, start: Instant, end: Instant);
+    /// A profile run ended.
+    fn profile_run(&mut self, run: ProfileRun);
+}
+
 /// Chains clock reads so each timed call costs one: a lap ends at the read
-/// that starts the next. Without an observer nothing reads the clock.
-pub(crate) struct Laps<'o> {
+/// that starts the next. Without an observer or a recorder nothing reads the
+/// clock.
+pub(crate) struct Laps<'o, 'r> {
     observer: Option<&'o dyn SchedulerObserver>,
+    recorder: Option<&'r mut dyn CycleRecorder>,
     last: Option<Instant>,
 }
 
-impl<'o> Laps<'o> {
+impl<'o, 'r> Laps<'o, 'r> {
     /// Laps starting at `start`.
-    pub(crate) fn new(observer: Option<&'o dyn SchedulerObserver>, start: Instant) -> Self {
+    pub(crate) fn new(
+        observer: Option<&'o dyn SchedulerObserver>,
+        recorder: Option<&'r mut dyn CycleRecorder>,
+        start: Instant,
+    ) -> Self {
         Self {
             observer,
+            recorder,
             last: Some(start),
         }
     }
@@ -106,27 +143,48 @@ impl<'o> Laps<'o> {
         Self {
             last: observer.map(|_| Instant::now()),
             observer,
+            recorder: None,
         }
     }
 
     /// Whether calls are timed.
     pub(crate) fn active(&self) -> bool {
-        self.observer.is_some()
+        self.observer.is_some() || self.recorder.is_some()
     }
 
     /// Restarts the lap (after work that belongs to no plugin).
     pub(crate) fn restart(&mut self) {
-        if self.observer.is_some() {
+        if self.active() {
             self.last = Some(Instant::now());
         }
     }
 
     /// The plugin at `site` ran since the last lap.
     pub(crate) fn lap(&mut self, site: usize) {
-        if let (Some(o), Some(last)) = (self.observer, self.last) {
-            let now = Instant::now();
-            o.plugin_call(site, now.saturating_duration_since(last));
-            self.last = Some(now);
+        if !self.active() {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(last) = self.last {
+            if let Some(o) = self.observer {
+                o.plugin_call(site, now.saturating_duration_since(last));
+            }
+            if let Some(r) = self.recorder.as_deref_mut() {
+                r.plugin_call(site, last, now);
+            }
+        }
+        self.last = Some(now);
+    }
+
+    /// When the last lap ended (with a recorder: the clock was read).
+    pub(crate) fn last(&self) -> Option<Instant> {
+        self.last
+    }
+
+    /// Tells the recorder, if any, of a profile run.
+    pub(crate) fn profile_run(&mut self, run: impl FnOnce() -> ProfileRun) {
+        if let Some(r) = self.recorder.as_deref_mut() {
+            r.profile_run(run());
         }
     }
 }

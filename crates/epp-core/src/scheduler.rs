@@ -12,7 +12,7 @@ use crate::{
     Candidate, CycleContext, CycleState, DataProducer, Endpoint, EndpointSnapshot,
     InferenceRequest, Plugin, PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink,
     ResponseTiming, Result, SchedulingError, Usage,
-    observe::{CallSite, ExtensionPoint, Laps, SchedulerObserver},
+    observe::{CallSite, CycleRecorder, ExtensionPoint, Laps, ProfileRun, SchedulerObserver},
 };
 
 /// A scorer and its weight in a profile.
@@ -540,6 +540,43 @@ impl Scheduler {
         }
     }
 
+    /// Schedules `request` as [`Self::schedule`] does, telling `recorder`
+    /// when each plugin call and each profile run started and ended (for a
+    /// traced request).
+    ///
+    /// # Errors
+    /// See [`SchedulingError`].
+    pub fn schedule_recorded(
+        &self,
+        request: &InferenceRequest,
+        snapshot: &EndpointSnapshot,
+        recorder: &mut dyn CycleRecorder,
+    ) -> Result<SchedulingResult> {
+        let mut result = SchedulingResult::default();
+        let borrowed = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => Some(self.run_cycle(
+                request,
+                snapshot,
+                &mut scratch,
+                &mut result,
+                Some(&mut *recorder),
+            )),
+            Err(_) => None,
+        });
+        match borrowed {
+            Some(r) => r.map(|()| result),
+            None => self
+                .run_cycle(
+                    request,
+                    snapshot,
+                    &mut Scratch::new(),
+                    &mut result,
+                    Some(recorder),
+                )
+                .map(|()| result),
+        }
+    }
+
     /// Schedules `request` with caller-owned buffers, writing into `result`
     /// (whose vectors are reused). In steady state this does not allocate
     /// unless a plugin does.
@@ -552,6 +589,17 @@ impl Scheduler {
         snapshot: &EndpointSnapshot,
         scratch: &mut Scratch,
         result: &mut SchedulingResult,
+    ) -> Result<()> {
+        self.run_cycle(request, snapshot, scratch, result, None)
+    }
+
+    fn run_cycle(
+        &self,
+        request: &InferenceRequest,
+        snapshot: &EndpointSnapshot,
+        scratch: &mut Scratch,
+        result: &mut SchedulingResult,
+        recorder: Option<&mut dyn CycleRecorder>,
     ) -> Result<()> {
         result.clear();
         scratch.used_runs = 0;
@@ -607,7 +655,7 @@ impl Scheduler {
             state,
         };
 
-        let mut laps = Laps::new(self.observer.as_deref(), now);
+        let mut laps = Laps::new(self.observer.as_deref(), recorder, now);
         if request.is_sheddable()
             && let Some(det) = &self.saturation
             && let Some(det) = det.plugin().as_saturation_detector()
@@ -667,6 +715,7 @@ impl Scheduler {
             } else {
                 0
             };
+            let started = laps.last();
             let mut timing = Timing {
                 laps: &mut laps,
                 first: sites,
@@ -682,6 +731,15 @@ impl Scheduler {
                 &mut timing,
             );
             let scored: &[Candidate] = if scored { candidates } else { base };
+            if let (Some(start), Some(end)) = (started, laps.last()) {
+                laps.profile_run(|| ProfileRun {
+                    profile: pi,
+                    start,
+                    end,
+                    candidates: base.len(),
+                    filtered: scored.len(),
+                });
+            }
             let prefix = &cx.state.prefix;
             run.prefix_hit = prefix.any_hit() && scored.iter().any(|c| prefix.matched(c.id()) > 0);
             for &i in picks.iter() {
@@ -759,8 +817,8 @@ fn refresh_pool(pool: &mut Vec<Candidate>, versions: &mut Vec<u64>, endpoints: &
 
 /// The laps of one profile run and the call site of its first plugin
 /// (filters, then scorers, then the picker).
-struct Timing<'l, 'o> {
-    laps: &'l mut Laps<'o>,
+struct Timing<'l, 'o, 'r> {
+    laps: &'l mut Laps<'o, 'r>,
     first: usize,
 }
 
@@ -780,7 +838,7 @@ fn run_profile(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
-    timing: &mut Timing<'_, '_>,
+    timing: &mut Timing<'_, '_, '_>,
 ) -> bool {
     picks.clear();
     candidates.clear();
@@ -810,7 +868,7 @@ fn score_and_pick(
     totals: &mut Vec<f64>,
     partial: &mut Vec<f64>,
     picks: &mut Vec<usize>,
-    timing: &mut Timing<'_, '_>,
+    timing: &mut Timing<'_, '_, '_>,
 ) {
     let n = candidates.len();
     totals.clear();

@@ -34,6 +34,7 @@ use crate::{
     error::ExtProcError,
     metrics::{Metrics, ModelLabels},
     options::ExtProcOptions,
+    trace::{ActiveTrace, AttrValue, CycleEvents, TRACEPARENT_HEADER, TRACESTATE_HEADER},
 };
 
 /// Header carrying the chosen endpoint (and the `envoy.lb` metadata key).
@@ -186,17 +187,60 @@ impl Decider {
     }
 
     /// Decides a request whose headers are `parts` and whose whole body is
-    /// `body` (`None`: a request without a body). Takes the headers.
+    /// `body` (`None`: a request without a body). Takes the headers. A
+    /// recorded request's `trace` gets the decision's spans.
     pub(crate) fn decide(
         &self,
         options: &ExtProcOptions,
         parts: &mut RequestParts,
         body: Option<&[u8]>,
+        mut trace: Option<&mut ActiveTrace>,
     ) -> Decision {
-        match self.prepare(options, parts, body) {
-            Ok(prepared) => self.route(prepared, parts.subset.as_deref(), body),
+        let started = trace.is_some().then(Instant::now);
+        let decision = match self.prepare(options, parts, body) {
+            Ok(prepared) => self.route(
+                prepared,
+                parts.subset.as_deref(),
+                body,
+                trace.as_deref_mut(),
+            ),
             Err(e) => self.reject(e, parts.request_id().unwrap_or(""), "", ""),
+        };
+        if let (Some(t), Some(start)) = (trace, started) {
+            let error = match &decision {
+                Decision::Route(route) => {
+                    let a = &mut t.orchestration_attributes;
+                    a.push(("llm_d.epp.outcome", AttrValue::Str("routed".into())));
+                    a.push((
+                        "llm_d.epp.picked_endpoint",
+                        AttrValue::Str(route.dispatch.endpoint().addr_str().to_owned()),
+                    ));
+                    a.push((
+                        "llm_d.epp.fallback_endpoints",
+                        AttrValue::StrList(
+                            route
+                                .targets
+                                .split(',')
+                                .skip(1)
+                                .map(str::to_owned)
+                                .collect(),
+                        ),
+                    ));
+                    None
+                }
+                Decision::Reject(err) => {
+                    let a = &mut t.orchestration_attributes;
+                    a.push(("llm_d.epp.outcome", AttrValue::Str("rejected".into())));
+                    a.push((
+                        "http.response.status_code",
+                        AttrValue::Int(i64::from(err.http_status())),
+                    ));
+                    Some(err.to_string())
+                }
+            };
+            t.orchestrated(start, error);
         }
+        decision
     }
 
     /// Stage 1: the scheduler's view of the request. Takes the headers.
@@ -270,6 +314,7 @@ impl Decider {
         prepared: Prepared,
         subset: Option<&[String]>,
         body: Option<&[u8]>,
+        mut trace: Option<&mut ActiveTrace>,
     ) -> Decision {
         let Prepared {
             mut request,
@@ -282,9 +327,37 @@ impl Decider {
         request.subset = subset.map(|s| resolve_subset(s, &snapshot));
 
         let t0 = Instant::now();
-        let result = scheduler.schedule(&request, &snapshot);
+        let mut events = trace.is_some().then(CycleEvents::default);
+        let result = match events.as_mut() {
+            None => scheduler.schedule(&request, &snapshot),
+            Some(events) => scheduler.schedule_recorded(&request, &snapshot, events),
+        };
         let took = t0.elapsed();
         self.metrics.scheduling_took(took);
+        if let (Some(t), Some(events)) = (trace.as_deref_mut(), &events) {
+            t.note_request(&request);
+            let mut attrs = vec![(
+                "llm_d.epp.scheduling.candidate_endpoints",
+                AttrValue::Int(i64::try_from(snapshot.endpoints().len()).unwrap_or(i64::MAX)),
+            )];
+            if let Some(e) = result.as_ref().ok().and_then(|r| r.primary()) {
+                attrs.push((
+                    "llm_d.epp.picked_endpoint",
+                    AttrValue::Str(e.addr_str().to_owned()),
+                ));
+            }
+            let error = result.as_ref().err().map(ToString::to_string);
+            let parent = t.orchestration;
+            let id = t.span(
+                Some(parent),
+                "llm_d.epp.scheduling",
+                t0,
+                t0 + took,
+                attrs,
+                error,
+            );
+            events.record(t, id, &scheduler, &request, result.as_ref().ok());
+        }
         let result = match result {
             Ok(r) => r,
             Err(e) => {
@@ -351,6 +424,13 @@ impl Decider {
         };
         let mut extra_headers = Vec::new();
         extra_headers.extend(request_id.map(|id| ("x-request-id", id)));
+        if let Some(t) = trace {
+            // The model server continues the trace under epp's span.
+            extra_headers.push((TRACEPARENT_HEADER, t.traceparent()));
+            if let Some(state) = t.tracestate() {
+                extra_headers.push((TRACESTATE_HEADER, state.to_owned()));
+            }
+        }
         if let BodyEdit::Replace(b) = &body {
             extra_headers.push(("content-length", b.len().to_string()));
         }

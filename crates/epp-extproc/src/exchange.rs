@@ -23,6 +23,7 @@ use crate::{
     options::{BodyMode, ExtProcOptions},
     proto,
     restore::ModelRestorer,
+    trace::{ActiveTrace, AttrValue},
     usage::UsageReader,
 };
 
@@ -73,6 +74,8 @@ pub(crate) struct Exchange {
     chunks: Vec<Vec<u8>>,
     closed: bool,
     routed: Option<Routed>,
+    /// The request's spans, when it is traced and sampled.
+    trace: Option<Box<ActiveTrace>>,
 }
 
 impl Exchange {
@@ -90,6 +93,7 @@ impl Exchange {
             chunks: Vec::new(),
             closed: false,
             routed: None,
+            trace: None,
         }
     }
 
@@ -165,6 +169,9 @@ impl Exchange {
             return;
         }
         self.parts.headers = proto::header_pairs(h.headers.as_ref());
+        if let Some(tracer) = &self.options.tracer {
+            self.trace = ActiveTrace::start(tracer, &self.parts.headers, self.started);
+        }
         if h.end_of_stream || self.req_mode == BodyMode::None {
             self.decide(Phase::Headers, out);
         } else if self.req_mode != BodyMode::FullDuplexStreamed {
@@ -249,7 +256,12 @@ impl Exchange {
     /// Asks for the decision and answers Envoy with it.
     fn decide(&mut self, phase: Phase, out: &mut VecDeque<ProcessingResponse>) {
         let body = (phase != Phase::Headers).then_some(self.body.as_slice());
-        let decision = self.decider.decide(&self.options, &mut self.parts, body);
+        let decision = self.decider.decide(
+            &self.options,
+            &mut self.parts,
+            body,
+            self.trace.as_deref_mut(),
+        );
         self.answer(decision, phase, out);
     }
 
@@ -262,9 +274,25 @@ impl Exchange {
             Decision::Reject(err) => {
                 out.push_back(proto::immediate(&err));
                 self.closed = true;
+                if let Some(t) = self.trace.as_mut() {
+                    t.root_attributes
+                        .push(("llm_d.epp.outcome", AttrValue::Str("rejected".into())));
+                    t.root_attributes.push((
+                        "http.response.status_code",
+                        AttrValue::Int(i64::from(err.http_status())),
+                    ));
+                    t.error = Some(err.to_string());
+                }
+                self.finish_trace();
                 return;
             }
         };
+        if let Some(t) = self.trace.as_mut() {
+            t.root_attributes.push((
+                "llm_d.epp.picked_endpoint",
+                AttrValue::Str(route.dispatch.endpoint().addr_str().to_owned()),
+            ));
+        }
         let mutation = HeaderMutation {
             set_headers: route
                 .set_headers()
@@ -474,6 +502,37 @@ impl Exchange {
                 "ModelServerError",
             );
         }
+        if let Some(t) = self.trace.as_mut() {
+            let a = &mut t.root_attributes;
+            match outcome {
+                RequestOutcome::Completed { status } => {
+                    a.push(("llm_d.epp.outcome", AttrValue::Str("completed".into())));
+                    a.push((
+                        "http.response.status_code",
+                        AttrValue::Int(i64::from(status)),
+                    ));
+                    if status >= 500 {
+                        t.error = Some(format!("the model server answered {status}"));
+                    }
+                }
+                _ => {
+                    a.push(("llm_d.epp.outcome", AttrValue::Str("aborted".into())));
+                    t.error = Some("the request ended before its response".into());
+                }
+            }
+            if let Some(u) = usage {
+                let a = &mut t.root_attributes;
+                a.push((
+                    "gen_ai.usage.input_tokens",
+                    AttrValue::Int(i64::try_from(u.prompt_tokens).unwrap_or(i64::MAX)),
+                ));
+                a.push((
+                    "gen_ai.usage.output_tokens",
+                    AttrValue::Int(i64::try_from(u.completion_tokens).unwrap_or(i64::MAX)),
+                ));
+            }
+        }
+        self.finish_trace();
         tracing::trace!(
             request_id = %request.request_id,
             endpoint = %endpoint,
@@ -486,10 +545,25 @@ impl Exchange {
     }
 }
 
+impl Exchange {
+    /// Hands a traced request's spans over, once.
+    fn finish_trace(&mut self) {
+        if let Some(t) = self.trace.take() {
+            t.finish();
+        }
+    }
+}
+
 impl Drop for Exchange {
     fn drop(&mut self) {
         // Stream reset or server shutdown: release what the request holds.
         self.complete(false);
+        // A traced request that never got a decision still has its span.
+        if let Some(t) = self.trace.as_mut() {
+            t.error
+                .get_or_insert_with(|| "the stream ended before a decision".into());
+        }
+        self.finish_trace();
     }
 }
 

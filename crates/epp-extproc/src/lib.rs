@@ -55,6 +55,7 @@ mod options;
 mod proto;
 mod restore;
 mod service;
+mod trace;
 mod usage;
 
 pub use body::{ParsedBody, parse_body, rewrite_model_field, splice_model};
@@ -67,6 +68,10 @@ pub use error::{ExtProcError, Result};
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcService, ProcessStream};
+pub use trace::{
+    AttrValue, RequestTrace, RequestTracer, SpanKind, SpanRecord, TRACEPARENT_HEADER,
+    TRACESTATE_HEADER, TraceParent,
+};
 pub use usage::UsageReader;
 
 /// The generated Envoy types this crate speaks (re-exported for tests and

@@ -84,6 +84,8 @@ pub struct ExtProcOptions {
     pub model_rewrite: Option<Arc<dyn ModelRewrite>>,
     /// Live objective priorities, consulted instead of `objectives` when set.
     pub objective_priority: Option<Arc<dyn ObjectivePriority>>,
+    /// Records sampled requests' spans (`None`: no tracing, no cost).
+    pub tracer: Option<Arc<dyn crate::RequestTracer>>,
 }
 
 impl Default for ExtProcOptions {
@@ -97,6 +99,7 @@ impl Default for ExtProcOptions {
             max_response_buffer_bytes: 4 << 20,
             model_rewrite: None,
             objective_priority: None,
+            tracer: None,
         }
     }
 }

@@ -14,6 +14,8 @@
 //!   `scripts/kube-env.sh`, and the objects Kubernetes discovery reads.
 //! - [`helm`]: real helm (built from its Go module by `scripts/helm.sh`)
 //!   rendering the charts under `deploy/charts/`.
+//! - [`otelcol`]: a real OpenTelemetry Collector (built from its Go modules
+//!   by `scripts/otelcol.sh`) and the spans it wrote.
 //! - [`wait`]: bounded waiting for what another task or process does.
 //! - [`stats`]: percentiles of measured samples.
 //!
@@ -45,6 +47,7 @@ pub mod endpoints;
 pub mod helm;
 pub mod http;
 pub mod kube;
+pub mod otelcol;
 pub mod plugins;
 pub mod process;
 pub mod reference;

@@ -689,6 +689,57 @@ fn the_charts_values_select_what_is_rendered() {
         "{env:?}"
     );
 
+    // Tracing: the reference chart's flag and environment, name for name.
+    let docs = render_in(
+        &dir,
+        "tracing",
+        &with(json!({"inferenceExtension": {"tracing": {
+            "enabled": true,
+            "otelExporterEndpoint": "http://collector:4317",
+            "sampling": {"sampler": "parentbased_traceidratio", "samplerArg": "0.25"},
+        }}})),
+    )
+    .unwrap();
+    assert!(args_of(&docs).contains(&"--tracing".to_owned()));
+    let env = &of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"];
+    let names: Vec<&str> = env
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .filter(|n| n.starts_with("OTEL_"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "OTEL_SERVICE_NAME",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_RESOURCE_ATTRIBUTES_NODE_NAME",
+            "OTEL_RESOURCE_ATTRIBUTES_POD_NAME",
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "OTEL_TRACES_SAMPLER",
+            "OTEL_TRACES_SAMPLER_ARG",
+        ]
+    );
+    let value = |name: &str| {
+        env.as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        value("OTEL_SERVICE_NAME").as_deref(),
+        Some("gateway-api-inference-extension/epp")
+    );
+    assert_eq!(
+        value("OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(),
+        Some("http://collector:4317")
+    );
+    assert_eq!(value("OTEL_TRACES_SAMPLER_ARG").as_deref(), Some("0.25"));
+
     // Istio: a DestinationRule originating TLS to the picker's Service.
     let docs = render_in(&dir, "istio", &with(json!({"provider": {"name": "istio"}}))).unwrap();
     let rule = &of_kind(&docs, "DestinationRule")["spec"];

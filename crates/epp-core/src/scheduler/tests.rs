@@ -457,3 +457,50 @@ fn reused_scratch_follows_metrics_and_membership() {
         &replaced
     ));
 }
+
+/// Keeps what a recorded cycle reports.
+#[derive(Debug, Default)]
+struct Cycle {
+    calls: Vec<(usize, std::time::Instant, std::time::Instant)>,
+    runs: Vec<crate::ProfileRun>,
+}
+impl crate::CycleRecorder for Cycle {
+    fn plugin_call(&mut self, site: usize, start: std::time::Instant, end: std::time::Instant) {
+        self.calls.push((site, start, end));
+    }
+    fn profile_run(&mut self, run: crate::ProfileRun) {
+        self.runs.push(run);
+    }
+}
+
+#[test]
+fn a_recorded_cycle_reports_calls_in_order_and_each_profile_run() {
+    let profile = SchedulingProfile::new("p")
+        .with_filter(PluginRef::new(Arc::new(DropAll)))
+        .with_scorer(PluginRef::new(Arc::new(Fixed(vec![1.0]))), 1.0)
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    // No observer: the recorder alone makes the cycle read the clock.
+    let s = scheduler(vec![0.3, 0.6]);
+    let snap = snapshot(2);
+    let req = InferenceRequest::builder("m").build();
+    let mut cycle = Cycle::default();
+    let r = s.schedule_recorded(&req, &snap, &mut cycle).unwrap();
+    assert_eq!(ids(&r), vec![1, 0], "the same decision as unrecorded");
+    let sites: Vec<usize> = cycle.calls.iter().map(|c| c.0).collect();
+    assert_eq!(sites, vec![0, 1, 2, 0]);
+    // In order, and none ends before it starts.
+    for w in cycle.calls.windows(2) {
+        assert!(w[0].1 <= w[0].2 && w[0].2 <= w[1].1);
+    }
+    assert_eq!(cycle.runs.len(), 1);
+    let run = cycle.runs[0];
+    assert_eq!((run.profile, run.candidates, run.filtered), (0, 2, 2));
+    assert!(run.start <= cycle.calls[1].1 && run.end == cycle.calls[2].2);
+
+    // A run whose filter drops everything still reports it, with 0 left.
+    let s = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default())).unwrap();
+    let mut cycle = Cycle::default();
+    assert!(s.schedule_recorded(&req, &snap, &mut cycle).is_err());
+    assert_eq!(cycle.runs.len(), 1);
+    assert_eq!((cycle.runs[0].candidates, cycle.runs[0].filtered), (2, 0));
+}

@@ -6,12 +6,15 @@
 //! `cargo run -p epp-extproc --example serve -- 9002 synthetic:64` (fake
 //! endpoints with random queue and KV figures); a third argument `trivial`
 //! replaces the default-like profile by a first-endpoint picker.
+//! `SERVE_TRACE=none|all` installs a tracer that samples no request (the
+//! cost of tracing on for a request not sampled) or every one (the cost of
+//! recording its spans; they are then dropped, not exported).
 
 use std::{net::SocketAddr, sync::Arc};
 
 use arc_swap::ArcSwap;
 use epp_core::{Endpoint, EndpointMetrics, EndpointSnapshot};
-use epp_extproc::{ExtProcOptions, ExtProcService};
+use epp_extproc::{ExtProcOptions, ExtProcService, RequestTrace, RequestTracer, TraceParent};
 use rand::Rng;
 
 mod profile;
@@ -63,7 +66,16 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         Some("trivial") => profile::trivial()?,
         _ => profile::default_like()?,
     };
-    let service = ExtProcService::new(Arc::new(scheduler), source, ExtProcOptions::default());
+    let tracer: Option<Arc<dyn RequestTracer>> = match std::env::var("SERVE_TRACE").as_deref() {
+        Ok("none") => Some(Arc::new(Sample(false))),
+        Ok("all") => Some(Arc::new(Sample(true))),
+        _ => None,
+    };
+    let options = ExtProcOptions {
+        tracer,
+        ..ExtProcOptions::default()
+    };
+    let service = ExtProcService::new(Arc::new(scheduler), source, options);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     println!("ext_proc listening on {addr} (pid {})", std::process::id());
     tonic::transport::Server::builder()
@@ -72,4 +84,17 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .serve(addr)
         .await?;
     Ok(())
+}
+
+/// Samples every request or none; drops what it records.
+#[derive(Debug)]
+struct Sample(bool);
+
+impl RequestTracer for Sample {
+    fn should_sample(&self, _: &[u8; 16], _: Option<&TraceParent>) -> bool {
+        self.0
+    }
+    fn export(&self, trace: RequestTrace) {
+        std::hint::black_box(trace);
+    }
 }

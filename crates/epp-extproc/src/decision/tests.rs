@@ -73,7 +73,7 @@ fn parts(path: &str, headers: &[(&str, &str)]) -> RequestParts {
 impl Fixture {
     fn decide(&self, parts: &mut RequestParts, body: Option<&[u8]>) -> Decision {
         let options = self.decider.options.load_full();
-        self.decider.decide(&options, parts, body)
+        self.decider.decide(&options, parts, body, None)
     }
 
     fn route(&self, parts: &mut RequestParts, body: Option<&[u8]>) -> Route {
@@ -243,4 +243,142 @@ fn a_subset_hint_limits_the_candidates() {
     p.subset = Some(vec!["10.0.0.3".to_owned(), "10.0.0.2:8000".to_owned()]);
     let route = f.route(&mut p, Some(BODY));
     assert_eq!(route.targets, "10.0.0.2:8000");
+}
+
+/// Samples every request (or none) and keeps what is exported.
+#[derive(Debug)]
+struct Keep {
+    sample: bool,
+    traces: std::sync::Mutex<Vec<crate::RequestTrace>>,
+}
+
+impl crate::RequestTracer for Keep {
+    fn should_sample(&self, _: &[u8; 16], _: Option<&crate::TraceParent>) -> bool {
+        self.sample
+    }
+    fn export(&self, trace: crate::RequestTrace) {
+        self.traces.lock().unwrap().push(trace);
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn a_traced_decision_continues_the_callers_trace_with_a_span_per_plugin() {
+    use crate::{AttrValue, RequestTracer, trace::ActiveTrace};
+    let f = fixture(&[3, 0, 5], ExtProcOptions::default());
+    let keep = Arc::new(Keep {
+        sample: true,
+        traces: Default::default(),
+    });
+    let tracer: Arc<dyn RequestTracer> = keep.clone();
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut p = parts(
+        "/v1/completions",
+        &[
+            ("traceparent", caller),
+            ("tracestate", "vendor=x"),
+            ("x-request-id", "r-1"),
+        ],
+    );
+    let mut trace = ActiveTrace::start(&tracer, &p.headers, Instant::now()).unwrap();
+    let options = f.decider.options.load_full();
+    let route = match f
+        .decider
+        .decide(&options, &mut p, Some(BODY), Some(&mut trace))
+    {
+        Decision::Route(r) => r,
+        Decision::Reject(e) => panic!("refused: {e}"),
+    };
+    trace.finish();
+    let t = keep.traces.lock().unwrap().pop().unwrap();
+    assert_eq!(hex(&t.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(t.trace_state, "vendor=x");
+    let root = t
+        .spans
+        .iter()
+        .find(|s| s.name == "gateway.request")
+        .unwrap();
+    assert_eq!(
+        root.parent_span_id.map(|p| hex(&p)).as_deref(),
+        Some("00f067aa0ba902b7")
+    );
+    // The model server continues the trace under epp's span.
+    let forwarded: Vec<_> = route.set_headers().collect();
+    assert!(
+        forwarded.contains(&(
+            "traceparent",
+            format!(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01",
+                hex(&root.span_id)
+            )
+            .as_str()
+        ))
+    );
+    assert!(forwarded.contains(&("tracestate", "vendor=x")));
+
+    let names: Vec<&str> = t.spans.iter().map(|s| &*s.name).collect();
+    for want in [
+        "gateway.request_orchestration",
+        "llm_d.epp.scheduling",
+        "llm_d.epp.profile_picker.single-profile-handler",
+        "run_scheduler_profile",
+        "llm_d.epp.scoring",
+        "llm_d.epp.scorer.queue-scorer",
+        "pick_endpoints",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    // Every span but the root hangs off another span of this trace.
+    for s in &t.spans {
+        if s.name != "gateway.request" {
+            let parent = s.parent_span_id.unwrap();
+            assert!(
+                t.spans.iter().any(|o| o.span_id == parent),
+                "{} has no parent",
+                s.name
+            );
+        }
+        assert!(s.start_unix_nanos <= s.end_unix_nanos, "{}", s.name);
+    }
+    let attr = |span: &str, key: &str| {
+        t.spans
+            .iter()
+            .find(|s| s.name == span)
+            .and_then(|s| s.attributes.iter().find(|(k, _)| *k == key))
+            .map(|(_, v)| v.clone())
+    };
+    let picked = Some(AttrValue::Str("10.0.0.2:8000".into()));
+    assert_eq!(
+        attr("gateway.request_orchestration", "llm_d.epp.picked_endpoint"),
+        picked
+    );
+    assert_eq!(
+        attr("llm_d.epp.scheduling", "llm_d.epp.picked_endpoint"),
+        picked
+    );
+    assert_eq!(
+        attr("gateway.request_orchestration", "gen_ai.request.id"),
+        Some(AttrValue::Str("r-1".into()))
+    );
+    assert_eq!(
+        attr("pick_endpoints", "llm_d.epp.picker.top_endpoints"),
+        Some(AttrValue::StrList(vec!["10.0.0.2:8000".into(),]))
+    );
+    // Never the prompt.
+    let dump = format!("{t:?}");
+    assert!(!dump.contains("Hello there"), "{dump}");
+}
+
+#[test]
+fn a_request_the_tracer_does_not_sample_is_not_recorded() {
+    use crate::{RequestTracer, trace::ActiveTrace};
+    let keep: Arc<dyn RequestTracer> = Arc::new(Keep {
+        sample: false,
+        traces: Default::default(),
+    });
+    let p = parts("/v1/completions", &[]);
+    assert!(ActiveTrace::start(&keep, &p.headers, Instant::now()).is_none());
 }
