@@ -71,8 +71,9 @@ pub struct DispatchLoad {
     /// KV-cache utilisation at the last scrape, in `[0, 1]`.
     pub kv_usage: f64,
     /// Requests this picker sent there since the scrape, net of those that
-    /// completed ([`Candidate::since_scrape`]); never below zero.
-    pub dispatched: u32,
+    /// completed ([`Candidate::since_scrape`]): negative when more completed
+    /// than were sent, i.e. the scrape's counts are already too high.
+    pub dispatched: i32,
     /// The request's estimated prompt tokens.
     pub prompt_tokens: u64,
     /// Of those, the tokens its prefix cache is not expected to hold.
@@ -101,11 +102,19 @@ impl DispatchLoad {
             } else {
                 0.0
             },
-            dispatched: u32::try_from(candidate.since_scrape().requests.max(0)).unwrap_or(u32::MAX),
+            dispatched: i32::try_from(candidate.since_scrape().requests).unwrap_or(i32::MAX),
             prompt_tokens,
             uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
             adapter_cold,
         }
+    }
+
+    /// Requests at the endpoint now, as best known: running and waiting at
+    /// the scrape plus the net dispatched since (never below zero).
+    #[must_use]
+    pub fn requests_there(&self) -> u64 {
+        (i64::from(self.running) + i64::from(self.waiting) + i64::from(self.dispatched)).max(0)
+            as u64
     }
 
     /// Prompt tokens expected in the prefix cache.
@@ -149,10 +158,10 @@ pub struct LatencyPrediction {
     /// is unknown (TPOT then neither helps nor hurts).
     pub tpot_headroom_ms: f64,
     /// How much the request would delay the requests already at the
-    /// endpoint: the time its own work (prefill of its uncached prompt, a
-    /// cold adapter) is predicted to take, times the requests it would hold
-    /// up (running, waiting, and dispatched since the scrape). Large where a
-    /// long prompt misses the cache of a busy endpoint.
+    /// endpoint: its own predicted service time (a request's fixed cost,
+    /// the prefill of its uncached prompt, a cold adapter), times the
+    /// requests it would hold up ([`DispatchLoad::requests_there`]). Large
+    /// where a long prompt misses the cache of a busy endpoint.
     pub delay_to_others_ms: f64,
 }
 
@@ -316,6 +325,15 @@ mod tests {
             }
         );
         assert_eq!(load.cached_tokens(), 75);
+        assert_eq!(load.requests_there(), 13);
+        // A scrape that saw both, then one completes.
+        e.set_metrics(EndpointMetrics {
+            inflight_at_scrape: e.inflight().sample(),
+            ..EndpointMetrics::fresh()
+        });
+        e.inflight().finish_with(10, 10);
+        let completed = DispatchLoad::of(&Candidate::new(&e), &r, 0.0);
+        assert_eq!(completed.dispatched, -1, "one more completed than was sent");
         let warm = InferenceRequest::builder("base").target_model("a").build();
         assert!(!DispatchLoad::of(&c, &warm, 0.0).adapter_cold);
         let base = InferenceRequest::builder("base").build();

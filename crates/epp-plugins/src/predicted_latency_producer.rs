@@ -356,7 +356,8 @@ impl Plugin for PredictedLatencyProducer {
 pub struct Predicted {
     /// Time to first token, milliseconds.
     pub ttft_ms: f64,
-    /// Of it, the request's own work (its prompt's prefill, a cold adapter).
+    /// Of it, the request's own service time (the fixed cost of a request,
+    /// its prompt's prefill, a cold adapter), excluding what it waits behind.
     pub own_work_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
@@ -503,10 +504,8 @@ impl DataProducer for PredictedLatencyProducer {
             } else {
                 p.tpot_ms
             };
-            let held_up =
-                f64::from(load.running) + f64::from(load.waiting) + f64::from(load.dispatched);
             let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo)
-                .with_delay_to_others(p.own_work_ms * held_up);
+                .with_delay_to_others(p.own_work_ms * load.requests_there() as f64);
             state.latency.set(c.id(), prediction);
             if debug {
                 tracing::debug!(

@@ -337,12 +337,15 @@ pub fn spawn_epp(name: &str, cmd: Command, log: PathBuf) -> (Epp, String) {
     (epp, line)
 }
 
-/// Starts epp in plaintext on free ports with `args` (e.g. `--endpoints`).
+/// Starts epp in plaintext on free ports with `args` (e.g. `--endpoints`),
+/// logging at `info` (or as `EPP_TEST_LOG` says, e.g.
+/// `EPP_TEST_LOG=info,epp_plugins=debug` to see latency predictions).
 pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
     let mut cmd = epp_command();
+    let log = std::env::var("EPP_TEST_LOG").unwrap_or_else(|_| "info".to_owned());
     cmd.arg("--secure-serving=false")
         .args(args)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", log);
     spawn_epp("epp", cmd, dir.join("epp.log")).0
 }
 
