@@ -37,6 +37,15 @@ pub trait Extractor: Plugin {
         page: &str,
         metrics: &mut EndpointMetrics,
     ) -> Result<(), ExtractError>;
+
+    /// The keys this extractor fills in [`EndpointMetrics::custom`]:
+    /// `Some` of exactly those (empty: none), or `None` when it cannot say
+    /// (config loading then assumes it may fill any). Config loading refuses
+    /// a plugin that reads a custom metric
+    /// ([`Plugin::reads_custom_metric`]) no extractor fills.
+    fn custom_metrics(&self) -> Option<&[String]> {
+        None
+    }
 }
 
 /// Why a page could not be extracted.

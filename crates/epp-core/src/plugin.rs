@@ -87,6 +87,13 @@ pub trait Plugin: Send + Sync + Debug {
     fn reads_latency_predictions(&self) -> bool {
         false
     }
+
+    /// For a plugin that reads [`crate::EndpointMetrics::custom`]: the key it
+    /// reads. Config loading checks an extractor of the data layer fills it
+    /// ([`crate::Extractor::custom_metrics`]).
+    fn reads_custom_metric(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// The producer prefix-match readers read from unless told otherwise: an

@@ -402,6 +402,10 @@ fn label_u64(s: &Sample<'_>, name: &str) -> Option<u64> {
 }
 
 impl Extractor for CoreMetricsExtractor {
+    fn custom_metrics(&self) -> Option<&[String]> {
+        Some(&[])
+    }
+
     fn extract(
         &self,
         endpoint: &Endpoint,

@@ -78,6 +78,10 @@ impl Plugin for PrometheusMetricExtractor {
 }
 
 impl Extractor for PrometheusMetricExtractor {
+    fn custom_metrics(&self) -> Option<&[String]> {
+        Some(std::slice::from_ref(&self.key))
+    }
+
     fn extract(
         &self,
         _endpoint: &Endpoint,

@@ -99,6 +99,9 @@ impl Plugin for MetricScorer {
     fn as_scorer(&self) -> Option<&dyn Scorer> {
         Some(self)
     }
+    fn reads_custom_metric(&self) -> Option<&str> {
+        Some(&self.params.metric_name)
+    }
 }
 
 impl Scorer for MetricScorer {

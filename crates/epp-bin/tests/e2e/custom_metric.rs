@@ -75,3 +75,56 @@ async fn the_reference_custom_metric_example_runs_unchanged() {
     let served = counts(&stack, "llama-3-8b", 6).await;
     assert_eq!(served.iter().sum::<usize>(), 6);
 }
+
+/// `epp --check-config` on `text`: whether it loaded, and what it printed.
+fn check_config(tag: &str, text: &str) -> (bool, String) {
+    let dir = epp_test_support::process::scratch_dir(tag);
+    let path = dir.join("epp.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(epp_test_support::process::workspace_bin("epp"))
+        .args(["--check-config", "--config-file", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let printed =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), printed)
+}
+
+#[test]
+fn a_metric_scorer_whose_metric_no_extractor_fills_is_a_config_error() {
+    let scorer_only = "\
+plugins:
+- type: metric-scorer
+  parameters: {metricName: gpu_temperature_celsius, optimizationMode: Minimize}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: metric-scorer
+";
+    let (ok, printed) = check_config("metric-scorer-unfed", scorer_only);
+    assert!(!ok, "loaded: {printed}");
+    assert!(
+        printed.contains("epp.yaml:3:3: plugins[0].parameters")
+            && printed.contains("\"gpu_temperature_celsius\"")
+            && printed.contains("metric-scorer"),
+        "{printed}"
+    );
+    // The same with an extractor filling it: loads.
+    let fed = scorer_only.replace(
+        "schedulingProfiles:",
+        "- type: metrics-data-source
+- type: core-metrics-extractor
+- type: prometheus-metric
+  name: gpu-temp
+  parameters: {metricName: gpu_temperature_celsius}
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+    - pluginRef: gpu-temp
+schedulingProfiles:",
+    );
+    let (ok, printed) = check_config("metric-scorer-fed", &fed);
+    assert!(ok, "{printed}");
+}

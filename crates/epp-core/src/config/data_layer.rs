@@ -56,6 +56,66 @@ impl EndpointPickerConfig {
         Ok(data_layer)
     }
 
+    /// Every custom metric a plugin reads must be filled by an extractor of
+    /// the data layer (seed 000: the names must match); otherwise the plugin
+    /// would load and read nothing, for ever. Without any extractor the
+    /// metrics come from elsewhere (an embedding application sets them), so
+    /// nothing is checked.
+    pub(super) fn check_custom_metrics(
+        &self,
+        wiring: &Wiring,
+        data_layer: &[SourceWiring],
+    ) -> Result<(), ConfigError> {
+        if data_layer.iter().all(|s| s.extractors.is_empty()) {
+            return Ok(());
+        }
+        let mut filled: Vec<&str> = Vec::new();
+        for p in data_layer.iter().flat_map(|s| &s.extractors) {
+            match p
+                .plugin()
+                .as_extractor()
+                .map(crate::Extractor::custom_metrics)
+            {
+                Some(Some(keys)) => filled.extend(keys.iter().map(String::as_str)),
+                // An extractor that cannot say what it fills may fill anything.
+                _ => return Ok(()),
+            }
+        }
+        for (i, (name, p)) in wiring.plugins.iter().enumerate() {
+            let Some(key) = p.plugin().reads_custom_metric() else {
+                continue;
+            };
+            if filled.contains(&key) {
+                continue;
+            }
+            let field = if self
+                .raw
+                .plugins
+                .get(i)
+                .is_some_and(|d| d.parameters.is_some())
+            {
+                format!("plugins[{i}].parameters")
+            } else {
+                format!("plugins[{i}]")
+            };
+            let have = if filled.is_empty() {
+                "the data layer's extractors fill no custom metric".to_owned()
+            } else {
+                format!("the data layer's extractors fill {filled:?}")
+            };
+            return Err(self.err(
+                field,
+                format!(
+                    "plugin {name:?} ({}) reads the metric {key:?}, which no extractor of the \
+                     data layer fills ({have}); add an extractor for it (a `prometheus-metric` \
+                     extractor with `metricName: {key}`) to a data source",
+                    p.plugin().type_name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The registry's default source feeding its default extractor.
     fn default_data_layer(
         &self,

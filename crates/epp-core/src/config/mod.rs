@@ -241,6 +241,7 @@ impl EndpointPickerConfig {
         }
         self.check_parsers(registry, &mut wiring)?;
         let data_layer = self.build_data_layer(registry, &mut wiring)?;
+        self.check_custom_metrics(&wiring, &data_layer)?;
 
         let Wiring { plugins, effective } = wiring;
         let scheduler = scheduler.with_hooks(
