@@ -137,10 +137,31 @@ impl PrefixMatch {
     }
 }
 
+/// The request's prompt as the model server's tokenizer sees it, when a
+/// token producer ran (`token-producer`).
+#[derive(Debug, Clone, Default)]
+pub struct TokenizedPrompt {
+    /// Token ids, in order.
+    pub ids: Vec<u32>,
+    /// Whether a token producer filled `ids` in this cycle (an empty prompt
+    /// is computed and empty).
+    pub computed: bool,
+}
+
+impl TokenizedPrompt {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn reset(&mut self) {
+        self.ids.clear();
+        self.computed = false;
+    }
+}
+
 /// Per-request scratch state, reused across cycles so the hot path does not
 /// allocate. Data producers write here; filters and scorers read.
 #[derive(Debug, Default)]
 pub struct CycleState {
+    /// The tokenized prompt, when a token producer ran.
+    pub tokens: TokenizedPrompt,
     /// Prefix-cache match results.
     pub prefix: PrefixMatch,
     /// Latency predictions, when a latency predictor ran.
@@ -150,6 +171,7 @@ pub struct CycleState {
 impl CycleState {
     /// Clears for a new cycle, keeping capacity.
     pub fn reset(&mut self) {
+        self.tokens.reset();
         self.prefix.reset();
         self.latency.reset();
     }

@@ -65,6 +65,7 @@ mod dispatch;
 mod endpoint;
 mod error;
 mod extract;
+mod kv_events;
 mod latency;
 mod observe;
 mod plugin;
@@ -72,7 +73,7 @@ mod registry;
 mod request;
 mod scheduler;
 
-pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape};
+pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape, TokenizedPrompt};
 pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
@@ -80,6 +81,10 @@ pub use endpoint::{
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{ExtractError, Extractor, MetricsSource};
+pub use kv_events::{
+    BlockStored, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
+    PodDiscoveryConfig,
+};
 pub use latency::{
     DispatchLoad, LEGACY_TPOT_SLO_HEADER, LEGACY_TTFT_SLO_HEADER, LatencyPrediction,
     LatencyPredictions, LatencySlo, ResponseTiming, TPOT_SLO_HEADER, TTFT_SLO_HEADER,

@@ -64,6 +64,14 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_extractor(&self) -> Option<&dyn crate::Extractor> {
         None
     }
+    /// As an event-stream source (`endpoint-notification-source`).
+    fn as_notification_source(&self) -> Option<&dyn crate::NotificationSource> {
+        None
+    }
+    /// As a consumer of engines' KV-cache events.
+    fn as_kv_event_sink(&self) -> Option<&dyn crate::KvEventSink> {
+        None
+    }
     /// The metrics this plugin keeps itself, if any.
     fn as_plugin_metrics(&self) -> Option<&dyn crate::PluginMetrics> {
         None

@@ -135,6 +135,9 @@ pub enum Role {
     MetricsSource,
     /// Reads the default metrics source's pages.
     MetricsExtractor,
+    /// Delivers engine KV-cache events to a declared consumer that no
+    /// declared source feeds.
+    NotificationSource,
     /// Fills prefix-cache matches for readers that name the default producer
     /// ([`crate::DEFAULT_PREFIX_PRODUCER`]) when no plugin has that name.
     PrefixProducer,
@@ -153,6 +156,7 @@ impl fmt::Display for Role {
             Self::Parser => "parser",
             Self::MetricsSource => "metrics source",
             Self::MetricsExtractor => "metrics extractor",
+            Self::NotificationSource => "notification source",
             Self::PrefixProducer => "prefix-match producer",
             Self::LatencyPredictor => "latency predictor",
         })

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     EndpointStore, Error, Result,
     client::{Target, Tls},
+    kv_events::{FeedMetrics, SinkGroup, start_feeds},
     scrape::{DataLayerOptions, Shared, supervise},
     status::{ScrapeStatus, StatusTable},
 };
@@ -27,17 +28,23 @@ use crate::{
 pub struct DataLayer {
     stop: CancellationToken,
     supervisor: JoinHandle<()>,
+    /// The KV-event subscribers' supervisors.
+    feeds: Vec<JoinHandle<()>>,
+    feed_metrics: Arc<FeedMetrics>,
     shared: Arc<Shared>,
 }
 
 impl DataLayer {
     /// Starts scraping every endpoint of `store` (following its changes) for
-    /// each source in `sources`, until [`Self::stop`] or `stop` is cancelled.
-    /// Must be called inside a tokio runtime.
+    /// each metrics source in `sources`, and subscribing to its KV-cache
+    /// events for each notification source, until [`Self::stop`] or `stop`
+    /// is cancelled. Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// A source that is not a metrics source, has an unsupported scheme or
-    /// path, or asks for verified HTTPS when no CA roots can be found.
+    /// A source that is neither, a metrics source with an unsupported scheme
+    /// or path, or that asks for verified HTTPS when no CA roots can be
+    /// found; a notification source's extractor that consumes no KV events
+    /// or wants an engine other than vLLM.
     pub fn start(
         store: Arc<EndpointStore>,
         sources: &[SourceWiring],
@@ -47,12 +54,32 @@ impl DataLayer {
         let tls = Tls::new();
         let probe = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         let mut wired = Vec::new();
+        let mut sinks = Vec::new();
         for s in sources {
             let name = s.source.plugin().name().to_owned();
             let bad = |reason: String| Error::Source {
                 source_name: name.clone(),
                 reason,
             };
+            if s.source.plugin().as_notification_source().is_some() {
+                for e in &s.extractors {
+                    let Some(sink) = e.plugin().as_kv_event_sink() else {
+                        return Err(bad(format!(
+                            "{:?} does not consume KV-cache events",
+                            e.plugin().name()
+                        )));
+                    };
+                    if sink.kv_events_config().engine_type != "vllm" {
+                        return Err(bad(format!(
+                            "{:?}: engineType {:?} is not supported (only vllm)",
+                            e.plugin().name(),
+                            sink.kv_events_config().engine_type
+                        )));
+                    }
+                    sinks.push(e.clone());
+                }
+                continue;
+            }
             let Some(src) = s.source.plugin().as_metrics_source() else {
                 return Err(bad("not a metrics source".into()));
             };
@@ -76,10 +103,19 @@ impl DataLayer {
                 shared.status.cell(e.id(), e.addr());
             }
         }
+        let feed_metrics = Arc::new(FeedMetrics::default());
+        let feeds = start_feeds(
+            Arc::clone(&store),
+            SinkGroup::group(sinks),
+            Arc::clone(&feed_metrics),
+            stop.clone(),
+        );
         let supervisor = tokio::spawn(supervise(store, wired, Arc::clone(&shared), stop.clone()));
         Ok(Self {
             stop,
             supervisor,
+            feeds,
+            feed_metrics,
             shared,
         })
     }
@@ -94,6 +130,7 @@ impl DataLayer {
             self.shared.scrapes.clone(),
         );
         registry.register_collector(Box::new(UpCollector(Arc::clone(&self.shared))));
+        self.feed_metrics.register(registry);
     }
 
     /// Scrape counters and the current error of every endpoint.
@@ -106,6 +143,9 @@ impl DataLayer {
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.supervisor.await;
+        for f in self.feeds {
+            let _ = f.await;
+        }
     }
 }
 

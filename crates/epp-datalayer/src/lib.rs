@@ -55,6 +55,7 @@ mod data_layer;
 mod discovery;
 mod error;
 pub mod kubernetes;
+pub mod kv_events;
 mod prometheus_metric;
 mod scrape;
 mod source;
@@ -99,6 +100,23 @@ pub fn register(registry: &mut Registry) {
             &params,
         )?))
     });
+    registry.set_default(
+        Role::NotificationSource,
+        kv_events::EndpointNotificationSource::TYPE,
+    );
+    registry.register(
+        kv_events::EndpointNotificationSource::TYPE,
+        |spec: &PluginSpec| {
+            /// No parameters.
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct NoParams {}
+            let NoParams {} = spec.params()?;
+            Ok(Arc::new(kv_events::EndpointNotificationSource::new(
+                spec.name.clone(),
+            )))
+        },
+    );
     registry.register(PrometheusMetricExtractor::TYPE, |spec: &PluginSpec| {
         Ok(Arc::new(PrometheusMetricExtractor::new(
             spec.name.clone(),

@@ -33,8 +33,17 @@ impl EndpointPickerConfig {
                 &format!("{at}.pluginRef"),
                 &s.plugin_ref,
                 "a data source",
-                |p| p.as_metrics_source().is_some(),
+                |p| p.as_metrics_source().is_some() || p.as_notification_source().is_some(),
             )?;
+            let events = source.plugin().as_notification_source().is_some();
+            let (role, plays): (&str, fn(&dyn crate::Plugin) -> bool) = if events {
+                (
+                    "a KV-event consumer (the source delivers engine events)",
+                    |p| p.as_kv_event_sink().is_some(),
+                )
+            } else {
+                ("an extractor", |p| p.as_extractor().is_some())
+            };
             let extractors = s
                 .extractors
                 .iter()
@@ -44,16 +53,75 @@ impl EndpointPickerConfig {
                         wiring,
                         &format!("{at}.extractors[{ei}].pluginRef"),
                         &e.plugin_ref,
-                        "an extractor",
-                        |p| p.as_extractor().is_some(),
+                        role,
+                        plays,
                     )
                 })
                 .collect::<Result<_, _>>()?;
             data_layer.push(SourceWiring { source, extractors });
         }
+        let mut layer = layer;
+        self.wire_kv_event_sinks(registry, wiring, &mut layer, &mut data_layer)?;
         wiring.effective.data = None;
         wiring.effective.data_layer = Some(layer);
         Ok(data_layer)
+    }
+
+    /// A declared KV-event consumer no source feeds (llm-d's configs that
+    /// predate `endpoint-notification-source` declare only the producer)
+    /// gets the registry's default notification source, as llm-d starts its
+    /// subscribers itself; without such a default it would never see an
+    /// event, which is an error.
+    fn wire_kv_event_sinks(
+        &self,
+        registry: &Registry,
+        wiring: &mut Wiring,
+        layer: &mut DataLayerDecl,
+        data_layer: &mut Vec<SourceWiring>,
+    ) -> Result<(), ConfigError> {
+        let fed = |name: &str, data_layer: &[SourceWiring]| {
+            data_layer
+                .iter()
+                .filter(|s| s.source.plugin().as_notification_source().is_some())
+                .flat_map(|s| &s.extractors)
+                .any(|e| e.plugin().name() == name)
+        };
+        let unfed: Vec<(usize, String, crate::PluginRef)> = wiring
+            .plugins
+            .iter()
+            .enumerate()
+            .filter(|(_, (name, p))| {
+                p.plugin().as_kv_event_sink().is_some() && !fed(name, data_layer)
+            })
+            .map(|(i, (name, p))| (i, name.clone(), p.clone()))
+            .collect();
+        if unfed.is_empty() {
+            return Ok(());
+        }
+        let Some(source) = self.default_plugin(registry, Role::NotificationSource, wiring)? else {
+            let (i, name, _) = &unfed[0];
+            return Err(self.err(
+                format!("plugins[{i}]"),
+                format!(
+                    "plugin {name:?} consumes KV-cache events, but no data source delivers \
+                     them and this build has no default event source"
+                ),
+            ));
+        };
+        layer.sources.push(SourceDecl {
+            plugin_ref: source.plugin().name().to_owned(),
+            extractors: unfed
+                .iter()
+                .map(|(_, name, _)| PluginRefDecl {
+                    plugin_ref: name.clone(),
+                })
+                .collect(),
+        });
+        data_layer.push(SourceWiring {
+            source,
+            extractors: unfed.into_iter().map(|(_, _, p)| p).collect(),
+        });
+        Ok(())
     }
 
     /// Every custom metric a plugin reads must be filled by an extractor of
@@ -66,11 +134,16 @@ impl EndpointPickerConfig {
         wiring: &Wiring,
         data_layer: &[SourceWiring],
     ) -> Result<(), ConfigError> {
-        if data_layer.iter().all(|s| s.extractors.is_empty()) {
+        let metrics = || {
+            data_layer
+                .iter()
+                .filter(|s| s.source.plugin().as_metrics_source().is_some())
+        };
+        if metrics().all(|s| s.extractors.is_empty()) {
             return Ok(());
         }
         let mut filled: Vec<&str> = Vec::new();
-        for p in data_layer.iter().flat_map(|s| &s.extractors) {
+        for p in metrics().flat_map(|s| &s.extractors) {
             match p
                 .plugin()
                 .as_extractor()
