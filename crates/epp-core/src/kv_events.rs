@@ -20,6 +20,10 @@ pub struct KvEventBatch {
     pub events: Vec<KvEvent>,
     /// The data-parallel rank that emitted the batch, when the engine says.
     pub data_parallel_rank: Option<i64>,
+    /// The model the message's topic names (`kv@<endpoint>@<model>`, llm-d's
+    /// convention), when it names one: the base model of blocks stored
+    /// without a LoRA name.
+    pub model: Option<String>,
 }
 
 /// One KV-cache event.

@@ -172,6 +172,17 @@ pub trait DataProducer: Plugin {
     fn produces_latency_predictions(&self) -> bool {
         false
     }
+
+    /// Whether this producer fills [`crate::CycleState::tokens`]; such
+    /// producers run before all others.
+    fn produces_tokens(&self) -> bool {
+        false
+    }
+
+    /// Whether this producer reads [`crate::CycleState::tokens`].
+    fn reads_tokens(&self) -> bool {
+        false
+    }
 }
 
 /// Decides which profiles run and how their results combine.

@@ -320,15 +320,17 @@ impl Scheduler {
         // Stable: keeps declaration order within each group. Producers that
         // read prefix matches without producing them (a latency predictor)
         // run last, once the matches exist.
+        // Token producers run first: prefix producers may read the tokens.
         self.producers.sort_by_key(|p| {
             let plugin = p.plugin();
-            let produces_prefix = plugin
-                .as_data_producer()
-                .is_some_and(DataProducer::produces_prefix_matches);
-            if plugin.prefix_match_source().is_some() && !produces_prefix {
-                2
+            let producer = plugin.as_data_producer();
+            let produces_prefix = producer.is_some_and(DataProducer::produces_prefix_matches);
+            if producer.is_some_and(DataProducer::produces_tokens) {
+                0
+            } else if plugin.prefix_match_source().is_some() && !produces_prefix {
+                3
             } else {
-                u8::from(plugin.as_scorer().is_some())
+                1 + u8::from(plugin.as_scorer().is_some())
             }
         });
         self

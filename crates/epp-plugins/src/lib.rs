@@ -23,6 +23,7 @@ mod approx_prefix_cache_producer;
 mod concurrency_detector;
 mod header_based_testing_filter;
 mod header_label_affinity_scorer;
+mod kv_block_index;
 mod label_selector_filter;
 mod latency_model;
 mod latency_scorer;
@@ -34,6 +35,7 @@ mod max_score_picker;
 mod metric_scorer;
 mod no_hit_lru_scorer;
 mod openai_parser;
+mod precise_prefix_cache_producer;
 mod predicted_latency_producer;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
@@ -42,6 +44,7 @@ mod random_picker;
 mod session_affinity_scorer;
 mod slo_headroom_tier_filter;
 mod token_load_scorer;
+mod token_producer;
 mod utilization_detector;
 mod utilization_filter;
 mod weighted_random_picker;
@@ -66,11 +69,15 @@ pub use latency_scorer::{HeadroomStrategy, LatencyScorer, LatencyScorerParams};
 pub use latency_slo_admitter::{LatencyAdmitterParams, LatencySloAdmitter};
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
 pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
+pub use kv_block_index::{IndexCounters, KvBlockIndex, block_key, root_key};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
 pub use openai_parser::OpenAiParser;
+pub use precise_prefix_cache_producer::{
+    PrecisePrefixCacheProducer, PrecisePrefixParams, TokenProcessorConfig,
+};
 pub use predicted_latency_producer::{Predicted, PredictedLatencyParams, PredictedLatencyProducer};
 pub use prefix_cache_affinity_filter::{
     PrefixAffinityParams, PrefixCacheAffinityFilter, TtftSource,
@@ -84,6 +91,7 @@ pub use session_affinity_scorer::{
 };
 pub use slo_headroom_tier_filter::{SloHeadroomTierFilter, SloTierParams};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
+pub use token_producer::{LocalTokenizerParams, TokenProducer, TokenProducerParams};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
 pub use utilization_filter::{
     UtilizationCondition, UtilizationFilter, UtilizationFilterParams, UtilizationMetric,
@@ -191,6 +199,8 @@ pub fn register_builtins(registry: &mut Registry) {
     }
     reg::<PrefixCacheScorer>(registry);
     reg::<ApproxPrefixCacheProducer>(registry);
+    reg::<PrecisePrefixCacheProducer>(registry);
+    reg::<TokenProducer>(registry);
     reg::<MaxScorePicker>(registry);
     reg::<RandomPicker>(registry);
     reg::<WeightedRandomPicker>(registry);

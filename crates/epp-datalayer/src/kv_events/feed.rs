@@ -394,12 +394,17 @@ fn apply(
     group: &SinkGroup,
     metrics: &FeedMetrics,
     batch: &mut KvEventBatch,
+    topic: &[u8],
     payload: &[u8],
     outcome: &'static str,
 ) -> bool {
     let label = endpoint.addr_str();
     match decode_batch(payload, batch) {
         Ok(d) => {
+            let model = topic_model(topic);
+            if batch.model.as_deref() != model {
+                batch.model = model.map(str::to_owned);
+            }
             group.apply(endpoint, batch);
             metrics.message(label, outcome);
             metrics.event(label, "unknown", u64::from(d.unknown_events));
@@ -468,7 +473,7 @@ async fn follow(
                 m = sub.recv() => m,
             };
             let Ok(msg) = msg else { break };
-            let Some((_topic, frame)) = frames(msg) else {
+            let Some((topic, frame)) = frames(msg) else {
                 metrics.message(endpoint.addr_str(), "malformed");
                 continue;
             };
@@ -549,6 +554,7 @@ async fn replay_range(
     group: &SinkGroup,
     metrics: &FeedMetrics,
     batch: &mut KvEventBatch,
+    topic: &[u8],
     stream: &mut Stream,
 ) -> bool {
     let mut dealer = DealerSocket::new();
@@ -598,7 +604,7 @@ async fn replay_range(
             break;
         }
         let payload = payload.unwrap_or_default();
-        apply(endpoint, group, metrics, batch, &payload, "replayed");
+        apply(endpoint, group, metrics, batch, topic, &payload, "replayed");
         stream.applied = Some(seq);
         expected = seq + 1;
     }
@@ -681,6 +687,14 @@ async fn bound(
             group.clear(endpoint.id());
         }
     }
+}
+
+/// The model a topic `kv@<who>@<model>` names.
+fn topic_model(topic: &[u8]) -> Option<&str> {
+    let topic = std::str::from_utf8(topic).ok()?;
+    let mut parts = topic.splitn(3, '@');
+    let (_, _, model) = (parts.next()?, parts.next()?, parts.next()?);
+    (!model.is_empty()).then_some(model)
 }
 
 /// The endpoint a topic `kv@<who>@<model>` names.

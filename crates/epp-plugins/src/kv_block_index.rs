@@ -1,0 +1,427 @@
+//! The precise prefix index: which endpoint holds which prompt blocks,
+//! according to the engines' own KV-cache events.
+//!
+//! Keys are computed here, from token ids, for both sides: the lookup
+//! chunks a request's tokens into blocks of `block_size` tokens, the event
+//! side re-chunks each `BlockStored`'s token ids the same way. Each key
+//! chains its parent key, the block's tokens and, at the root, the model
+//! the blocks were computed for (the LoRA adapter's name, else the base
+//! model named in the event topic). The engine's own block hashes serve only
+//! to find, for a later event, the chain a child continues and the keys an
+//! eviction removes, so neither the engine's hash function nor its block
+//! size has to be reproduced: an engine with 16-token blocks feeds an index
+//! of 64-token blocks (partial blocks carry over to the child).
+//!
+//! Reads are lock-free (`papaya`, epoch-based reclamation): a lookup never
+//! waits for the event tasks. Writes for one endpoint come from one task
+//! (its subscriber) and take that endpoint's own lock.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher, Hasher},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use epp_core::{BlockStored, EndpointId, KvEvent, KvEventBatch, PrefixMatch};
+use papaya::Operation;
+use parking_lot::Mutex;
+
+/// Keys are already uniformly mixed: hash them as themselves.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct KeyHash;
+
+impl BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+/// See [`KeyHash`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 32;
+    x = x.wrapping_mul(0xd6e8_feb8_6659_fd93);
+    x ^= x >> 32;
+    x = x.wrapping_mul(0xd6e8_feb8_6659_fd93);
+    x ^ (x >> 32)
+}
+
+/// The key of a block of `tokens` after the block keyed `parent`.
+#[must_use]
+pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = parent ^ 0x2545_f491_4f6c_dd1d;
+    let mut pairs = tokens.chunks_exact(2);
+    for p in &mut pairs {
+        let v = u64::from(p[0]) | (u64::from(p[1]) << 32);
+        h = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    if let [last] = pairs.remainder() {
+        h = (h ^ u64::from(*last) ^ (1 << 63)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    mix(h ^ (tokens.len() as u64))
+}
+
+/// The root key of every sequence computed for `model` (a LoRA adapter's
+/// name or the base model's) with hash seed `seed`.
+#[must_use]
+pub fn root_key(seed: u64, model: &str) -> u64 {
+    let mut h = KeyHasher(seed ^ 0x7f4a_7c15_9e37_79b9);
+    h.write(model.as_bytes());
+    mix(h.finish() ^ model.len() as u64)
+}
+
+/// Where a chain stands after an engine block: the last full key and the
+/// tokens since it (fewer than a block).
+#[derive(Debug, Clone, Default)]
+struct Chain {
+    key: u64,
+    carry: Vec<u32>,
+}
+
+/// What one engine block contributed on one endpoint.
+#[derive(Debug)]
+struct EngineBlock {
+    /// Index keys the block completed (usually one).
+    keys: Box<[u64]>,
+    /// The chain after it, for its children.
+    chain: Chain,
+}
+
+/// One endpoint's blocks.
+#[derive(Debug, Default)]
+struct EndpointBlocks {
+    /// By (engine hash, medium).
+    engine: HashMap<(u64, u8), EngineBlock>,
+    /// Index keys held, with the number of engine blocks completing each.
+    held: HashMap<u64, u32>,
+    /// Mediums other than none/GPU, interned to their code - 1.
+    mediums: Vec<String>,
+}
+
+impl EndpointBlocks {
+    fn medium(&mut self, m: Option<&str>) -> u8 {
+        match m {
+            None => 0,
+            Some(m) if m.eq_ignore_ascii_case("gpu") => 0,
+            Some(m) => {
+                let i = match self.mediums.iter().position(|k| k == m) {
+                    Some(i) => i,
+                    None if self.mediums.len() < 250 => {
+                        self.mediums.push(m.to_owned());
+                        self.mediums.len() - 1
+                    }
+                    None => 249,
+                };
+                u8::try_from(i + 1).unwrap_or(u8::MAX)
+            }
+        }
+    }
+}
+
+/// Counters of the index, read by the plugin's metrics.
+#[derive(Debug, Default)]
+pub struct IndexCounters {
+    /// Blocks stored (engine blocks).
+    pub stored: AtomicU64,
+    /// Blocks removed (engine blocks known to the index).
+    pub removed: AtomicU64,
+    /// Events whose parent block was unknown (stored blocks not indexed).
+    pub orphans: AtomicU64,
+    /// Times an endpoint's blocks were all forgotten (cleared, resynced or
+    /// over the per-endpoint cap).
+    pub clears: AtomicU64,
+    /// Lookups.
+    pub lookups: AtomicU64,
+    /// Blocks looked up.
+    pub lookup_blocks: AtomicU64,
+    /// Of those, blocks some endpoint held.
+    pub hit_blocks: AtomicU64,
+}
+
+/// The index.
+#[derive(Debug)]
+pub struct KvBlockIndex {
+    block_size: usize,
+    seed: u64,
+    max_blocks_per_endpoint: usize,
+    /// Key → the endpoint ids holding it (sorted, no duplicates).
+    keys: papaya::HashMap<u64, Box<[u32]>, KeyHash>,
+    endpoints: Mutex<HashMap<EndpointId, Arc<Mutex<EndpointBlocks>>>>,
+    counters: IndexCounters,
+}
+
+impl KvBlockIndex {
+    /// An empty index of blocks of `block_size` tokens (at least 1), keys
+    /// seeded with `seed`, remembering at most `max_blocks_per_endpoint`
+    /// engine blocks per endpoint (an endpoint over it is forgotten: a
+    /// publisher that stores and never removes costs bounded memory).
+    #[must_use]
+    pub fn new(block_size: usize, seed: u64, max_blocks_per_endpoint: usize) -> Self {
+        Self {
+            block_size: block_size.max(1),
+            seed,
+            max_blocks_per_endpoint,
+            keys: papaya::HashMap::builder().hasher(KeyHash).build(),
+            endpoints: Mutex::new(HashMap::new()),
+            counters: IndexCounters::default(),
+        }
+    }
+
+    /// Tokens per block.
+    #[must_use]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn counters(&self) -> &IndexCounters {
+        &self.counters
+    }
+
+    /// Distinct keys held by any endpoint.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no endpoint holds anything.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The keys of `tokens` for `model`: one per full block, at most
+    /// `max_blocks`, written to `out` (cleared first).
+    pub fn keys_of(&self, model: &str, tokens: &[u32], max_blocks: usize, out: &mut Vec<u64>) {
+        out.clear();
+        let mut key = root_key(self.seed, model);
+        for block in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            key = block_key(key, block);
+            out.push(key);
+        }
+    }
+
+    /// Fills `m` with each endpoint's contiguous matched blocks of `keys`
+    /// (which `keys_of` computed), counting from the first.
+    pub fn lookup(&self, keys: &[u64], m: &mut PrefixMatch) {
+        let c = &self.counters;
+        c.lookups.fetch_add(1, Ordering::Relaxed);
+        c.lookup_blocks
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let map = self.keys.pin();
+        let mut hit = 0u64;
+        for (i, k) in keys.iter().enumerate() {
+            let Some(holders) = map.get(k) else { break };
+            let depth = u32::try_from(i).unwrap_or(u32::MAX);
+            let mut any = false;
+            for &id in holders.iter() {
+                let id = EndpointId(id);
+                if m.matched(id) == depth {
+                    m.set_matched(id, depth + 1);
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+            hit += 1;
+        }
+        c.hit_blocks.fetch_add(hit, Ordering::Relaxed);
+    }
+
+    fn blocks_of(&self, id: EndpointId) -> Arc<Mutex<EndpointBlocks>> {
+        Arc::clone(self.endpoints.lock().entry(id).or_default())
+    }
+
+    /// Applies one batch from `id`'s engine. Blocks without a LoRA name were
+    /// computed for the base model the batch's topic names.
+    pub fn apply(&self, id: EndpointId, batch: &KvEventBatch) {
+        let model = batch.model.as_deref();
+        let blocks = self.blocks_of(id);
+        let mut b = blocks.lock();
+        for e in &batch.events {
+            match e {
+                KvEvent::BlockStored(s) => self.stored(id, &mut b, model, s),
+                KvEvent::BlockRemoved {
+                    block_hashes,
+                    medium,
+                } => {
+                    let medium = b.medium(medium.as_deref());
+                    for h in block_hashes {
+                        self.removed(id, &mut b, (*h, medium));
+                    }
+                }
+                KvEvent::AllBlocksCleared => self.clear_locked(id, &mut b),
+            }
+        }
+        if b.engine.len() > self.max_blocks_per_endpoint {
+            tracing::warn!(
+                endpoint = id.index(),
+                blocks = b.engine.len(),
+                "an engine reported more blocks than maxBlocksPerEndpoint without evicting; \
+                 forgetting them"
+            );
+            self.clear_locked(id, &mut b);
+        }
+    }
+
+    fn stored(&self, id: EndpointId, b: &mut EndpointBlocks, model: Option<&str>, s: &BlockStored) {
+        let medium = b.medium(s.medium.as_deref());
+        let mut chain = match s.parent_block_hash {
+            None => Chain {
+                key: root_key(
+                    self.seed,
+                    s.lora_name.as_deref().or(model).unwrap_or_default(),
+                ),
+                carry: Vec::new(),
+            },
+            Some(p) => match b.engine.get(&(p, medium)).or_else(|| b.engine.get(&(p, 0))) {
+                Some(parent) => parent.chain.clone(),
+                None => {
+                    // Evicted or never seen: its children cannot be keyed.
+                    self.counters.orphans.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            },
+        };
+        let engine_size = usize::try_from(s.block_size).unwrap_or(usize::MAX).max(1);
+        let map = self.keys.pin();
+        for (i, &h) in s.block_hashes.iter().enumerate() {
+            let Some(tokens) = s.token_ids.get(i * engine_size..(i + 1) * engine_size) else {
+                // Fewer tokens than blocks: nothing more can be keyed.
+                self.counters.orphans.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let mut keys = Vec::new();
+            chain.carry.extend_from_slice(tokens);
+            let mut start = 0;
+            while chain.carry.len() - start >= self.block_size {
+                chain.key = block_key(chain.key, &chain.carry[start..start + self.block_size]);
+                keys.push(chain.key);
+                start += self.block_size;
+            }
+            chain.carry.drain(..start);
+            for &k in &keys {
+                let n = b.held.entry(k).or_insert(0);
+                *n += 1;
+                if *n == 1 {
+                    let raw = id.0;
+                    map.compute(k, |entry| match entry {
+                        Some((_, holders)) if holders.contains(&raw) => Operation::Abort(()),
+                        Some((_, holders)) => {
+                            let mut v = holders.to_vec();
+                            let at = v.partition_point(|&x| x < raw);
+                            v.insert(at, raw);
+                            Operation::Insert(v.into_boxed_slice())
+                        }
+                        None => Operation::Insert(Box::new([raw])),
+                    });
+                }
+            }
+            self.counters.stored.fetch_add(1, Ordering::Relaxed);
+            let old = b.engine.insert(
+                (h, medium),
+                EngineBlock {
+                    keys: keys.into_boxed_slice(),
+                    chain: chain.clone(),
+                },
+            );
+            if let Some(old) = old {
+                // Stored again without a removal: its keys were counted twice.
+                self.release(id, b, &old.keys);
+            }
+        }
+    }
+
+    fn removed(&self, id: EndpointId, b: &mut EndpointBlocks, key: (u64, u8)) {
+        if let Some(block) = b.engine.remove(&key) {
+            self.counters.removed.fetch_add(1, Ordering::Relaxed);
+            self.release(id, b, &block.keys);
+        }
+    }
+
+    /// Drops one holding of each key, unindexing those no engine block of
+    /// `id` completes any more.
+    fn release(&self, id: EndpointId, b: &mut EndpointBlocks, keys: &[u64]) {
+        let map = self.keys.pin();
+        for k in keys {
+            let Some(n) = b.held.get_mut(k) else { continue };
+            *n -= 1;
+            if *n == 0 {
+                b.held.remove(k);
+                unhold(&map, *k, id.0);
+            }
+        }
+    }
+
+    fn clear_locked(&self, id: EndpointId, b: &mut EndpointBlocks) {
+        let map = self.keys.pin();
+        for k in b.held.keys() {
+            unhold(&map, *k, id.0);
+        }
+        b.held.clear();
+        b.engine.clear();
+        b.held.shrink_to(0);
+        b.engine.shrink_to(0);
+        self.counters.clears.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Forgets everything `id` held.
+    pub fn clear(&self, id: EndpointId) {
+        let blocks = self.endpoints.lock().remove(&id);
+        if let Some(blocks) = blocks {
+            self.clear_locked(id, &mut blocks.lock());
+        }
+    }
+
+    /// Engine blocks known for `id`.
+    #[must_use]
+    pub fn engine_blocks(&self, id: EndpointId) -> usize {
+        self.endpoints
+            .lock()
+            .get(&id)
+            .map_or(0, |b| b.lock().engine.len())
+    }
+}
+
+fn unhold<G: papaya::Guard>(
+    map: &papaya::HashMapRef<'_, u64, Box<[u32]>, KeyHash, G>,
+    key: u64,
+    raw: u32,
+) {
+    map.compute(key, |entry| match entry {
+        Some((_, holders)) if holders.contains(&raw) => {
+            if holders.len() == 1 {
+                Operation::Remove
+            } else {
+                let v: Vec<u32> = holders.iter().copied().filter(|&x| x != raw).collect();
+                Operation::Insert(v.into_boxed_slice())
+            }
+        }
+        _ => Operation::Abort(()),
+    });
+}
+
+#[cfg(test)]
+mod tests;

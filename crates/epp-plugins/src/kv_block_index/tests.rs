@@ -1,0 +1,228 @@
+use super::*;
+
+const A: EndpointId = EndpointId(0);
+const B: EndpointId = EndpointId(1);
+
+fn batch(model: Option<&str>, events: Vec<KvEvent>) -> KvEventBatch {
+    KvEventBatch {
+        events,
+        model: model.map(str::to_owned),
+        ..KvEventBatch::default()
+    }
+}
+
+/// Blocks `hashes` (the engine's, `size` tokens each) of `tokens`.
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], size: u32) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: parent,
+        token_ids: tokens.to_vec(),
+        block_size: size,
+        medium: Some("GPU".into()),
+        ..BlockStored::default()
+    })
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: Some("GPU".into()),
+    }
+}
+
+fn matched(index: &KvBlockIndex, model: &str, tokens: &[u32]) -> (u32, u32, usize) {
+    let mut keys = Vec::new();
+    index.keys_of(model, tokens, 1000, &mut keys);
+    let mut m = PrefixMatch::default();
+    index.lookup(&keys, &mut m);
+    (m.matched(A), m.matched(B), keys.len())
+}
+
+fn seq(n: u32) -> Vec<u32> {
+    (0..n).map(|i| i * 7 + 1).collect()
+}
+
+#[test]
+fn stored_blocks_match_leading_blocks_and_removals_unmatch() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(12);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[10, 11], None, &t[..8], 4)]));
+    ix.apply(A, &batch(Some("m"), vec![stored(&[12], Some(11), &t[8..], 4)]));
+    // A request with the same 12 tokens and 2 more (a partial block).
+    let mut req = t.clone();
+    req.extend([5, 5]);
+    assert_eq!(matched(&ix, "m", &req), (3, 0, 3));
+    // Only the leading blocks count: a different first block matches nothing.
+    let mut other = t.clone();
+    other[0] = 999;
+    assert_eq!(matched(&ix, "m", &other).0, 0);
+    // The middle block evicted: only the first matches (contiguously).
+    ix.apply(A, &batch(Some("m"), vec![removed(&[11])]));
+    assert_eq!(matched(&ix, "m", &req).0, 1);
+    ix.apply(A, &batch(Some("m"), vec![KvEvent::AllBlocksCleared]));
+    assert_eq!(matched(&ix, "m", &req).0, 0);
+    assert!(ix.is_empty());
+    assert_eq!(ix.engine_blocks(A), 0);
+}
+
+#[test]
+fn engine_blocks_smaller_than_the_index_carry_over() {
+    // Engine: 4-token blocks; index: 8-token blocks.
+    let ix = KvBlockIndex::new(8, 1, 1000);
+    let t = seq(16);
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[1, 2, 3], None, &t[..12], 4)]),
+    );
+    assert_eq!(matched(&ix, "m", &t), (1, 0, 2), "12 tokens hold one 8-block");
+    ix.apply(A, &batch(Some("m"), vec![stored(&[4], Some(3), &t[12..], 4)]));
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+    // Evicting the engine block that completed the second key unmatches it.
+    ix.apply(A, &batch(Some("m"), vec![removed(&[4])]));
+    assert_eq!(matched(&ix, "m", &t).0, 1);
+    // The keys equal those of an engine with the index's own block size.
+    let same = KvBlockIndex::new(8, 1, 1000);
+    same.apply(B, &batch(Some("m"), vec![stored(&[7, 8], None, &t, 8)]));
+    let mut k1 = Vec::new();
+    let mut k2 = Vec::new();
+    ix.keys_of("m", &t, 10, &mut k1);
+    same.keys_of("m", &t, 10, &mut k2);
+    assert_eq!(k1, k2);
+    assert_eq!(matched(&same, "m", &t).1, 2);
+}
+
+#[test]
+fn engine_blocks_larger_than_the_index_complete_several_keys() {
+    let ix = KvBlockIndex::new(2, 1, 1000);
+    let t = seq(8);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1, 2], None, &t, 4)]));
+    assert_eq!(matched(&ix, "m", &t).0, 4);
+    ix.apply(A, &batch(Some("m"), vec![removed(&[2])]));
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+}
+
+#[test]
+fn an_unknown_parent_is_an_orphan_and_indexes_nothing() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[5], Some(404), &seq(4), 4)]));
+    assert!(ix.is_empty());
+    assert_eq!(ix.counters().orphans.load(Ordering::Relaxed), 1);
+    // Fewer tokens than the hashes claim: the blocks without tokens are not keyed.
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1, 2], None, &seq(6), 4)]));
+    assert_eq!(ix.engine_blocks(A), 1);
+}
+
+#[test]
+fn the_root_is_the_lora_name_else_the_topics_model() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(4);
+    let mut lora = BlockStored {
+        block_hashes: vec![1],
+        token_ids: t.clone(),
+        block_size: 4,
+        lora_id: Some(1),
+        lora_name: Some("sql".into()),
+        ..BlockStored::default()
+    };
+    ix.apply(A, &batch(Some("base"), vec![KvEvent::BlockStored(lora.clone())]));
+    assert_eq!(matched(&ix, "sql", &t).0, 1);
+    assert_eq!(matched(&ix, "base", &t).0, 0);
+    lora.lora_name = None;
+    lora.block_hashes = vec![2];
+    ix.apply(B, &batch(Some("base"), vec![KvEvent::BlockStored(lora)]));
+    assert_eq!(matched(&ix, "base", &t), (0, 1, 1));
+    // Seeds separate indexes.
+    let other = KvBlockIndex::new(4, 2, 1000);
+    let (mut k1, mut k2) = (Vec::new(), Vec::new());
+    ix.keys_of("base", &t, 9, &mut k1);
+    other.keys_of("base", &t, 9, &mut k2);
+    assert_ne!(k1, k2);
+}
+
+#[test]
+fn a_block_on_two_mediums_stays_until_both_are_evicted() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(4);
+    let mut cpu = stored(&[1], None, &t, 4);
+    if let KvEvent::BlockStored(s) = &mut cpu {
+        s.medium = Some("CPU".into());
+    }
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1], None, &t, 4), cpu]));
+    ix.apply(A, &batch(Some("m"), vec![removed(&[1])]));
+    assert_eq!(matched(&ix, "m", &t).0, 1, "still on CPU");
+    ix.apply(
+        A,
+        &batch(
+            Some("m"),
+            vec![KvEvent::BlockRemoved {
+                block_hashes: vec![1],
+                medium: Some("CPU".into()),
+            }],
+        ),
+    );
+    assert_eq!(matched(&ix, "m", &t).0, 0);
+}
+
+#[test]
+fn endpoints_hold_keys_independently() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(8);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1, 2], None, &t, 4)]));
+    ix.apply(B, &batch(Some("m"), vec![stored(&[9], None, &t[..4], 4)]));
+    assert_eq!(matched(&ix, "m", &t), (2, 1, 2));
+    ix.clear(A);
+    assert_eq!(matched(&ix, "m", &t), (0, 1, 2));
+    // Storing the same engine block twice counts it once.
+    ix.apply(B, &batch(Some("m"), vec![stored(&[9], None, &t[..4], 4)]));
+    ix.apply(B, &batch(Some("m"), vec![removed(&[9])]));
+    assert_eq!(matched(&ix, "m", &t), (0, 0, 2));
+    assert!(ix.is_empty());
+}
+
+#[test]
+fn a_publisher_that_never_evicts_costs_bounded_memory() {
+    let ix = KvBlockIndex::new(1, 1, 100);
+    for h in 0..250u32 {
+        ix.apply(A, &batch(None, vec![stored(&[u64::from(h)], None, &[h], 1)]));
+        assert!(ix.engine_blocks(A) <= 100);
+    }
+    assert!(ix.counters().clears.load(Ordering::Relaxed) >= 2);
+    assert!(ix.len() <= 100);
+}
+
+proptest::proptest! {
+    /// Against a model: after any interleaving of stores (chains off known
+    /// blocks) and removals on two endpoints, each endpoint matches exactly
+    /// the leading blocks of a sequence whose every block it still holds.
+    #[test]
+    fn matches_what_the_engines_hold(ops in proptest::collection::vec((0u8..2, 0u8..3, 0usize..6, 1usize..4), 1..60)) {
+        let ix = KvBlockIndex::new(2, 7, 10_000);
+        let tokens: Vec<u32> = (0..12).collect();
+        // Engine hash of block j of the sequence on endpoint e: its own.
+        let hash = |e: usize, j: usize| (e as u64 + 1) * 1000 + j as u64;
+        let mut held = [[false; 6]; 2];
+        for (e, op, j, n) in ops {
+            let id = EndpointId(u32::from(e));
+            let e = usize::from(e);
+            if op < 2 {
+                // Store blocks j..j+n if their parent is held (else orphan).
+                let end = (j + n).min(6);
+                let parent = (j > 0).then(|| hash(e, j - 1));
+                if j == 0 || held[e][j - 1] {
+                    let hashes: Vec<u64> = (j..end).map(|k| hash(e, k)).collect();
+                    ix.apply(id, &batch(Some("m"), vec![stored(&hashes, parent, &tokens[j * 2..end * 2], 2)]));
+                    for k in j..end { held[e][k] = true; }
+                } else {
+                    ix.apply(id, &batch(Some("m"), vec![stored(&[hash(e, j)], parent, &tokens[j * 2..j * 2 + 2], 2)]));
+                }
+            } else {
+                ix.apply(id, &batch(Some("m"), vec![removed(&[hash(e, j)])]));
+                held[e][j] = false;
+            }
+        }
+        let (a, b, _) = matched(&ix, "m", &tokens);
+        let lead = |h: &[bool; 6]| h.iter().take_while(|&&x| x).count() as u32;
+        proptest::prop_assert_eq!(a, lead(&held[0]));
+        proptest::prop_assert_eq!(b, lead(&held[1]));
+    }
+}

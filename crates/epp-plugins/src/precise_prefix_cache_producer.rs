@@ -1,0 +1,350 @@
+//! `precise-prefix-cache-producer`: matches the request's tokens against what
+//! each engine reports holding (its KV-cache events), and fills
+//! `CycleState::prefix` for `prefix-cache-scorer` and the other readers.
+//!
+//! Per request: the tokens a `token-producer` wrote are cut into blocks of
+//! `blockSize` tokens and keyed ([`KvBlockIndex::keys_of`]: chained, rooted
+//! at the target model); each endpoint's match is the number of leading
+//! blocks it holds. Without tokens (no token producer ran, or it could not
+//! tokenize this request) nothing is matched and every endpoint scores 0.
+//!
+//! The index is filled by the data layer: this plugin is a
+//! [`KvEventSink`] fed by an `endpoint-notification-source`, which
+//! subscribes to each endpoint's publisher as `kvEventsConfig` says.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, AtomicU64, Ordering},
+};
+
+use epp_core::{
+    BuildError, Candidate, CycleContext, DataProducer, Endpoint, EndpointId, KvEventBatch,
+    KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics,
+};
+
+use serde::de::IgnoredAny;
+
+use crate::{Builtin, KvBlockIndex};
+
+/// `tokenProcessorConfig`: how request tokens become block keys.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenProcessorConfig {
+    /// Tokens per block (llm-d's older name). Default 16.
+    #[serde(default)]
+    pub block_size: usize,
+    /// Tokens per block; wins over `blockSize`. Default 16.
+    #[serde(default)]
+    pub block_size_tokens: usize,
+    /// Seeds every key (llm-d: `PYTHONHASHSEED` of the engines). Any string.
+    #[serde(default)]
+    pub hash_seed: String,
+    /// llm-d's key hash (`cbor-fnv`, `xxh64`): accepted; epp keys blocks its
+    /// own way on both sides, so the choice does not matter.
+    #[serde(default)]
+    pub hash_algorithm: Option<String>,
+}
+
+/// `indexerConfig`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct IndexerConfig {
+    /// The index backend.
+    #[serde(default)]
+    pub kv_block_index_config: KvBlockIndexConfig,
+    /// llm-d's tokenizer pool: accepted; tokens come from `token-producer`.
+    #[serde(default)]
+    pub tokenizers_pool_config: Option<IgnoredAny>,
+}
+
+/// `indexerConfig.kvBlockIndexConfig`: `inMemoryConfig` is the only backend
+/// built; `enableMetrics` and `metricsLoggingInterval` are accepted (epp
+/// always exports the index's metrics).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KvBlockIndexConfig {
+    /// The in-process index (the default); its sizes are accepted.
+    #[serde(default)]
+    pub in_memory_config: Option<IgnoredAny>,
+    /// A shared Redis index: not built yet, refused.
+    #[serde(default)]
+    pub redis_config: Option<IgnoredAny>,
+    /// A shared Valkey index: not built yet, refused.
+    #[serde(default)]
+    pub valkey_config: Option<IgnoredAny>,
+    /// llm-d's cost-aware in-memory index: refused.
+    #[serde(default)]
+    pub cost_aware_memory_config: Option<IgnoredAny>,
+    /// Accepted.
+    #[serde(default)]
+    pub enable_metrics: bool,
+    /// Accepted.
+    #[serde(default)]
+    pub metrics_logging_interval: Option<IgnoredAny>,
+}
+
+/// Parameters (llm-d's names; see docs/plugins.md).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrecisePrefixParams {
+    /// Block size and seed.
+    #[serde(default)]
+    pub token_processor_config: TokenProcessorConfig,
+    /// llm-d's indexer settings.
+    #[serde(default)]
+    pub indexer_config: IndexerConfig,
+    /// Where the events come from.
+    #[serde(default)]
+    pub kv_events_config: KvEventsConfig,
+    /// llm-d's guess-ahead indexing of picks; only `false` is supported.
+    #[serde(default)]
+    pub speculative_indexing: bool,
+    /// Accepted with `speculativeIndexing: false`.
+    #[serde(default, rename = "speculativeTTL")]
+    pub speculative_ttl: Option<String>,
+    /// Leading blocks of a prompt looked up at most. Default 8192.
+    #[serde(default)]
+    pub max_prefix_blocks_to_match: usize,
+    /// Engine blocks remembered per endpoint at most. Default 2^20.
+    #[serde(default)]
+    pub max_blocks_per_endpoint: usize,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1 << 40);
+
+/// `precise-prefix-cache-producer`.
+#[derive(Debug)]
+pub struct PrecisePrefixCacheProducer {
+    name: String,
+    id: u64,
+    config: KvEventsConfig,
+    max_blocks: usize,
+    index: Arc<KvBlockIndex>,
+    warned_no_tokens: AtomicBool,
+}
+
+fn seed_of(s: &str) -> u64 {
+    // FNV-1a: stable across builds (the default hasher is not).
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Builtin for PrecisePrefixCacheProducer {
+    const TYPE: &'static str = "precise-prefix-cache-producer";
+    type Params = PrecisePrefixParams;
+
+    /// # Errors
+    /// A block size over 2^18 tokens, `speculativeIndexing: true`, an engine
+    /// other than vLLM, or an index backend other than in-memory (Redis is
+    /// not built yet).
+    fn build(name: impl Into<String>, p: PrecisePrefixParams) -> Result<Self, BuildError> {
+        let name = name.into();
+        let bad = |field: &str, value: String, reason: &str| BuildError::InvalidValue {
+            plugin: name.clone(),
+            field: field.into(),
+            value,
+            reason: reason.into(),
+        };
+        let t = &p.token_processor_config;
+        let block = match (t.block_size_tokens, t.block_size) {
+            (0, 0) => 16,
+            (0, b) | (b, _) => b,
+        };
+        if block > 1 << 18 {
+            return Err(bad(
+                "tokenProcessorConfig.blockSizeTokens",
+                block.to_string(),
+                "must be at most 262144",
+            ));
+        }
+        if p.speculative_indexing {
+            return Err(bad(
+                "speculativeIndexing",
+                "true".into(),
+                "speculative indexing is not built in epp; the index follows the engines' events only",
+            ));
+        }
+        if p.kv_events_config.engine_type != "vllm" {
+            return Err(bad(
+                "kvEventsConfig.engineType",
+                p.kv_events_config.engine_type.clone(),
+                "only vllm's events are decoded",
+            ));
+        }
+        let kv = &p.indexer_config.kv_block_index_config;
+        for (backend, set) in [
+            ("redisConfig", kv.redis_config.is_some()),
+            ("valkeyConfig", kv.valkey_config.is_some()),
+            ("costAwareMemoryConfig", kv.cost_aware_memory_config.is_some()),
+        ] {
+            if set {
+                return Err(bad(
+                    &format!("indexerConfig.kvBlockIndexConfig.{backend}"),
+                    "set".into(),
+                    "only the in-memory index is built in epp (inMemoryConfig)",
+                ));
+            }
+        }
+        let max_blocks = match p.max_prefix_blocks_to_match {
+            0 => 8192,
+            n => n,
+        };
+        let per_endpoint = match p.max_blocks_per_endpoint {
+            0 => 1 << 20,
+            n => n,
+        };
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            config: p.kv_events_config,
+            max_blocks,
+            index: Arc::new(KvBlockIndex::new(block, seed_of(&t.hash_seed), per_endpoint)),
+            warned_no_tokens: AtomicBool::new(false),
+            name,
+        })
+    }
+}
+
+impl PrecisePrefixCacheProducer {
+    /// The index (for inspection and tests).
+    #[must_use]
+    pub fn index(&self) -> &KvBlockIndex {
+        &self.index
+    }
+}
+
+impl Plugin for PrecisePrefixCacheProducer {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_data_producer(&self) -> Option<&dyn DataProducer> {
+        Some(self)
+    }
+    fn as_kv_event_sink(&self) -> Option<&dyn KvEventSink> {
+        Some(self)
+    }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
+        Some(self)
+    }
+}
+
+impl DataProducer for PrecisePrefixCacheProducer {
+    fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
+        let prefix = &mut cx.state.prefix;
+        if prefix.computed {
+            return;
+        }
+        let tokens = &cx.state.tokens;
+        if !tokens.computed {
+            if !self.warned_no_tokens.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    plugin = %self.name,
+                    "no token-producer tokenized this request: precise prefix matching needs \
+                     tokens (declare a token-producer; this is logged once)"
+                );
+            }
+            return;
+        }
+        self.index.keys_of(
+            &cx.request.target_model,
+            &tokens.ids,
+            self.max_blocks,
+            &mut prefix.hashes,
+        );
+        // A salted request's blocks are the tenant's own: the engines do
+        // not report salts, so nothing the index holds is known to match.
+        if cx.request.cache_salt.is_some() {
+            prefix.hashes.clear();
+        }
+        prefix.computed = true;
+        prefix.producer = self.id;
+        prefix.block_size_tokens = u32::try_from(self.index.block_size()).unwrap_or(u32::MAX);
+        let keys = std::mem::take(&mut prefix.hashes);
+        self.index.lookup(&keys, prefix);
+        prefix.hashes = keys;
+    }
+    fn produces_prefix_matches(&self) -> bool {
+        true
+    }
+    fn reads_tokens(&self) -> bool {
+        true
+    }
+}
+
+impl KvEventSink for PrecisePrefixCacheProducer {
+    fn kv_events_config(&self) -> &KvEventsConfig {
+        &self.config
+    }
+    fn apply(&self, endpoint: &Arc<Endpoint>, batch: &KvEventBatch) {
+        self.index.apply(endpoint.id(), batch);
+    }
+    fn clear(&self, endpoint: EndpointId) {
+        self.index.clear(endpoint);
+    }
+}
+
+const fn family(name: &'static str, help: &'static str) -> MetricFamily {
+    MetricFamily { name, help }
+}
+
+const COUNTERS: [MetricFamily; 7] = [
+    family(
+        "epp_kv_block_index_blocks_stored",
+        "Engine blocks the precise prefix index was told were stored",
+    ),
+    family(
+        "epp_kv_block_index_blocks_removed",
+        "Engine blocks the precise prefix index was told were evicted",
+    ),
+    family(
+        "epp_kv_block_index_orphan_events",
+        "Stored blocks not indexed because their parent block was unknown",
+    ),
+    family(
+        "epp_kv_block_index_clears",
+        "Times an endpoint's blocks were all forgotten (engine cleared, stream gap or restart, cap)",
+    ),
+    family(
+        "epp_kv_block_index_lookups",
+        "Requests looked up in the precise prefix index",
+    ),
+    family(
+        "epp_kv_block_index_lookup_blocks",
+        "Blocks of the requests looked up",
+    ),
+    family(
+        "epp_kv_block_index_hit_blocks",
+        "Blocks of the requests looked up that some endpoint held (hit ratio: over lookup_blocks)",
+    ),
+];
+
+const KEYS: MetricFamily = family(
+    "epp_kv_block_index_keys",
+    "Distinct blocks (index keys) some endpoint holds",
+);
+
+impl PluginMetrics for PrecisePrefixCacheProducer {
+    fn report(&self, out: &mut dyn MetricSink) {
+        let c = self.index.counters();
+        let labels = [("plugin", self.name.as_str())];
+        let values = [
+            &c.stored,
+            &c.removed,
+            &c.orphans,
+            &c.clears,
+            &c.lookups,
+            &c.lookup_blocks,
+            &c.hit_blocks,
+        ];
+        for (f, v) in COUNTERS.into_iter().zip(values) {
+            out.counter(f, &labels, v.load(Ordering::Relaxed));
+        }
+        out.gauge(KEYS, &labels, self.index.len() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,283 @@
+//! `token-producer`: tokenizes the request's prompt in process, with the
+//! model's own `tokenizer.json` (the `tokenizers` crate, as the engines'
+//! Hugging Face tokenizers do), and writes the ids to `CycleState::tokens`
+//! for the precise prefix producer and other readers.
+//!
+//! The tokenizer is loaded at start from `local.path` (a `tokenizer.json`,
+//! or a model directory holding one) and reloaded when the file changes (a
+//! bad new file is logged and the old tokenizer kept). No network call is
+//! made on the request path.
+//!
+//! What is tokenized: a completions request's prompt string, with the
+//! tokenizer's special tokens added (`add_special_tokens`, as vLLM does),
+//! cut at `maxPromptBytes`. Chat and other APIs are rendered by the engine
+//! through its chat template, which epp does not render yet: for them no
+//! tokens are produced and token readers match nothing.
+//!
+//! llm-d's backends: `vllm.url` (the engine's `/render` endpoints over HTTP)
+//! and `udsTokenizerConfig` are not built in epp; a config naming them is
+//! refused with what to write instead.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Weak},
+    time::{Duration, SystemTime},
+};
+
+use arc_swap::ArcSwap;
+use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugin};
+use serde::de::IgnoredAny;
+use tokenizers::Tokenizer;
+
+use crate::Builtin;
+
+/// `local`: epp's in-process backend.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalTokenizerParams {
+    /// A `tokenizer.json`, or a directory holding one.
+    pub path: String,
+    /// How often the file is checked for changes. Default `2s`; `0s` never.
+    #[serde(default)]
+    pub reload_interval: Option<String>,
+}
+
+/// Parameters (llm-d's names, plus `local`).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenProducerParams {
+    /// The model whose tokenizer this is (informational with `local`).
+    #[serde(default)]
+    pub model_name: Option<String>,
+    /// The in-process tokenizer.
+    #[serde(default)]
+    pub local: Option<LocalTokenizerParams>,
+    /// llm-d's vLLM `/render` backend: not built in epp, refused.
+    #[serde(default)]
+    pub vllm: Option<IgnoredAny>,
+    /// llm-d's deprecated UDS sidecar backend: refused.
+    #[serde(default)]
+    pub uds_tokenizer_config: Option<IgnoredAny>,
+    /// llm-d's estimating backend: refused (its ids match no engine's).
+    #[serde(default)]
+    pub estimate: Option<IgnoredAny>,
+    /// Longest prompt tokenized, in bytes; longer ones are cut at a
+    /// character boundary (their leading blocks tokenize the same). Default
+    /// 1 MiB.
+    #[serde(default)]
+    pub max_prompt_bytes: Option<usize>,
+}
+
+/// `token-producer`.
+#[derive(Debug)]
+pub struct TokenProducer {
+    name: String,
+    current: Arc<ArcSwap<Tokenizer>>,
+    max_bytes: usize,
+}
+
+/// Resolves `path` to the `tokenizer.json` it names.
+fn tokenizer_file(path: &str) -> PathBuf {
+    let p = Path::new(path);
+    if p.is_dir() {
+        p.join("tokenizer.json")
+    } else {
+        p.to_path_buf()
+    }
+}
+
+fn load(file: &Path) -> Result<Tokenizer, String> {
+    Tokenizer::from_file(file).map_err(|e| e.to_string())
+}
+
+fn modified(file: &Path) -> Option<SystemTime> {
+    std::fs::metadata(file).and_then(|m| m.modified()).ok()
+}
+
+impl Builtin for TokenProducer {
+    const TYPE: &'static str = "token-producer";
+    type Params = TokenProducerParams;
+
+    /// # Errors
+    /// No `local` backend, an llm-d backend epp does not build, or a
+    /// tokenizer file that cannot be read or parsed.
+    fn build(name: impl Into<String>, p: TokenProducerParams) -> Result<Self, BuildError> {
+        let name = name.into();
+        let bad = |field: &str, value: String, reason: String| BuildError::InvalidValue {
+            plugin: name.clone(),
+            field: field.into(),
+            value,
+            reason,
+        };
+        let Some(local) = p.local else {
+            let (field, what) = if p.vllm.is_some() {
+                ("vllm", "the vLLM /render backend")
+            } else if p.uds_tokenizer_config.is_some() {
+                ("udsTokenizerConfig", "the UDS tokenizer sidecar")
+            } else if p.estimate.is_some() {
+                ("estimate", "the estimating backend")
+            } else {
+                ("local", "a token producer without a tokenizer")
+            };
+            return Err(bad(
+                field,
+                "set".into(),
+                format!(
+                    "{what} is not built in epp; tokenize in process instead: \
+                     `local: {{path: <tokenizer.json or the model's directory>}}`"
+                ),
+            ));
+        };
+        let file = tokenizer_file(&local.path);
+        let tokenizer = load(&file).map_err(|e| {
+            bad(
+                "local.path",
+                file.display().to_string(),
+                format!("cannot load the tokenizer: {e}"),
+            )
+        })?;
+        let interval = match local.reload_interval.as_deref() {
+            None => Duration::from_secs(2),
+            Some(s) => humantime::parse_duration(s).map_err(|e| {
+                bad("local.reloadInterval", s.to_owned(), e.to_string())
+            })?,
+        };
+        let current = Arc::new(ArcSwap::from_pointee(tokenizer));
+        if !interval.is_zero() {
+            watch(Arc::downgrade(&current), file, interval);
+        }
+        Ok(Self {
+            name,
+            current,
+            max_bytes: p.max_prompt_bytes.unwrap_or(1 << 20),
+        })
+    }
+}
+
+/// Reloads the tokenizer when its file changes, until the plugin is gone.
+fn watch(slot: Weak<ArcSwap<Tokenizer>>, file: PathBuf, every: Duration) {
+    let mut seen = modified(&file);
+    let spawned = std::thread::Builder::new()
+        .name("epp-tokenizer-watch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let Some(slot) = slot.upgrade() else { return };
+                let now = modified(&file);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match load(&file) {
+                    Ok(t) => {
+                        slot.store(Arc::new(t));
+                        tracing::info!(file = %file.display(), "tokenizer reloaded");
+                    }
+                    Err(e) => tracing::warn!(
+                        file = %file.display(),
+                        error = %e,
+                        "the changed tokenizer cannot be loaded; keeping the previous one"
+                    ),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the tokenizer watcher; changes will not be reloaded");
+    }
+}
+
+impl TokenProducer {
+    /// Token ids of `text` as the engine computes them (special tokens
+    /// added), appended to `out`.
+    ///
+    /// # Errors
+    /// When the tokenizer fails on the text.
+    pub fn tokenize(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
+        let text = cut(text, self.max_bytes);
+        let enc = self
+            .current
+            .load()
+            .encode_fast(text, true)
+            .map_err(|e| e.to_string())?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+impl Plugin for TokenProducer {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_data_producer(&self) -> Option<&dyn DataProducer> {
+        Some(self)
+    }
+}
+
+impl DataProducer for TokenProducer {
+    fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
+        let tokens = &mut cx.state.tokens;
+        if tokens.computed || cx.request.api != ApiKind::Completions {
+            return;
+        }
+        tokens.ids.clear();
+        match self.tokenize(&cx.request.prompt, &mut tokens.ids) {
+            Ok(()) => tokens.computed = true,
+            Err(e) => {
+                tokens.ids.clear();
+                tracing::debug!(plugin = %self.name, error = %e, "cannot tokenize the prompt");
+            }
+        }
+    }
+    fn produces_tokens(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_at_character_boundaries() {
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("héllo", 3), "hé");
+        assert_eq!(cut("abc", 10), "abc");
+    }
+
+    #[test]
+    fn llm_d_backends_are_refused_with_what_to_write() {
+        let p: TokenProducerParams = serde_yaml_ng::from_str(
+            "{modelName: m, vllm: {url: 'http://localhost:8000'}}",
+        )
+        .expect("parses");
+        let e = TokenProducer::build("t", p).expect_err("refused").to_string();
+        assert!(e.contains("vllm") && e.contains("local: {path:"), "{e}");
+        let e = TokenProducer::build("t", TokenProducerParams::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("local"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_tokenizer_file_names_the_path() {
+        let p: TokenProducerParams =
+            serde_yaml_ng::from_str("{local: {path: /nonexistent/tok}}").expect("parses");
+        let e = TokenProducer::build("t", p).expect_err("refused").to_string();
+        assert!(e.contains("/nonexistent/tok") && e.contains("cannot load"), "{e}");
+    }
+}
