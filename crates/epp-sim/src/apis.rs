@@ -80,6 +80,7 @@ async fn run(sim: &Sim, p: Parsed) -> Result<(String, String, Outcome), Response
             prompt: p.prompt,
             prompt_tokens,
             max_tokens: p.max_tokens,
+            ..NewRequest::default()
         },
     )
     .await?;
