@@ -393,4 +393,70 @@ mod tests {
         assert!(p.take(&b[2..], 0));
         assert_eq!(p.hits(&a), 1, "only a's tail was evicted");
     }
+
+    fn src<'a>(tokens: &'a [u32], hashes: &'a [u64], first: usize) -> BlockSource<'a> {
+        BlockSource {
+            tokens,
+            block_size: 2,
+            hashes,
+            first,
+            lora: None,
+        }
+    }
+
+    #[test]
+    fn token_blocks_are_announced_once_chained_and_their_eviction_too() {
+        let mut p = BlockPool::new(3);
+        p.record_events();
+        let tokens = [1, 2, 3, 4, 5, 6, 7];
+        let h = token_block_hashes(&tokens, 2, 0);
+        assert_eq!(h.len(), 3, "the partial block has no hash");
+        assert!(p.take_from(&h[..1], 0, Some(&src(&tokens, &h, 0))));
+        assert!(p.take_from(&h[1..], 0, Some(&src(&tokens, &h, 1))));
+        let stored = PoolEvent::Stored {
+            hashes: h.clone(),
+            parent: None,
+            token_ids: tokens[..6].to_vec(),
+            lora: None,
+        };
+        assert_eq!(p.take_events(), [stored], "consecutive blocks, one event");
+        assert!(p.take_from(&h, 0, Some(&src(&tokens, &h, 0))));
+        assert_eq!(p.take_events(), [], "shared blocks are not stored again");
+        p.give_back(&h, 0);
+        p.give_back(&h, 0);
+        assert!(p.take(&[], 2), "two private blocks evict the tail");
+        assert_eq!(
+            p.take_events(),
+            [PoolEvent::Removed {
+                hashes: vec![h[2], h[1]]
+            }]
+        );
+        p.give_back(&[], 2);
+        assert!(p.take_from(&h[1..2], 0, Some(&src(&tokens, &h, 1))));
+        assert_eq!(
+            p.take_events(),
+            [PoolEvent::Stored {
+                hashes: vec![h[1]],
+                parent: Some(h[0]),
+                token_ids: vec![3, 4],
+                lora: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn char_blocks_make_no_events_and_reset_waits_for_free_blocks() {
+        let mut p = BlockPool::new(2);
+        p.record_events();
+        let a = block_hashes(b"11112222", 4, 0);
+        assert!(p.take(&a, 0));
+        assert!(!p.reset(), "blocks in use: nothing reset");
+        p.give_back(&a, 0);
+        assert!(p.take(&[], 2));
+        assert_eq!(p.take_events(), [], "evicting char blocks says nothing");
+        p.give_back(&[], 2);
+        assert!(p.reset());
+        assert_eq!(p.take_events(), [PoolEvent::AllCleared]);
+        assert_eq!(p.cached_blocks(), 0);
+    }
 }
