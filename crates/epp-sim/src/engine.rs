@@ -16,7 +16,6 @@ use tokio::{
 use tokenizers::Tokenizer;
 
 use crate::{
-    blocks::PoolEvent,
     config::SimConfig,
     engine_core::{Core, Injected, unix_now},
     kv_events::{KvEventSink, NotQueued},
@@ -197,18 +196,19 @@ impl Sim {
             .transpose()
     }
 
-    /// Hands one step's cache changes to the publisher; nothing to publish
-    /// publishes nothing. A full queue drops the batch (counted).
-    fn publish(&self, events: Vec<PoolEvent>) {
+    /// Hands the cache changes noted in `core` (one step's) to the
+    /// publisher; nothing to publish publishes nothing. Called under the
+    /// engine lock, so batches queue in the order they happened; the queue
+    /// never waits: when full the batch is dropped (and counted).
+    fn publish(&self, core: &mut Core) {
         let Some(sink) = &self.kv_events else { return };
+        let events = core.take_kv_events();
         if events.is_empty() {
             return;
         }
         if let Err(NotQueued::Full) = sink.send(unix_now(), events) {
-            let dropped = self.with_core(|c| {
-                c.stats.kv_events_dropped += 1;
-                c.stats.kv_events_dropped
-            });
+            core.stats.kv_events_dropped += 1;
+            let dropped = core.stats.kv_events_dropped;
             if dropped.is_power_of_two() {
                 eprintln!("epp-sim: kv events queue full: {dropped} batches dropped so far");
             }
@@ -219,8 +219,9 @@ impl Sim {
     /// `AllBlocksCleared`, unless a request holds blocks (then nothing
     /// changes and false is returned, as in vLLM).
     pub fn reset_prefix_cache(&self) -> bool {
-        let (done, events) = self.with_core(|c| (c.reset_prefix_cache(), c.take_kv_events()));
-        self.publish(events);
+        let mut core = self.core.lock();
+        let done = core.reset_prefix_cache();
+        self.publish(&mut core);
         done
     }
 
@@ -285,18 +286,13 @@ async fn run(sim: Weak<Sim>, wake: Arc<Notify>) {
             .unwrap_or(now);
         let step = {
             let Some(sim) = sim.upgrade() else { return };
-            let (step, events) = sim.with_core(|c| {
-                let step = c.schedule(start);
-                // A step's changes go out once it is done; an idle pass
-                // changes nothing but is drained all the same.
-                let events = if step.is_none() {
-                    c.take_kv_events()
-                } else {
-                    Vec::new()
-                };
-                (step, events)
-            });
-            sim.publish(events);
+            let mut core = sim.core.lock();
+            let step = core.schedule(start);
+            // A step's changes go out once it is done; an idle pass
+            // changes nothing but is drained all the same.
+            if step.is_none() {
+                sim.publish(&mut core);
+            }
             step
         };
         match step {
@@ -304,11 +300,9 @@ async fn run(sim: Weak<Sim>, wake: Arc<Notify>) {
                 let end = start + step.duration;
                 tokio::time::sleep_until(end).await;
                 let Some(sim) = sim.upgrade() else { return };
-                let events = sim.with_core(|c| {
-                    c.complete(end);
-                    c.take_kv_events()
-                });
-                sim.publish(events);
+                let mut core = sim.core.lock();
+                core.complete(end);
+                sim.publish(&mut core);
                 last_end = Some(end);
             }
             // Idle means nothing waits either (an idle engine admits every
