@@ -72,7 +72,14 @@ fn max_tokens(sim: &Sim, v: &Value, key: &str) -> u64 {
 }
 
 async fn run(sim: &Sim, p: Parsed) -> Result<(String, String, Outcome), Response> {
-    let prompt_tokens = count_tokens(&p.prompt).max(1);
+    // The transcript is tokenized when there is a `--tokenizer`.
+    let token_ids = sim
+        .tokenize(&p.prompt)
+        .map_err(|e| bad(e).into_response())?;
+    let prompt_tokens = token_ids
+        .as_ref()
+        .map_or_else(|| count_tokens(&p.prompt), |ids| ids.len() as u64)
+        .max(1);
     let g = submit(
         sim,
         NewRequest {
@@ -80,6 +87,8 @@ async fn run(sim: &Sim, p: Parsed) -> Result<(String, String, Outcome), Response
             prompt: p.prompt,
             prompt_tokens,
             max_tokens: p.max_tokens,
+            token_ids,
+            ..NewRequest::default()
         },
     )
     .await?;

@@ -3,6 +3,12 @@
 //! are identified by a chained hash and shared between requests; blocks no
 //! request references stay cached but are free, and are evicted least recently
 //! freed first when a new block is needed.
+//!
+//! Blocks are keyed by characters ([`block_hashes`]) or, when the request's
+//! token ids are known, by tokens ([`token_block_hashes`]). With events on
+//! ([`BlockPool::record_events`]) the pool notes, in order, every token block
+//! it caches and every one it evicts, the way vLLM's block pool queues its KV
+//! cache events; the engine drains them once per step.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -27,6 +33,30 @@ pub fn block_hashes(text: &[u8], block_chars: usize, salt: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Hashes `tokens` in blocks of `block_size` token ids, chained like
+/// [`block_hashes`]: a block's hash covers its parent's hash, its own ids and
+/// (through the first parent) `salt`. A trailing partial block gets no hash.
+#[must_use]
+pub fn token_block_hashes(tokens: &[u32], block_size: usize, salt: u64) -> Vec<u64> {
+    let block_size = block_size.max(1);
+    // A different seed than the character path: the two key spaces never meet.
+    let mut prev = splitmix(salt ^ 0x746f_6b65_6e73_0000);
+    tokens
+        .chunks_exact(block_size)
+        .map(|block| {
+            let mut h = prev ^ 0xcbf2_9ce4_8422_2325;
+            for &t in block {
+                for b in t.to_le_bytes() {
+                    h ^= u64::from(b);
+                    h = h.wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+            prev = splitmix(h);
+            prev
+        })
+        .collect()
+}
+
 fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -39,6 +69,57 @@ struct Cached {
     refs: u32,
     /// Position in the free list while `refs == 0`.
     freed_at: u64,
+    /// A token block announced with a stored event (its eviction is too).
+    announced: bool,
+}
+
+/// The LoRA adapter a block was computed with, as KV events name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraTag {
+    /// 1-based position in `--lora-modules`.
+    pub id: u32,
+    /// The adapter's name.
+    pub name: String,
+}
+
+/// Where the blocks handed to [`BlockPool::take_from`] come from: a request's
+/// token ids, so newly cached blocks can be announced.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockSource<'a> {
+    /// The request's prompt token ids.
+    pub tokens: &'a [u32],
+    /// Tokens per block.
+    pub block_size: usize,
+    /// All the request's block hashes (those taken are a slice of them).
+    pub hashes: &'a [u64],
+    /// Index in `hashes` of the first block taken.
+    pub first: usize,
+    /// The request's adapter.
+    pub lora: Option<&'a LoraTag>,
+}
+
+/// A change of the cached token blocks, in vLLM's KV event terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolEvent {
+    /// Consecutive blocks of one request became cached.
+    Stored {
+        /// Their hashes, in prompt order.
+        hashes: Vec<u64>,
+        /// The hash of the block before the first one (`None`: the prompt's
+        /// first block).
+        parent: Option<u64>,
+        /// All their token ids, concatenated.
+        token_ids: Vec<u32>,
+        /// The adapter they were computed with.
+        lora: Option<LoraTag>,
+    },
+    /// Cached blocks were evicted.
+    Removed {
+        /// Their hashes.
+        hashes: Vec<u64>,
+    },
+    /// Every cached block was dropped.
+    AllCleared,
 }
 
 /// The pool. Invariant: `cached.len() + private <= capacity`.
@@ -51,6 +132,8 @@ pub struct BlockPool {
     /// Blocks without a hash (partial prompt blocks, generated tokens).
     private: usize,
     clock: u64,
+    /// Changes not yet drained, when events are on.
+    events: Option<Vec<PoolEvent>>,
 }
 
 impl BlockPool {
@@ -63,7 +146,24 @@ impl BlockPool {
             free_list: BTreeMap::new(),
             private: 0,
             clock: 0,
+            events: None,
         }
+    }
+
+    /// Starts noting cache changes for [`BlockPool::take_events`].
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether changes are noted.
+    #[must_use]
+    pub fn records_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// The changes noted since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Total blocks.
@@ -112,10 +212,21 @@ impl BlockPool {
     /// `private` unhashed blocks. All or nothing: returns false, changing
     /// nothing, when the pool has too few free blocks.
     pub fn take(&mut self, hashes: &[u64], private: usize) -> bool {
+        self.take_from(hashes, private, None)
+    }
+
+    /// [`BlockPool::take`] for blocks of a request whose token ids are known
+    /// (`source`): each newly cached block is noted as stored.
+    pub fn take_from(
+        &mut self,
+        hashes: &[u64],
+        private: usize,
+        source: Option<&BlockSource<'_>>,
+    ) -> bool {
         if self.cost(hashes, private) > self.free() {
             return false;
         }
-        for &h in hashes {
+        for (k, &h) in hashes.iter().enumerate() {
             if let Some(c) = self.cached.get_mut(&h) {
                 if c.refs == 0 {
                     self.free_list.remove(&c.freed_at);
@@ -123,11 +234,16 @@ impl BlockPool {
                 c.refs += 1;
             } else {
                 self.make_room();
+                let announced = match (source, self.events.as_mut()) {
+                    (Some(src), Some(events)) => note_stored(events, src, src.first + k),
+                    _ => false,
+                };
                 self.cached.insert(
                     h,
                     Cached {
                         refs: 1,
                         freed_at: 0,
+                        announced,
                     },
                 );
             }
@@ -143,9 +259,29 @@ impl BlockPool {
     fn make_room(&mut self) {
         if self.cached.len() + self.private >= self.capacity
             && let Some((_, h)) = self.free_list.pop_first()
+            && self.cached.remove(&h).is_some_and(|c| c.announced)
+            && let Some(events) = self.events.as_mut()
         {
-            self.cached.remove(&h);
+            match events.last_mut() {
+                Some(PoolEvent::Removed { hashes }) => hashes.push(h),
+                _ => events.push(PoolEvent::Removed { hashes: vec![h] }),
+            }
         }
+    }
+
+    /// Drops every cached block, as vLLM's `reset_prefix_cache` does: only
+    /// when no request holds a block (returns false, changing nothing,
+    /// otherwise). Notes one [`PoolEvent::AllCleared`].
+    pub fn reset(&mut self) -> bool {
+        if self.used() > 0 {
+            return false;
+        }
+        self.cached.clear();
+        self.free_list.clear();
+        if let Some(events) = self.events.as_mut() {
+            events.push(PoolEvent::AllCleared);
+        }
+        true
     }
 
     /// Drops a request's references. Hashed blocks stay cached, freed in
@@ -163,6 +299,43 @@ impl BlockPool {
         }
         self.private = self.private.saturating_sub(private);
     }
+}
+
+/// Notes block `index` of `src` as stored, extending the last stored event
+/// when it ends with this block's parent. False when the block has no tokens.
+fn note_stored(events: &mut Vec<PoolEvent>, src: &BlockSource<'_>, index: usize) -> bool {
+    let bs = src.block_size.max(1);
+    let (Some(&hash), Some(ids)) = (
+        src.hashes.get(index),
+        src.tokens.get(index * bs..(index + 1) * bs),
+    ) else {
+        return false;
+    };
+    let parent = index
+        .checked_sub(1)
+        .and_then(|p| src.hashes.get(p))
+        .copied();
+    if let Some(PoolEvent::Stored {
+        hashes,
+        token_ids,
+        lora,
+        ..
+    }) = events.last_mut()
+        && parent.is_some()
+        && hashes.last().copied() == parent
+        && lora.as_ref() == src.lora
+    {
+        hashes.push(hash);
+        token_ids.extend_from_slice(ids);
+        return true;
+    }
+    events.push(PoolEvent::Stored {
+        hashes: vec![hash],
+        parent,
+        token_ids: ids.to_vec(),
+        lora: src.lora.cloned(),
+    });
+    true
 }
 
 #[cfg(test)]
@@ -219,5 +392,71 @@ mod tests {
         p.give_back(&a, 0);
         assert!(p.take(&b[2..], 0));
         assert_eq!(p.hits(&a), 1, "only a's tail was evicted");
+    }
+
+    fn src<'a>(tokens: &'a [u32], hashes: &'a [u64], first: usize) -> BlockSource<'a> {
+        BlockSource {
+            tokens,
+            block_size: 2,
+            hashes,
+            first,
+            lora: None,
+        }
+    }
+
+    #[test]
+    fn token_blocks_are_announced_once_chained_and_their_eviction_too() {
+        let mut p = BlockPool::new(3);
+        p.record_events();
+        let tokens = [1, 2, 3, 4, 5, 6, 7];
+        let h = token_block_hashes(&tokens, 2, 0);
+        assert_eq!(h.len(), 3, "the partial block has no hash");
+        assert!(p.take_from(&h[..1], 0, Some(&src(&tokens, &h, 0))));
+        assert!(p.take_from(&h[1..], 0, Some(&src(&tokens, &h, 1))));
+        let stored = PoolEvent::Stored {
+            hashes: h.clone(),
+            parent: None,
+            token_ids: tokens[..6].to_vec(),
+            lora: None,
+        };
+        assert_eq!(p.take_events(), [stored], "consecutive blocks, one event");
+        assert!(p.take_from(&h, 0, Some(&src(&tokens, &h, 0))));
+        assert_eq!(p.take_events(), [], "shared blocks are not stored again");
+        p.give_back(&h, 0);
+        p.give_back(&h, 0);
+        assert!(p.take(&[], 2), "two private blocks evict the tail");
+        assert_eq!(
+            p.take_events(),
+            [PoolEvent::Removed {
+                hashes: vec![h[2], h[1]]
+            }]
+        );
+        p.give_back(&[], 2);
+        assert!(p.take_from(&h[1..2], 0, Some(&src(&tokens, &h, 1))));
+        assert_eq!(
+            p.take_events(),
+            [PoolEvent::Stored {
+                hashes: vec![h[1]],
+                parent: Some(h[0]),
+                token_ids: vec![3, 4],
+                lora: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn char_blocks_make_no_events_and_reset_waits_for_free_blocks() {
+        let mut p = BlockPool::new(2);
+        p.record_events();
+        let a = block_hashes(b"11112222", 4, 0);
+        assert!(p.take(&a, 0));
+        assert!(!p.reset(), "blocks in use: nothing reset");
+        p.give_back(&a, 0);
+        assert!(p.take(&[], 2));
+        assert_eq!(p.take_events(), [], "evicting char blocks says nothing");
+        p.give_back(&[], 2);
+        assert!(p.reset());
+        assert_eq!(p.take_events(), [PoolEvent::AllCleared]);
+        assert_eq!(p.cached_blocks(), 0);
     }
 }

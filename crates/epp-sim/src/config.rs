@@ -1,6 +1,10 @@
 //! Simulator settings (one server).
 
+use std::path::PathBuf;
+
 use clap::{Parser, ValueEnum};
+
+use crate::kv_events::KvEventsConfig;
 
 /// Which engine's metric names the simulator exposes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -106,6 +110,23 @@ pub struct SimConfig {
     /// Seed for failure injection, ids and generated text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A Hugging Face `tokenizer.json`, or a directory holding one: prompts
+    /// are then tokenized for real (`encode(text, add_special_tokens=true)`)
+    /// and the prefix cache keys blocks of --block-size token ids. Without
+    /// it, text prompts count 4 characters per token.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
+    /// vLLM's KVEventsConfig as JSON, e.g. `{"enable_kv_cache_events": true,
+    /// "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
+    /// "tcp://*:5558", "buffer_steps": 10000, "topic": ""}`: publish KV cache
+    /// events over ZeroMQ as vLLM does.
+    #[arg(long, value_name = "JSON", value_parser = KvEventsConfig::parse)]
+    pub kv_events_config: Option<KvEventsConfig>,
+    /// Send block hashes in KV events as 32-byte msgpack `bin` values (the
+    /// u64 big-endian in the last 8 bytes), as newer vLLM does, instead of
+    /// unsigned integers.
+    #[arg(long)]
+    pub kv_events_hash_bytes: bool,
 }
 
 impl SimConfig {

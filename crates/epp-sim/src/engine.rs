@@ -13,9 +13,12 @@ use tokio::{
     time::Instant,
 };
 
+use tokenizers::Tokenizer;
+
 use crate::{
     config::SimConfig,
     engine_core::{Core, Injected, unix_now},
+    kv_events::{KvEventSink, NotQueued},
 };
 
 /// Characters per token: the tokenizer-free rule every client and router uses.
@@ -48,17 +51,24 @@ pub struct Outcome {
     pub cached_tokens: u64,
 }
 
-/// A generation request, already tokenized by the 4-character rule.
-#[derive(Debug, Clone)]
+/// A generation request, already tokenized: by a real tokenizer (then
+/// `token_ids` is set) or by the 4-character rule.
+#[derive(Debug, Clone, Default)]
 pub struct NewRequest {
     /// Model name asked for (base model or adapter).
     pub model: String,
-    /// Prompt text (what the prefix cache hashes).
+    /// Prompt text (what the prefix cache hashes when `token_ids` is unset).
     pub prompt: String,
     /// Prompt tokens.
     pub prompt_tokens: u64,
     /// Tokens to generate.
     pub max_tokens: u64,
+    /// The prompt's token ids, when known: the prefix cache then hashes
+    /// blocks of `--block-size` ids, and KV events announce them.
+    pub token_ids: Option<Vec<u32>>,
+    /// The request's `cache_salt`: blocks are only shared with requests of
+    /// the same salt.
+    pub cache_salt: Option<String>,
 }
 
 /// Why a request was refused before it was queued.
@@ -126,21 +136,93 @@ pub struct Sim {
     wake: Arc<Notify>,
     /// Process start (Unix seconds), for `_created` series.
     pub started_unix: f64,
+    tokenizer: Option<Tokenizer>,
+    kv_events: Option<KvEventSink>,
+}
+
+/// What a server has beyond its settings: the loaded `--tokenizer` and the
+/// queue of a started KV event publisher.
+#[derive(Debug, Default)]
+pub struct Attachments {
+    /// Tokenizes text prompts.
+    pub tokenizer: Option<Tokenizer>,
+    /// Receives the KV cache events of every step.
+    pub kv_events: Option<KvEventSink>,
 }
 
 impl Sim {
-    /// A server with `cfg`; spawns its scheduler task on the current tokio
-    /// runtime. The task ends when the last `Arc<Sim>` is dropped.
+    /// A server with `cfg` (without tokenizer or KV events); spawns its
+    /// scheduler task on the current tokio runtime. The task ends when the
+    /// last `Arc<Sim>` is dropped.
     #[must_use]
     pub fn new(cfg: SimConfig) -> Arc<Self> {
+        Self::with(cfg, Attachments::default())
+    }
+
+    /// [`Sim::new`] with a tokenizer and/or a KV event queue.
+    #[must_use]
+    pub fn with(cfg: SimConfig, extra: Attachments) -> Arc<Self> {
+        let mut core = Core::new(cfg.clone());
+        if extra.kv_events.is_some() {
+            core.record_kv_events();
+        }
         let sim = Arc::new(Self {
-            core: Mutex::new(Core::new(cfg.clone())),
+            core: Mutex::new(core),
             cfg,
             wake: Arc::new(Notify::new()),
             started_unix: unix_now(),
+            tokenizer: extra.tokenizer,
+            kv_events: extra.kv_events,
         });
         tokio::spawn(run(Arc::downgrade(&sim), Arc::clone(&sim.wake)));
         sim
+    }
+
+    /// The `--tokenizer`, if one was loaded.
+    #[must_use]
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// `text`'s token ids with the `--tokenizer` (special tokens added);
+    /// `None` without one.
+    ///
+    /// # Errors
+    /// When the tokenizer fails on the text.
+    pub fn tokenize(&self, text: &str) -> Result<Option<Vec<u32>>, String> {
+        self.tokenizer
+            .as_ref()
+            .map(|t| crate::tokens::encode(t, text))
+            .transpose()
+    }
+
+    /// Hands the cache changes noted in `core` (one step's) to the
+    /// publisher; nothing to publish publishes nothing. Called under the
+    /// engine lock, so batches queue in the order they happened; the queue
+    /// never waits: when full the batch is dropped (and counted).
+    fn publish(&self, core: &mut Core) {
+        let Some(sink) = &self.kv_events else { return };
+        let events = core.take_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        if let Err(NotQueued::Full) = sink.send(unix_now(), events) {
+            core.stats.kv_events_dropped += 1;
+            let dropped = core.stats.kv_events_dropped;
+            if dropped.is_power_of_two() {
+                eprintln!("epp-sim: kv events queue full: {dropped} batches dropped so far");
+            }
+        }
+    }
+
+    /// vLLM's `reset_prefix_cache`: drops every cached block and publishes
+    /// `AllBlocksCleared`, unless a request holds blocks (then nothing
+    /// changes and false is returned, as in vLLM).
+    pub fn reset_prefix_cache(&self) -> bool {
+        let mut core = self.core.lock();
+        let done = core.reset_prefix_cache();
+        self.publish(&mut core);
+        done
     }
 
     /// Runs `f` on the engine state under its lock (metrics, admin, tests).
@@ -171,25 +253,11 @@ impl Sim {
                 max_model_len,
             });
         }
-        let lora = self
-            .cfg
-            .lora_modules
-            .contains(&req.model)
-            .then(|| req.model.clone());
         let (tx, rx) = mpsc::unbounded_channel();
-        self.core.lock().add(
-            Instant::now(),
-            lora,
-            &req.prompt,
-            req.prompt_tokens,
-            req.max_tokens,
-            tx,
-        );
+        let prompt_tokens = req.prompt_tokens;
+        self.core.lock().add(Instant::now(), req, tx);
         self.wake.notify_one();
-        Ok(Generation {
-            rx,
-            prompt_tokens: req.prompt_tokens,
-        })
+        Ok(Generation { rx, prompt_tokens })
     }
 
     /// Wakes the scheduler (after an admin change, or a client left).
@@ -218,14 +286,23 @@ async fn run(sim: Weak<Sim>, wake: Arc<Notify>) {
             .unwrap_or(now);
         let step = {
             let Some(sim) = sim.upgrade() else { return };
-            sim.core.lock().schedule(start)
+            let mut core = sim.core.lock();
+            let step = core.schedule(start);
+            // A step's changes go out once it is done; an idle pass
+            // changes nothing but is drained all the same.
+            if step.is_none() {
+                sim.publish(&mut core);
+            }
+            step
         };
         match step {
             Some(step) => {
                 let end = start + step.duration;
                 tokio::time::sleep_until(end).await;
                 let Some(sim) = sim.upgrade() else { return };
-                sim.core.lock().complete(end);
+                let mut core = sim.core.lock();
+                core.complete(end);
+                sim.publish(&mut core);
                 last_end = Some(end);
             }
             // Idle means nothing waits either (an idle engine admits every

@@ -15,9 +15,9 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::{sync::mpsc::UnboundedSender, time::Instant};
 
 use crate::{
-    blocks::{BlockPool, block_hashes},
+    blocks::{BlockPool, BlockSource, LoraTag, PoolEvent, block_hashes, token_block_hashes},
     config::SimConfig,
-    engine::{CHARS_PER_TOKEN, Event, Outcome},
+    engine::{CHARS_PER_TOKEN, Event, NewRequest, Outcome},
     stats::{FinishReason, Stats},
 };
 
@@ -31,9 +31,11 @@ const WORDS: [&str; 10] = [
 #[derive(Debug)]
 struct Req {
     tx: UnboundedSender<Event>,
-    lora: Option<String>,
+    lora: Option<LoraTag>,
     /// Hashes of the prompt's full blocks.
     hashes: Vec<u64>,
+    /// The prompt's token ids, when known (its blocks are then announced).
+    tokens: Option<Vec<u32>>,
     prompt_tokens: u64,
     max_tokens: u64,
     generated: u64,
@@ -57,6 +59,17 @@ impl Req {
         self.prompt_tokens + self.generated
     }
 
+    /// Where blocks `first..` of this request come from, for the pool's events.
+    fn source(&self, first: usize, block_size: u64) -> Option<BlockSource<'_>> {
+        Some(BlockSource {
+            tokens: self.tokens.as_deref()?,
+            block_size: block_size as usize,
+            hashes: &self.hashes,
+            first,
+            lora: self.lora.as_ref(),
+        })
+    }
+
     fn release(&mut self, pool: &mut BlockPool) {
         pool.give_back(&self.hashes[..self.held_hashed], self.held_private);
         self.held_hashed = 0;
@@ -78,7 +91,12 @@ fn grow(pool: &mut BlockPool, req: &mut Req, tokens: u64, block_size: u64) -> bo
     let shrink = req.held_private.saturating_sub(private);
     pool.give_back(&[], shrink);
     let grow_private = private.saturating_sub(req.held_private - shrink);
-    if pool.take(&req.hashes[req.held_hashed..hashed], grow_private) {
+    let source = req.source(req.held_hashed, block_size);
+    if pool.take_from(
+        &req.hashes[req.held_hashed..hashed],
+        grow_private,
+        source.as_ref(),
+    ) {
         req.held_hashed = hashed;
         req.held_private = req.held_private - shrink + grow_private;
         true
@@ -260,32 +278,66 @@ impl Core {
         self.rng.random()
     }
 
-    /// Queues a request. `lora` names the adapter it needs, if any.
-    pub fn add(
-        &mut self,
-        now: Instant,
-        lora: Option<String>,
-        prompt: &str,
-        prompt_tokens: u64,
-        max_tokens: u64,
-        tx: UnboundedSender<Event>,
-    ) {
+    /// Starts noting the KV pool's changes for [`Core::take_kv_events`].
+    pub fn record_kv_events(&mut self) {
+        self.pool.record_events();
+    }
+
+    /// Whether KV cache events are noted.
+    #[must_use]
+    pub fn kv_events_on(&self) -> bool {
+        self.pool.records_events()
+    }
+
+    /// The KV pool's changes since the last call (one engine step's worth
+    /// when called after each step).
+    pub fn take_kv_events(&mut self) -> Vec<PoolEvent> {
+        self.pool.take_events()
+    }
+
+    /// Drops every cached block if no request holds one (vLLM's
+    /// `reset_prefix_cache`); false, changing nothing, otherwise.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset()
+    }
+
+    /// Queues a request (its adapter, if any, is `req.model`).
+    pub fn add(&mut self, now: Instant, req: NewRequest, tx: UnboundedSender<Event>) {
+        let lora = self
+            .cfg
+            .lora_modules
+            .iter()
+            .position(|m| *m == req.model)
+            .map(|i| LoraTag {
+                id: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                name: req.model.clone(),
+            });
         // Salt by adapter: the base model under any served name shares
-        // blocks, an adapter's KV differs from the base model's.
+        // blocks, an adapter's KV differs from the base model's; and by
+        // `cache_salt`, which keeps one tenant's blocks from another's.
         let salt = lora
-            .as_deref()
-            .unwrap_or("")
+            .as_ref()
+            .map_or("", |l| l.name.as_str())
             .bytes()
+            .chain(req.cache_salt.as_deref().unwrap_or("").bytes().map(|b| !b))
             .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
-        let block_chars = self.cfg.block_size.max(1) * CHARS_PER_TOKEN;
-        let mut hashes = block_hashes(prompt.as_bytes(), block_chars, salt);
-        hashes.truncate((prompt_tokens / self.block_size()) as usize);
+        let prompt_tokens = req.prompt_tokens;
+        let hashes = match &req.token_ids {
+            Some(ids) => token_block_hashes(ids, self.cfg.block_size, salt),
+            None => {
+                let block_chars = self.cfg.block_size.max(1) * CHARS_PER_TOKEN;
+                let mut hashes = block_hashes(req.prompt.as_bytes(), block_chars, salt);
+                hashes.truncate((prompt_tokens / self.block_size()) as usize);
+                hashes
+            }
+        };
         self.waiting.push_back(Req {
             tx,
             lora,
             hashes,
+            tokens: req.token_ids,
             prompt_tokens,
-            max_tokens: max_tokens.max(1),
+            max_tokens: req.max_tokens.max(1),
             generated: 0,
             computed: 0,
             scheduled: 0,
@@ -376,7 +428,7 @@ impl Core {
             let mut j = 0;
             while budget > 0 && self.running.len() < self.cfg.max_num_seqs.max(1) {
                 let Some(r) = self.waiting.get(j) else { break };
-                let load = match r.lora.as_deref() {
+                let load = match r.lora.as_ref().map(|l| l.name.as_str()) {
                     None => None,
                     Some(name) => match self.adapter_slot(name) {
                         Slot::Resident => None,
@@ -394,7 +446,7 @@ impl Core {
                 let Some(mut r) = self.waiting.remove(j) else {
                     break;
                 };
-                if let (Some(evict), Some(name)) = (load, r.lora.clone()) {
+                if let (Some(evict), Some(name)) = (load, r.lora.as_ref().map(|l| l.name.clone())) {
                     if let Some(k) = evict {
                         self.adapters.swap_remove(k);
                     }
@@ -409,7 +461,7 @@ impl Core {
             }
         }
         for r in &self.running {
-            if let Some(name) = r.lora.as_deref()
+            if let Some(name) = r.lora.as_ref().map(|l| l.name.as_str())
                 && let Some(a) = self.adapters.iter_mut().find(|a| a.name == name)
             {
                 self.clock += 1;
@@ -436,7 +488,10 @@ impl Core {
         // vLLM always recomputes the last prompt token to get logits.
         let max_hit = ((r.num_tokens() - 1) / bs) as usize;
         let hits = self.pool.hits(&r.hashes).min(max_hit);
-        if !self.pool.take(&r.hashes[..hits], 0) {
+        if !self
+            .pool
+            .take_from(&r.hashes[..hits], 0, r.source(0, bs).as_ref())
+        {
             return None;
         }
         r.held_hashed = hits;
@@ -468,7 +523,7 @@ impl Core {
                 !self
                     .running
                     .iter()
-                    .any(|r| r.lora.as_ref() == Some(&a.name))
+                    .any(|r| r.lora.as_ref().is_some_and(|l| l.name == a.name))
             })
             .min_by_key(|(_, a)| a.last_used);
         match idle {
@@ -598,7 +653,9 @@ enum Slot {
 }
 
 fn adapters_of<'a>(reqs: impl Iterator<Item = &'a Req>) -> Vec<&'a str> {
-    let mut v: Vec<&str> = reqs.filter_map(|r| r.lora.as_deref()).collect();
+    let mut v: Vec<&str> = reqs
+        .filter_map(|r| r.lora.as_ref().map(|l| l.name.as_str()))
+        .collect();
     v.sort_unstable();
     v.dedup();
     v

@@ -22,6 +22,7 @@
 //!         prompt_tokens: count_tokens(&prompt), // 145
 //!         prompt,
 //!         max_tokens: 4,
+//!         ..NewRequest::default()
 //!     };
 //!     let (text, cold) = sim.submit(req.clone())?.collect().await.expect("served");
 //!     let (_, warm) = sim.submit(req)?.collect().await.expect("served");
@@ -39,22 +40,53 @@ pub mod blocks;
 pub mod config;
 pub mod engine;
 pub mod engine_core;
+pub mod error;
+pub mod kv_events;
 pub mod metrics;
 mod openai;
 pub mod server;
 pub mod stats;
+pub mod tokens;
 
-/// Binds `cfg.host:cfg.port` and serves until the future is dropped. Returns
-/// the bound address through `on_bound` first (useful with port 0).
+/// Where a started simulator listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    /// The HTTP address (the real port, also with port 0).
+    pub http: std::net::SocketAddr,
+    /// The KV events PUB endpoint as bound, when events are on.
+    pub kv_events: Option<String>,
+    /// The KV events replay (ROUTER) endpoint as bound, when configured.
+    pub kv_events_replay: Option<String>,
+}
+
+/// Loads the `--tokenizer`, binds the KV event sockets and
+/// `cfg.host:cfg.port`, and serves until the future is dropped. Says where
+/// it listens through `on_bound` first (useful with port 0).
 ///
 /// # Errors
-/// When the address cannot be bound or the server fails.
-pub async fn serve(
-    cfg: config::SimConfig,
-    on_bound: impl FnOnce(std::net::SocketAddr),
-) -> std::io::Result<()> {
+/// A bad tokenizer, a KV events endpoint or the address that cannot be
+/// bound, or a failed server.
+pub async fn serve(cfg: config::SimConfig, on_bound: impl FnOnce(&Bound)) -> error::Result<()> {
+    let tokenizer = cfg.tokenizer.as_deref().map(tokens::load).transpose()?;
+    let hashes = if cfg.kv_events_hash_bytes {
+        kv_events::HashEncoding::Bytes
+    } else {
+        kv_events::HashEncoding::Int
+    };
+    let publisher = match cfg.kv_events_config.as_ref().filter(|k| k.is_on()) {
+        Some(k) => Some(kv_events::start(k, cfg.block_size, hashes).await?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
-    on_bound(listener.local_addr()?);
-    let sim = engine::Sim::new(cfg);
-    axum::serve(listener, server::router(sim)).await
+    on_bound(&Bound {
+        http: listener.local_addr()?,
+        kv_events: publisher.as_ref().map(|p| p.endpoint.clone()),
+        kv_events_replay: publisher.as_ref().and_then(|p| p.replay_endpoint.clone()),
+    });
+    let attachments = engine::Attachments {
+        tokenizer,
+        kv_events: publisher.map(|p| p.sink),
+    };
+    let sim = engine::Sim::with(cfg, attachments);
+    Ok(axum::serve(listener, server::router(sim)).await?)
 }

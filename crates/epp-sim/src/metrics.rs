@@ -99,6 +99,13 @@ pub fn render(core: &Core, created: f64) -> String {
         ),
         1.0,
     );
+    if core.kv_events_on() {
+        p.counter(
+            "epp_sim_kv_events_dropped",
+            "KV event batches dropped because the publisher's queue was full.",
+            &[(String::new(), core.stats.kv_events_dropped)],
+        );
+    }
     extra_gauges(&mut p, &core.knobs.gauges);
     p.out
 }

@@ -60,6 +60,9 @@ struct Ask {
     model: String,
     prompt: String,
     prompt_tokens: u64,
+    /// The prompt's token ids: given as such, or from the `--tokenizer`.
+    token_ids: Option<Vec<u32>>,
+    cache_salt: Option<String>,
     max_tokens: u64,
     stream: bool,
     include_usage: bool,
@@ -112,7 +115,8 @@ pub(crate) fn json_and_model(sim: &Sim, body: &[u8]) -> Result<(Value, String), 
 fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
     let (v, model) = json_and_model(sim, body)?;
     let mut prompt = String::new();
-    let mut token_ids = 0u64;
+    let mut ids: Vec<u32> = Vec::new();
+    let mut texts = 0usize;
     if chat {
         let messages = v
             .get("messages")
@@ -139,15 +143,18 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
             Some(Value::Array(items)) => {
                 for item in items {
                     match item {
-                        Value::String(s) => prompt.push_str(s),
-                        Value::Number(n) => {
-                            token_ids += 1;
-                            prompt.push_str(&n.to_string());
+                        Value::String(s) => {
+                            texts += 1;
+                            prompt.push_str(s);
+                        }
+                        Value::Number(_) => {
+                            ids.push(token_id(item)?);
+                            prompt.push_str(&item.to_string());
                             prompt.push(' ');
                         }
-                        Value::Array(ids) => {
-                            token_ids += ids.len() as u64;
-                            for id in ids {
+                        Value::Array(batch) => {
+                            for id in batch {
+                                ids.push(token_id(id)?);
                                 prompt.push_str(&id.to_string());
                                 prompt.push(' ');
                             }
@@ -165,12 +172,28 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
             }
         }
     }
-    let prompt_tokens = if token_ids > 0 {
-        token_ids
+    // Token-id prompts are token ids, tokenizer or not; text (a prompt
+    // string, or the flattened chat) is tokenized when there is a tokenizer.
+    let token_ids = if !ids.is_empty() && texts == 0 {
+        Some(ids)
     } else {
-        count_tokens(&prompt)
+        sim.tokenize(&prompt).map_err(|e| {
+            api_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                format!("tokenizing the prompt failed: {e}"),
+            )
+        })?
+    };
+    let prompt_tokens = match &token_ids {
+        Some(ids) => ids.len() as u64,
+        None => count_tokens(&prompt),
     }
     .max(1);
+    let cache_salt = v
+        .get("cache_salt")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let max_tokens = v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
@@ -186,10 +209,25 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
         model,
         prompt,
         prompt_tokens,
+        token_ids,
+        cache_salt,
         max_tokens,
         stream,
         include_usage,
     })
+}
+
+/// One token id of a token-id prompt.
+fn token_id(v: &Value) -> Result<u32, ApiError> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| {
+            api_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                format!("token id {v} is not an integer in 0..2^32"),
+            )
+        })
 }
 
 fn usage(o: &Outcome) -> Value {
@@ -261,6 +299,8 @@ async fn generate(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
         prompt: std::mem::take(&mut ask.prompt),
         prompt_tokens: ask.prompt_tokens,
         max_tokens: ask.max_tokens,
+        token_ids: ask.token_ids.take(),
+        cache_salt: ask.cache_salt.take(),
     };
     let g = match submit(&sim, request).await {
         Ok(g) => g,

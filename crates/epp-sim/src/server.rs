@@ -144,6 +144,7 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/get_server_info", get(server_info))
         .route("/get_load", get(load))
         .route("/tokenize", post(tokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/admin/state", post(admin_state).get(admin_view))
         .layer(axum::middleware::map_response(move |mut r: Response| {
             let pod = pod.clone();
@@ -275,6 +276,14 @@ async fn tokenize(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
             "`prompt` or `messages` required",
         );
     };
+    match sim.tokenize(&text) {
+        Ok(Some(tokens)) => {
+            return Json(json!({"count": tokens.len(), "max_model_len": sim.cfg.model_len(), "tokens": tokens}))
+                .into_response();
+        }
+        Ok(None) => {}
+        Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequestError", e),
+    }
     let tokens: Vec<u32> = text
         .as_bytes()
         .chunks(crate::engine::CHARS_PER_TOKEN)
@@ -287,6 +296,16 @@ async fn tokenize(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     debug_assert_eq!(tokens.len() as u64, count_tokens(&text));
     Json(json!({"count": tokens.len(), "max_model_len": sim.cfg.model_len(), "tokens": tokens}))
         .into_response()
+}
+
+/// `POST /reset_prefix_cache`, as vLLM has it: drops every cached block and
+/// publishes `AllBlocksCleared`. Like vLLM, it does nothing while a request
+/// holds blocks, and answers 200 either way.
+async fn reset_prefix_cache(State(sim): State<Arc<Sim>>) -> StatusCode {
+    if !sim.reset_prefix_cache() {
+        eprintln!("epp-sim: reset_prefix_cache: blocks are in use, nothing reset");
+    }
+    StatusCode::OK
 }
 
 /// `POST /admin/state` (see docs/simulator.md): every field optional.

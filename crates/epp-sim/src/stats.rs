@@ -133,6 +133,8 @@ pub struct Stats {
     pub prefix_hits: u64,
     /// Requests preempted (blocks freed, recomputed later).
     pub preemptions: u64,
+    /// KV event batches dropped because the publisher's queue was full.
+    pub kv_events_dropped: u64,
     /// Finished requests by reason: stop, length, abort.
     pub finished: [u64; 3],
     /// Engine steps run.
@@ -172,6 +174,7 @@ impl Stats {
             prefix_queries: 0,
             prefix_hits: 0,
             preemptions: 0,
+            kv_events_dropped: 0,
             finished: [0; 3],
             steps: 0,
             lora_loads: 0,

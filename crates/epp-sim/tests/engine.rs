@@ -29,6 +29,7 @@ fn req(model: &str, prompt: &str, max_tokens: u64) -> NewRequest {
         prompt: prompt.into(),
         prompt_tokens: epp_sim::engine::count_tokens(prompt),
         max_tokens,
+        ..NewRequest::default()
     }
 }
 

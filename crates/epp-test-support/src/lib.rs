@@ -18,6 +18,8 @@
 //!   by `scripts/otelcol.sh`) and the spans it wrote.
 //! - [`wait`]: bounded waiting for what another task or process does.
 //! - [`stats`]: percentiles of measured samples.
+//! - [`tokenizer`]: a small byte-level BPE `tokenizer.json` built here, for
+//!   tests that need real token ids (never fetched from a hub).
 //!
 //! ```
 //! use epp_core::{EndpointSnapshot, InferenceRequest};
@@ -52,5 +54,6 @@ pub mod plugins;
 pub mod process;
 pub mod reference;
 pub mod stats;
+pub mod tokenizer;
 pub mod wait;
 pub mod workload;
