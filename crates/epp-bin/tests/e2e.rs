@@ -13,6 +13,7 @@ mod e2e {
     mod logs;
     mod metrics_auth;
     mod objectives;
+    mod precise_prefix;
     mod prefix;
     mod process;
     mod request_path;

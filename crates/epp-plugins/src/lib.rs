@@ -61,6 +61,7 @@ pub use approx_prefix_cache_producer::{
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
+pub use kv_block_index::{IndexCounters, KvBlockIndex, block_key, root_key};
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
@@ -69,7 +70,6 @@ pub use latency_scorer::{HeadroomStrategy, LatencyScorer, LatencyScorerParams};
 pub use latency_slo_admitter::{LatencyAdmitterParams, LatencySloAdmitter};
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};
 pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
-pub use kv_block_index::{IndexCounters, KvBlockIndex, block_key, root_key};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};

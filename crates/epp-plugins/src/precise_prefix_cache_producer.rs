@@ -176,7 +176,10 @@ impl Builtin for PrecisePrefixCacheProducer {
         for (backend, set) in [
             ("redisConfig", kv.redis_config.is_some()),
             ("valkeyConfig", kv.valkey_config.is_some()),
-            ("costAwareMemoryConfig", kv.cost_aware_memory_config.is_some()),
+            (
+                "costAwareMemoryConfig",
+                kv.cost_aware_memory_config.is_some(),
+            ),
         ] {
             if set {
                 return Err(bad(
@@ -198,7 +201,11 @@ impl Builtin for PrecisePrefixCacheProducer {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             config: p.kv_events_config,
             max_blocks,
-            index: Arc::new(KvBlockIndex::new(block, seed_of(&t.hash_seed), per_endpoint)),
+            index: Arc::new(KvBlockIndex::new(
+                block,
+                seed_of(&t.hash_seed),
+                per_endpoint,
+            )),
             warned_no_tokens: AtomicBool::new(false),
             name,
         })

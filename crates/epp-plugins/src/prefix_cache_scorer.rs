@@ -197,6 +197,11 @@ impl Plugin for PrefixCacheScorer {
 
 impl DataProducer for PrefixCacheScorer {
     fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
+        // Reading another producer's matches: never fill them from the own
+        // index (a request that producer could not match stays unmatched).
+        if self.source.as_deref().is_some_and(|s| s != self.name) {
+            return;
+        }
         self.own.produce_once(cx);
     }
     fn produces_prefix_matches(&self) -> bool {

@@ -138,9 +138,8 @@ impl Builtin for TokenProducer {
         })?;
         let interval = match local.reload_interval.as_deref() {
             None => Duration::from_secs(2),
-            Some(s) => humantime::parse_duration(s).map_err(|e| {
-                bad("local.reloadInterval", s.to_owned(), e.to_string())
-            })?,
+            Some(s) => humantime::parse_duration(s)
+                .map_err(|e| bad("local.reloadInterval", s.to_owned(), e.to_string()))?,
         };
         let current = Arc::new(ArcSwap::from_pointee(tokenizer));
         if !interval.is_zero() {
@@ -261,11 +260,12 @@ mod tests {
 
     #[test]
     fn llm_d_backends_are_refused_with_what_to_write() {
-        let p: TokenProducerParams = serde_yaml_ng::from_str(
-            "{modelName: m, vllm: {url: 'http://localhost:8000'}}",
-        )
-        .expect("parses");
-        let e = TokenProducer::build("t", p).expect_err("refused").to_string();
+        let p: TokenProducerParams =
+            serde_yaml_ng::from_str("{modelName: m, vllm: {url: 'http://localhost:8000'}}")
+                .expect("parses");
+        let e = TokenProducer::build("t", p)
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("vllm") && e.contains("local: {path:"), "{e}");
         let e = TokenProducer::build("t", TokenProducerParams::default())
             .expect_err("refused")
@@ -277,7 +277,12 @@ mod tests {
     fn a_missing_tokenizer_file_names_the_path() {
         let p: TokenProducerParams =
             serde_yaml_ng::from_str("{local: {path: /nonexistent/tok}}").expect("parses");
-        let e = TokenProducer::build("t", p).expect_err("refused").to_string();
-        assert!(e.contains("/nonexistent/tok") && e.contains("cannot load"), "{e}");
+        let e = TokenProducer::build("t", p)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/tok") && e.contains("cannot load"),
+            "{e}"
+        );
     }
 }

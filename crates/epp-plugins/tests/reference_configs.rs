@@ -439,11 +439,6 @@ fn unimplemented_reference_types_are_named_in_the_error() {
         ("disagg-profile-handler", "{deciders: {prefill: d}}"),
         ("prefix-based-pd-decider", "{nonCachedTokens: 16}"),
         ("data-parallel-profile-handler", "{}"),
-        (
-            "precise-prefix-cache-producer",
-            "{tokenProcessorConfig: {blockSize: 64}}",
-        ),
-        ("token-producer", "{modelName: m}"),
         ("burst-prefix-cache-producer", "{windowDurationMs: 100}"),
         ("probabilistic-admitter", "{}"),
     ] {

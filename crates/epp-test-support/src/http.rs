@@ -60,8 +60,20 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> std::io::Result<Response> {
+    send_at("127.0.0.1", port, method, path, headers, body).await
+}
+
+/// Sends one request to `host:port` (another loopback address, e.g.).
+pub async fn send_at(
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> std::io::Result<Response> {
     let start = Instant::now();
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let stream = tokio::net::TcpStream::connect((host, port)).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(std::io::Error::other)?;
@@ -69,7 +81,7 @@ pub async fn send(
     let mut req = Request::builder()
         .method(method)
         .uri(path)
-        .header("host", format!("127.0.0.1:{port}"));
+        .header("host", format!("{host}:{port}"));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -133,6 +145,24 @@ pub async fn post_json(
     body: &serde_json::Value,
 ) -> std::io::Result<Response> {
     send(
+        port,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+/// POSTs a JSON body to `host:port`.
+pub async fn post_json_at(
+    host: &str,
+    port: u16,
+    path: &str,
+    body: &serde_json::Value,
+) -> std::io::Result<Response> {
+    send_at(
+        host,
         port,
         "POST",
         path,

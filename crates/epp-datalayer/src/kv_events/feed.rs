@@ -504,6 +504,7 @@ async fn follow(
                             &group,
                             &metrics,
                             &mut batch,
+                            &topic,
                             &mut stream,
                         )
                         .await
@@ -522,6 +523,7 @@ async fn follow(
                 &group,
                 &metrics,
                 &mut batch,
+                &topic,
                 &frame.payload,
                 "applied",
             ) {
@@ -681,6 +683,7 @@ async fn bound(
             &group,
             &metrics,
             &mut batch,
+            &topic,
             &frame.payload,
             "applied",
         ) {

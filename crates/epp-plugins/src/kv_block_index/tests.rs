@@ -46,8 +46,14 @@ fn seq(n: u32) -> Vec<u32> {
 fn stored_blocks_match_leading_blocks_and_removals_unmatch() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(12);
-    ix.apply(A, &batch(Some("m"), vec![stored(&[10, 11], None, &t[..8], 4)]));
-    ix.apply(A, &batch(Some("m"), vec![stored(&[12], Some(11), &t[8..], 4)]));
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[10, 11], None, &t[..8], 4)]),
+    );
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[12], Some(11), &t[8..], 4)]),
+    );
     // A request with the same 12 tokens and 2 more (a partial block).
     let mut req = t.clone();
     req.extend([5, 5]);
@@ -74,8 +80,15 @@ fn engine_blocks_smaller_than_the_index_carry_over() {
         A,
         &batch(Some("m"), vec![stored(&[1, 2, 3], None, &t[..12], 4)]),
     );
-    assert_eq!(matched(&ix, "m", &t), (1, 0, 2), "12 tokens hold one 8-block");
-    ix.apply(A, &batch(Some("m"), vec![stored(&[4], Some(3), &t[12..], 4)]));
+    assert_eq!(
+        matched(&ix, "m", &t),
+        (1, 0, 2),
+        "12 tokens hold one 8-block"
+    );
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[4], Some(3), &t[12..], 4)]),
+    );
     assert_eq!(matched(&ix, "m", &t).0, 2);
     // Evicting the engine block that completed the second key unmatches it.
     ix.apply(A, &batch(Some("m"), vec![removed(&[4])]));
@@ -104,11 +117,17 @@ fn engine_blocks_larger_than_the_index_complete_several_keys() {
 #[test]
 fn an_unknown_parent_is_an_orphan_and_indexes_nothing() {
     let ix = KvBlockIndex::new(4, 1, 1000);
-    ix.apply(A, &batch(Some("m"), vec![stored(&[5], Some(404), &seq(4), 4)]));
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[5], Some(404), &seq(4), 4)]),
+    );
     assert!(ix.is_empty());
     assert_eq!(ix.counters().orphans.load(Ordering::Relaxed), 1);
     // Fewer tokens than the hashes claim: the blocks without tokens are not keyed.
-    ix.apply(A, &batch(Some("m"), vec![stored(&[1, 2], None, &seq(6), 4)]));
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[1, 2], None, &seq(6), 4)]),
+    );
     assert_eq!(ix.engine_blocks(A), 1);
 }
 
@@ -124,7 +143,10 @@ fn the_root_is_the_lora_name_else_the_topics_model() {
         lora_name: Some("sql".into()),
         ..BlockStored::default()
     };
-    ix.apply(A, &batch(Some("base"), vec![KvEvent::BlockStored(lora.clone())]));
+    ix.apply(
+        A,
+        &batch(Some("base"), vec![KvEvent::BlockStored(lora.clone())]),
+    );
     assert_eq!(matched(&ix, "sql", &t).0, 1);
     assert_eq!(matched(&ix, "base", &t).0, 0);
     lora.lora_name = None;
@@ -183,7 +205,10 @@ fn endpoints_hold_keys_independently() {
 fn a_publisher_that_never_evicts_costs_bounded_memory() {
     let ix = KvBlockIndex::new(1, 1, 100);
     for h in 0..250u32 {
-        ix.apply(A, &batch(None, vec![stored(&[u64::from(h)], None, &[h], 1)]));
+        ix.apply(
+            A,
+            &batch(None, vec![stored(&[u64::from(h)], None, &[h], 1)]),
+        );
         assert!(ix.engine_blocks(A) <= 100);
     }
     assert!(ix.counters().clears.load(Ordering::Relaxed) >= 2);
@@ -211,7 +236,7 @@ proptest::proptest! {
                 if j == 0 || held[e][j - 1] {
                     let hashes: Vec<u64> = (j..end).map(|k| hash(e, k)).collect();
                     ix.apply(id, &batch(Some("m"), vec![stored(&hashes, parent, &tokens[j * 2..end * 2], 2)]));
-                    for k in j..end { held[e][k] = true; }
+                    held[e][j..end].fill(true);
                 } else {
                     ix.apply(id, &batch(Some("m"), vec![stored(&[hash(e, j)], parent, &tokens[j * 2..j * 2 + 2], 2)]));
                 }

@@ -1,0 +1,199 @@
+//! Precise prefix caching through Envoy: three simulators publish vLLM's
+//! KV-cache events over ZeroMQ; epp subscribes to each (following
+//! `--endpoints`), tokenizes completions with the same tokenizer, and routes
+//! to the server whose engine reports holding the prompt's blocks, including
+//! blocks it cached for requests epp never routed, and stops as soon as the
+//! engine reports evicting them.
+
+use std::{path::Path, time::Duration};
+
+use epp_test_support::{
+    http,
+    process::{
+        BodyMode, Sim, free_port_on, scratch_dir, shared_loopback_port, start_envoy, start_epp,
+        start_sim_at,
+    },
+    tokenizer::write_test_tokenizer,
+};
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+
+fn config(tokenizer: &Path, kv_port: u16) -> String {
+    format!(
+        "\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters:
+    modelName: {MODEL}
+    local: {{path: {tokenizer}}}
+- type: endpoint-notification-source
+- type: metrics-data-source
+- type: core-metrics-extractor
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {{blockSize: 4}}
+    kvEventsConfig:
+      podDiscoveryConfig: {{socketPort: {kv_port}}}
+- type: prefix-cache-scorer
+  parameters:
+    prefixMatchInfoProducerName: precise-prefix-cache-producer
+- type: queue-scorer
+- type: max-score-picker
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+  - pluginRef: endpoint-notification-source
+    extractors:
+    - pluginRef: precise-prefix-cache-producer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: prefix-cache-scorer, weight: 3}}
+  - {{pluginRef: queue-scorer, weight: 1}}
+  - pluginRef: max-score-picker
+",
+        tokenizer = tokenizer.display()
+    )
+}
+
+async fn complete(host: &str, port: u16, prompt: &str) -> http::Response {
+    let body = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+    let r = http::post_json_at(host, port, "/v1/completions", &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    r
+}
+
+/// Sends `prompt` through Envoy; the index of the simulator that served it.
+async fn routed(envoy: u16, prompt: &str) -> usize {
+    let r = complete("127.0.0.1", envoy, prompt).await;
+    let pod = r.header("x-inference-pod").unwrap().to_owned();
+    pod.strip_prefix("sim-").unwrap().parse().unwrap()
+}
+
+/// `epp_kv_events_blocks_total{endpoint=ip:port, kind}` in epp's metrics.
+async fn blocks(metrics_port: u16, sim: &Sim, ip: &str, kind: &str) -> f64 {
+    let page = http::send(metrics_port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap()
+        .text();
+    let series = format!(
+        "epp_kv_events_blocks_total{{endpoint=\"{ip}:{}\",kind=\"{kind}\"}}",
+        sim.port
+    );
+    page.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn wait_for_blocks(metrics_port: u16, sim: &Sim, ip: &str, kind: &str, above: f64) -> f64 {
+    for _ in 0..100 {
+        let n = blocks(metrics_port, sim, ip, kind).await;
+        if n > above {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("epp never saw {kind} blocks from {ip} (still {above})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_what_the_engines_report_holding() {
+    let dir = scratch_dir("precise-prefix");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims: Vec<Sim> = IPS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            let events = format!(
+                r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://{ip}:{kv_port}","topic":"kv@{ip}@{MODEL}"}}"#
+            );
+            start_sim_at(
+                &dir,
+                &format!("sim-{i}"),
+                ip,
+                http_port,
+                &[
+                    "--tokenizer",
+                    tokenizer.to_str().unwrap(),
+                    "--block-size",
+                    "4",
+                    "--kv-events-config",
+                    &events,
+                ],
+            )
+        })
+        .collect();
+    let file = dir.join("precise.yaml");
+    std::fs::write(&file, config(&tokenizer, kv_port)).unwrap();
+    let endpoints = IPS
+        .iter()
+        .map(|ip| format!("{ip}:{http_port}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let epp = start_epp(
+        &dir,
+        &[
+            "--config-file",
+            file.to_str().unwrap(),
+            "--endpoints",
+            &endpoints,
+        ],
+    );
+    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    // The subscribers connect within a second of start.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // Warm sim-1 DIRECTLY: epp never routes this prompt, so only the
+    // engine's events can tell it where the prefix is cached.
+    let system = "The system prompt is the same for every user of the application. ".repeat(6);
+    complete(IPS[1], sims[1].port, &format!("{system}Warm up.")).await;
+    let stored = wait_for_blocks(epp.metrics_port, &sims[1], IPS[1], "stored", 0.0).await;
+    assert!(stored >= 20.0, "{stored} blocks");
+    for q in 0..12 {
+        let sim = routed(envoy.port, &format!("{system}Question {q}?")).await;
+        assert_eq!(sim, 1, "question {q} should follow sim-1's cached blocks");
+    }
+
+    // sim-1 drops its cache and sim-2 gets the prefix (again directly): the
+    // eviction and the new blocks move the requests.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = http::post_json_at(
+        IPS[1],
+        sims[1].port,
+        "/reset_prefix_cache",
+        &serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    complete(IPS[2], sims[2].port, &format!("{system}Warm up.")).await;
+    wait_for_blocks(epp.metrics_port, &sims[2], IPS[2], "stored", 0.0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        page.contains(&format!(
+            "epp_kv_events_total{{endpoint=\"{}:{http_port}\",kind=\"all_blocks_cleared\"}} 1",
+            IPS[1]
+        )),
+        "sim-1's AllBlocksCleared reached epp:\n{page}"
+    );
+    for q in 12..20 {
+        let sim = routed(envoy.port, &format!("{system}Question {q}?")).await;
+        assert_eq!(sim, 2, "question {q} should follow the blocks to sim-2");
+    }
+    assert!(page.contains("epp_kv_block_index_keys{plugin=\"precise-prefix-cache-producer\"}"));
+    drop(envoy);
+}
