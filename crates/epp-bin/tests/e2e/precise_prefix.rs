@@ -197,3 +197,124 @@ async fn routes_by_what_the_engines_report_holding() {
     assert!(page.contains("epp_kv_block_index_keys{plugin=\"precise-prefix-cache-producer\"}"));
     drop(envoy);
 }
+
+/// `name{labels}` in `page` (0 when absent).
+fn series(page: &str, name_and_labels: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A publisher written with pyzmq and msgpack in the shape vLLM emits
+/// (`kv_publisher.py`): integer and byte hashes, a gap filled from its
+/// replay socket, a removal naming a byte hash by its integer, garbage. The
+/// config declares no data layer: the producer gets the default event
+/// source, as llm-d's older configs expect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_independent_publisher_in_vllms_shape_is_indexed_with_replay() {
+    let dir = scratch_dir("kv-publisher");
+    let ip = "127.0.0.5";
+    let (kv_port, replay_port) = (free_port_on(ip), free_port_on(ip));
+    let file = dir.join("precise.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "\
+plugins:
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {{blockSize: 4}}
+    kvEventsConfig:
+      podDiscoveryConfig: {{socketPort: {kv_port}, replaySocketPort: {replay_port}}}
+- type: prefix-cache-scorer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: max-score-picker
+"
+        ),
+    )
+    .unwrap();
+    let endpoint = format!("{ip}:8000");
+    let epp = start_epp(
+        &dir,
+        &[
+            "--config-file",
+            file.to_str().unwrap(),
+            "--endpoints",
+            &endpoint,
+        ],
+    );
+    let python = epp_test_support::process::workspace_root().join(".venv/bin/python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/kv_publisher.py");
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(script).args([
+        format!("tcp://{ip}:{kv_port}"),
+        format!("tcp://{ip}:{replay_port}"),
+        format!("kv@{ip}@m"),
+    ]);
+    let (_publisher, _) =
+        epp_test_support::process::Proc::spawn("publisher", cmd, "published", dir.join("pub.log"));
+
+    let at = format!("{{endpoint=\"{endpoint}\",outcome=");
+    let plugin = "{plugin=\"precise-prefix-cache-producer\"}";
+    let mut page = String::new();
+    for _ in 0..100 {
+        page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
+            .await
+            .unwrap()
+            .text();
+        if series(
+            &page,
+            &format!("epp_kv_events_messages_total{at}\"decode_error\"}}"),
+        ) >= 1.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = |s: &str| series(&page, s);
+    // 0, 1, 3 and 4 live; 2 from the replay socket; 5 undecodable.
+    assert_eq!(
+        got(&format!("epp_kv_events_messages_total{at}\"applied\"}}")),
+        4.0,
+        "{page}"
+    );
+    assert_eq!(
+        got(&format!("epp_kv_events_messages_total{at}\"replayed\"}}")),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        got(&format!(
+            "epp_kv_events_messages_total{at}\"decode_error\"}}"
+        )),
+        1.0
+    );
+    // Every block chained (byte hashes included): none was an orphan, and
+    // the removal named by an integer found its byte-hashed block.
+    assert_eq!(
+        got(&format!("epp_kv_block_index_blocks_stored_total{plugin}")),
+        5.0,
+        "{page}"
+    );
+    assert_eq!(
+        got(&format!("epp_kv_block_index_orphan_events_total{plugin}")),
+        0.0
+    );
+    assert_eq!(
+        got(&format!("epp_kv_block_index_blocks_removed_total{plugin}")),
+        1.0
+    );
+    // The undecodable batch lost events: what the endpoint held is forgotten.
+    assert!(got(&format!("epp_kv_block_index_clears_total{plugin}")) >= 1.0);
+    assert_eq!(got(&format!("epp_kv_block_index_keys{plugin}")), 0.0);
+    assert!(
+        epp_test_support::process::Proc::exited(&mut { epp }.proc).is_none(),
+        "epp survived the garbage"
+    );
+}
