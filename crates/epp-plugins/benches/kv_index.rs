@@ -116,7 +116,9 @@ fn ingest(c: &mut Criterion) {
 
 fn lookup(c: &mut Criterion) {
     let index = KvBlockIndex::new(BLOCK, 1, 1 << 20);
-    let tokens: Vec<u32> = (0..16_384u32).map(|t| t.wrapping_mul(2_654_435_761) >> 15).collect();
+    let tokens: Vec<u32> = (0..16_384u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) >> 15)
+        .collect();
     let holds = |id: u32, n: usize| {
         let batch = KvEventBatch {
             events: vec![KvEvent::BlockStored(BlockStored {
@@ -163,6 +165,8 @@ fn lookup(c: &mut Criterion) {
         });
     });
     g.finish();
+    m.reset();
+    index.lookup(&keys, &mut m);
     assert_eq!(m.matched(EndpointId(0)), 1024);
     assert_eq!(m.matched(EndpointId(8)), 512);
 }

@@ -257,18 +257,33 @@ fn ids_past_64_match_like_the_first_ones() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(12);
     let (low, high, higher) = (EndpointId(3), EndpointId(70), EndpointId(200));
-    ix.apply(low, &batch(Some("m"), vec![stored(&[1, 2], None, &t[..8], 4)]));
-    ix.apply(high, &batch(Some("m"), vec![stored(&[1, 2, 3], None, &t, 4)]));
-    ix.apply(higher, &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]));
+    ix.apply(
+        low,
+        &batch(Some("m"), vec![stored(&[1, 2], None, &t[..8], 4)]),
+    );
+    ix.apply(
+        high,
+        &batch(Some("m"), vec![stored(&[1, 2, 3], None, &t, 4)]),
+    );
+    ix.apply(
+        higher,
+        &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]),
+    );
     let mut keys = Vec::new();
     ix.keys_of("m", &t, 10, &mut keys);
     let mut m = PrefixMatch::default();
     ix.lookup(&keys, &mut m);
-    assert_eq!((m.matched(low), m.matched(high), m.matched(higher)), (2, 3, 1));
+    assert_eq!(
+        (m.matched(low), m.matched(high), m.matched(higher)),
+        (2, 3, 1)
+    );
     ix.apply(high, &batch(Some("m"), vec![removed(&[2])]));
     let mut m = PrefixMatch::default();
     ix.lookup(&keys, &mut m);
-    assert_eq!((m.matched(low), m.matched(high), m.matched(higher)), (2, 1, 1));
+    assert_eq!(
+        (m.matched(low), m.matched(high), m.matched(higher)),
+        (2, 1, 1)
+    );
     ix.clear(low);
     ix.clear(higher);
     ix.clear(high);
