@@ -205,7 +205,36 @@ EPP_VARIANTS = {
     "epp-latency": (ROOT / "examples/configs/predicted-latency.yaml").read_text(),
 }
 
-KNOWN = CONTENDERS + list(EPP_VARIANTS)
+# Precise prefix (issue 16): epp subscribed to the simulators' KV-cache events,
+# tokenizing completions with the fleet's tokenizer. Its config needs the run's
+# ports and tokenizer, so it is written when the contender starts. Naming it
+# turns on real tokens and KV events in EVERY simulator of the run (the fleet
+# must be the same for every contender): token blocks instead of the 4-byte
+# rule, so figures of such a run compare with each other, not with other runs.
+EPP_PRECISE_CONFIG = """\
+plugins:
+- type: token-producer
+  parameters: {{local: {{path: {tokenizer}}}}}
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {{blockSize: 16}}
+    kvEventsConfig:
+      podDiscoveryConfig: {{socketPort: {kv_base}}}
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: queue-scorer, weight: 2}}
+  - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
+  - {{pluginRef: prefix-cache-scorer, weight: 3}}
+  - {{pluginRef: max-score-picker}}
+"""
+
+KNOWN = CONTENDERS + list(EPP_VARIANTS) + ["epp-precise"]
 
 
 def epp_default_config() -> str:
@@ -224,6 +253,7 @@ LABELS = {
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "epp-latency": "Envoy + epp (learned latency: latency-scorer)",
+    "epp-precise": "Envoy + epp (precise prefix: the engines' KV events, default weights)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
@@ -423,6 +453,20 @@ def shared_loopback_port(ips: list[str]) -> int:
     raise RuntimeError(f"no port free on all of {ips}")
 
 
+def consecutive_free_ports(n: int) -> int:
+    """A port p with p .. p+n-1 all free on 127.0.0.1."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 class Fleet:
     """N simulators plus one contender in front of them."""
 
@@ -454,13 +498,24 @@ class Fleet:
     def _start_sims(self, workload: Workload, pods: bool) -> None:
         hosts = [f"127.0.0.{i + 2}" if pods else "127.0.0.1" for i in range(N_SIMS)]
         shared = shared_loopback_port(hosts) if pods else None
+        ports = [shared or free_port() for _ in hosts]
+        # With KV events, epp subscribes to <ip>:<base + rank>, the rank being
+        # a simulator's position among those sharing its IP, by port.
+        self.kv_base = consecutive_free_ports(N_SIMS) if self.args.kv_events else 0
         for i, host in enumerate(hosts):
-            port = shared or free_port()
+            port = ports[i]
+            events = []
+            if self.args.kv_events:
+                rank = sorted(p for h, p in zip(hosts, ports) if h == host).index(port)
+                events = ["--tokenizer", str(self.args.tokenizer), "--kv-events-config", json.dumps({
+                    "enable_kv_cache_events": True, "publisher": "zmq",
+                    "endpoint": f"tcp://{host}:{self.kv_base + rank}",
+                    "topic": f"kv@{host}:{port}@{MODEL}"})]
             p = self._spawn(
                 f"sim-{i}",
                 [str(self.args.bin_dir / "epp-sim"), "--host", host, "--port", str(port),
                  "--pod-name", f"sim-{i}", "--model", MODEL, "--model-path", str(self.args.tokenizer)]
-                + SIM_ARGS + workload.sim_args,
+                + SIM_ARGS + workload.sim_args + events,
             )
             self.sim_ports.append(port)
             self.sim_hosts.append(host)
@@ -470,10 +525,13 @@ class Fleet:
     def _start_contender(self, contender: str) -> str:
         port = free_port()
         urls = [f"http://127.0.0.1:{p}" for p in self.sim_ports]
-        if contender == "epp" or contender in EPP_VARIANTS:
+        if contender == "epp" or contender in EPP_VARIANTS or contender == "epp-precise":
             grpc = free_port()
             # The default contender gets the same file as the reference: epp's DEFAULT_CONFIG.
-            text = EPP_VARIANTS.get(contender) or epp_default_config()
+            if contender == "epp-precise":
+                text = EPP_PRECISE_CONFIG.format(tokenizer=self.args.tokenizer, kv_base=self.kv_base)
+            else:
+                text = EPP_VARIANTS.get(contender) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
             config = ["--config-file", str(self.dir / "epp-config.yaml")]
             self.epp_metrics_port = free_port()
@@ -899,6 +957,12 @@ def main() -> None:
     for c in contenders:
         if c not in KNOWN:
             sys.exit(f"unknown contender {c!r}; known: {', '.join(KNOWN)}")
+    # Precise prefix needs real tokens and KV events; every contender of the
+    # run gets the same fleet.
+    args.kv_events = "epp-precise" in contenders
+    if args.kv_events:
+        log("epp-precise: every simulator of this run tokenizes with the bench tokenizer and "
+            "publishes KV events (token blocks, not the 4-byte rule)")
     if "reference" in contenders:
         missing = reference_missing()
         if missing and not explicit:
@@ -930,6 +994,7 @@ def main() -> None:
         "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip(),
         "sim_args": SIM_ARGS,
+        "kv_events_and_tokenizer_in_every_sim": args.kv_events,
         "workloads": {w.name: {"description": w.description, "rates": w.rates, "stage_secs": w.stage_secs,
                                "sim_args": w.sim_args, "client": args.client or w.client}
                       for w in workloads},
