@@ -218,6 +218,8 @@ plugins:
 - type: precise-prefix-cache-producer
   parameters:
     tokenProcessorConfig: {{blockSize: 16}}
+    speculativeIndexing: true
+    speculativeTTL: 5s
     kvEventsConfig:
       podDiscoveryConfig: {{socketPort: {kv_base}}}
 - type: queue-scorer
@@ -253,7 +255,7 @@ LABELS = {
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "epp-latency": "Envoy + epp (learned latency: latency-scorer)",
-    "epp-precise": "Envoy + epp (precise prefix: the engines' KV events, default weights)",
+    "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",

@@ -17,12 +17,13 @@
 //! (its subscriber) and take that endpoint's own lock.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     hash::{BuildHasher, Hasher},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use epp_core::{BlockStored, EndpointId, KvEvent, KvEventBatch, PrefixMatch};
@@ -184,6 +185,9 @@ struct EndpointBlocks {
     held: HashMap<u64, u32>,
     /// Mediums other than none/GPU, interned to their code - 1.
     mediums: Vec<String>,
+    /// Keys held on speculation (a pick sent there), oldest first, until
+    /// their time is up; counted in `held` like an engine block's.
+    speculative: VecDeque<(Instant, Box<[u64]>)>,
 }
 
 impl EndpointBlocks {
@@ -224,6 +228,8 @@ pub struct IndexCounters {
     pub lookup_blocks: AtomicU64,
     /// Of those, blocks some endpoint held.
     pub hit_blocks: AtomicU64,
+    /// Picks held on speculation.
+    pub speculated: AtomicU64,
 }
 
 /// The index.
@@ -234,6 +240,8 @@ pub struct KvBlockIndex {
     max_blocks_per_endpoint: usize,
     /// Key → the endpoint ids holding it (sorted, no duplicates).
     keys: papaya::HashMap<u64, Holders, KeyHash>,
+    /// How long speculation holds (see [`Self::speculate`]).
+    speculative_ttl: Duration,
     endpoints: Mutex<HashMap<EndpointId, Arc<Mutex<EndpointBlocks>>>>,
     counters: IndexCounters,
 }
@@ -250,9 +258,23 @@ impl KvBlockIndex {
             seed,
             max_blocks_per_endpoint,
             keys: papaya::HashMap::builder().hasher(KeyHash).build(),
+            speculative_ttl: Duration::from_secs(2),
             endpoints: Mutex::new(HashMap::new()),
             counters: IndexCounters::default(),
         }
+    }
+
+    /// Sets how long speculation holds (default 2 s).
+    #[must_use]
+    pub fn with_speculative_ttl(mut self, ttl: Duration) -> Self {
+        self.speculative_ttl = ttl;
+        self
+    }
+
+    /// How long speculation holds.
+    #[must_use]
+    pub fn speculative_ttl(&self) -> Duration {
+        self.speculative_ttl
     }
 
     /// Tokens per block.
@@ -344,6 +366,9 @@ impl KvBlockIndex {
         let model = batch.model.as_deref();
         let blocks = self.blocks_of(id);
         let mut b = blocks.lock();
+        if !b.speculative.is_empty() {
+            self.expire(id, &mut b, Instant::now(), self.speculative_ttl);
+        }
         for e in &batch.events {
             match e {
                 KvEvent::BlockStored(s) => self.stored(id, &mut b, model, s),
@@ -457,6 +482,7 @@ impl KvBlockIndex {
         }
         b.held.clear();
         b.engine.clear();
+        b.speculative.clear();
         b.held.shrink_to(0);
         b.engine.shrink_to(0);
         self.counters.clears.fetch_add(1, Ordering::Relaxed);
@@ -467,6 +493,46 @@ impl KvBlockIndex {
         let blocks = self.endpoints.lock().remove(&id);
         if let Some(blocks) = blocks {
             self.clear_locked(id, &mut blocks.lock());
+        }
+    }
+
+    /// Holds `keys` on `id` on speculation until `ttl` after `now` (llm-d's
+    /// `speculativeIndexing`): a request just sent there will have its prompt
+    /// cached once prefilled, which the engine reports only then; requests
+    /// with the same prefix arriving meanwhile should follow it. Expired
+    /// speculation is dropped first. At most 4,096 speculations per endpoint.
+    pub fn speculate(&self, id: EndpointId, keys: &[u64], now: Instant, ttl: Duration) {
+        if keys.is_empty() {
+            return;
+        }
+        let blocks = self.blocks_of(id);
+        let mut b = blocks.lock();
+        self.expire(id, &mut b, now, ttl);
+        if b.speculative.len() >= 4096 {
+            if let Some((_, old)) = b.speculative.pop_front() {
+                self.release(id, &mut b, &old);
+            }
+        }
+        let map = self.keys.pin();
+        for &k in keys {
+            let n = b.held.entry(k).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                hold(&map, k, id.0);
+            }
+        }
+        b.speculative.push_back((now, keys.into()));
+        self.counters.speculated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn expire(&self, id: EndpointId, b: &mut EndpointBlocks, now: Instant, ttl: Duration) {
+        while let Some((at, _)) = b.speculative.front() {
+            if now.saturating_duration_since(*at) < ttl {
+                break;
+            }
+            if let Some((_, keys)) = b.speculative.pop_front() {
+                self.release(id, b, &keys);
+            }
         }
     }
 

@@ -12,14 +12,18 @@
 //! [`KvEventSink`] fed by an `endpoint-notification-source`, which
 //! subscribes to each endpoint's publisher as `kvEventsConfig` says.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, AtomicU64, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 use epp_core::{
     BuildError, Candidate, CycleContext, DataProducer, Endpoint, EndpointId, KvEventBatch,
-    KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics,
+    KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics, PreRequest,
+    SchedulingResult,
 };
 
 use serde::de::IgnoredAny;
@@ -96,10 +100,11 @@ pub struct PrecisePrefixParams {
     /// Where the events come from.
     #[serde(default)]
     pub kv_events_config: KvEventsConfig,
-    /// llm-d's guess-ahead indexing of picks; only `false` is supported.
+    /// Hold a pick's blocks on its endpoint until the engine reports them
+    /// (llm-d's option; default false).
     #[serde(default)]
     pub speculative_indexing: bool,
-    /// Accepted with `speculativeIndexing: false`.
+    /// How long a speculation holds. Default `2s`.
     #[serde(default, rename = "speculativeTTL")]
     pub speculative_ttl: Option<String>,
     /// Leading blocks of a prompt looked up at most. Default 8192.
@@ -120,6 +125,7 @@ pub struct PrecisePrefixCacheProducer {
     config: KvEventsConfig,
     max_blocks: usize,
     index: Arc<KvBlockIndex>,
+    speculative: bool,
     warned_no_tokens: AtomicBool,
 }
 
@@ -135,7 +141,7 @@ impl Builtin for PrecisePrefixCacheProducer {
     type Params = PrecisePrefixParams;
 
     /// # Errors
-    /// A block size over 2^18 tokens, `speculativeIndexing: true`, an engine
+    /// A block size over 2^18 tokens, a bad `speculativeTTL`, an engine
     /// other than vLLM, or an index backend other than in-memory (Redis is
     /// not built yet).
     fn build(name: impl Into<String>, p: PrecisePrefixParams) -> Result<Self, BuildError> {
@@ -158,13 +164,11 @@ impl Builtin for PrecisePrefixCacheProducer {
                 "must be at most 262144",
             ));
         }
-        if p.speculative_indexing {
-            return Err(bad(
-                "speculativeIndexing",
-                "true".into(),
-                "speculative indexing is not built in epp; the index follows the engines' events only",
-            ));
-        }
+        let ttl = match p.speculative_ttl.as_deref() {
+            None => Duration::from_secs(2),
+            Some(t) => humantime::parse_duration(t)
+                .map_err(|e| bad("speculativeTTL", t.to_owned(), &e.to_string()))?,
+        };
         if p.kv_events_config.engine_type != "vllm" {
             return Err(bad(
                 "kvEventsConfig.engineType",
@@ -201,11 +205,11 @@ impl Builtin for PrecisePrefixCacheProducer {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             config: p.kv_events_config,
             max_blocks,
-            index: Arc::new(KvBlockIndex::new(
-                block,
-                seed_of(&t.hash_seed),
-                per_endpoint,
-            )),
+            index: Arc::new(
+                KvBlockIndex::new(block, seed_of(&t.hash_seed), per_endpoint)
+                    .with_speculative_ttl(ttl),
+            ),
+            speculative: p.speculative_indexing,
             warned_no_tokens: AtomicBool::new(false),
             name,
         })
@@ -232,6 +236,9 @@ impl Plugin for PrecisePrefixCacheProducer {
     }
     fn as_kv_event_sink(&self) -> Option<&dyn KvEventSink> {
         Some(self)
+    }
+    fn as_pre_request(&self) -> Option<&dyn PreRequest> {
+        self.speculative.then_some(self as &dyn PreRequest)
     }
     fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         Some(self)
@@ -281,6 +288,23 @@ impl DataProducer for PrecisePrefixCacheProducer {
     }
 }
 
+impl PreRequest for PrecisePrefixCacheProducer {
+    fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
+        let prefix = &cx.state.prefix;
+        if prefix.producer != self.id {
+            return;
+        }
+        if let Some(target) = result.primary() {
+            self.index.speculate(
+                target.id(),
+                &prefix.hashes,
+                Instant::now(),
+                self.index.speculative_ttl(),
+            );
+        }
+    }
+}
+
 impl KvEventSink for PrecisePrefixCacheProducer {
     fn kv_events_config(&self) -> &KvEventsConfig {
         &self.config
@@ -297,7 +321,7 @@ const fn family(name: &'static str, help: &'static str) -> MetricFamily {
     MetricFamily { name, help }
 }
 
-const COUNTERS: [MetricFamily; 7] = [
+const COUNTERS: [MetricFamily; 8] = [
     family(
         "epp_kv_block_index_blocks_stored",
         "Engine blocks the precise prefix index was told were stored",
@@ -326,6 +350,10 @@ const COUNTERS: [MetricFamily; 7] = [
         "epp_kv_block_index_hit_blocks",
         "Blocks of the requests looked up that some endpoint held (hit ratio: over lookup_blocks)",
     ),
+    family(
+        "epp_kv_block_index_speculations",
+        "Picks whose blocks were held on their endpoint until the engine reported them (speculativeIndexing)",
+    ),
 ];
 
 const KEYS: MetricFamily = family(
@@ -345,6 +373,7 @@ impl PluginMetrics for PrecisePrefixCacheProducer {
             &c.lookups,
             &c.lookup_blocks,
             &c.hit_blocks,
+            &c.speculated,
         ];
         for (f, v) in COUNTERS.into_iter().zip(values) {
             out.counter(f, &labels, v.load(Ordering::Relaxed));

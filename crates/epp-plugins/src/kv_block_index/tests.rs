@@ -1,4 +1,5 @@
 use super::*;
+use std::time::{Duration, Instant};
 
 const A: EndpointId = EndpointId(0);
 const B: EndpointId = EndpointId(1);
@@ -287,5 +288,36 @@ fn ids_past_64_match_like_the_first_ones() {
     ix.clear(low);
     ix.clear(higher);
     ix.clear(high);
+    assert!(ix.is_empty());
+}
+
+#[test]
+fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(8);
+    let mut keys = Vec::new();
+    ix.keys_of("m", &t, 10, &mut keys);
+    let t0 = Instant::now();
+    let ttl = Duration::from_secs(1);
+    ix.speculate(A, &keys, t0, ttl);
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+    // The engine reports the first block for real.
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]));
+    // Time is up (the next speculation on A expires the first).
+    let mut other = Vec::new();
+    ix.keys_of(
+        "m",
+        &seq(4).iter().map(|x| x + 1).collect::<Vec<_>>(),
+        10,
+        &mut other,
+    );
+    ix.speculate(A, &other, t0 + Duration::from_secs(2), ttl);
+    assert_eq!(
+        matched(&ix, "m", &t).0,
+        1,
+        "only the reported block is left"
+    );
+    assert_eq!(ix.counters().speculated.load(Ordering::Relaxed), 2);
+    ix.clear(A);
     assert!(ix.is_empty());
 }

@@ -175,6 +175,68 @@ fn another_model_or_a_salt_or_no_tokens_match_nothing() {
 }
 
 #[test]
+fn speculative_indexing_sends_a_prefix_after_its_first_pick() {
+    let tokens = Arc::new(token_producer());
+    let precise = Arc::new(
+        PrecisePrefixCacheProducer::build(
+            "precise-prefix-cache-producer",
+            params("{tokenProcessorConfig: {blockSize: 4}, speculativeIndexing: true, speculativeTTL: 5s}"),
+        )
+        .expect("builds"),
+    );
+    let scorer = Arc::new(
+        PrefixCacheScorer::build(
+            "prefix",
+            PrefixCacheScorerParams {
+                prefix_match_info_producer_name: Some("precise-prefix-cache-producer".into()),
+                ..PrefixCacheScorerParams::default()
+            },
+        )
+        .expect("builds"),
+    );
+    let picker = Arc::new(MaxScorePicker::build("pick", PickerParams::default()).expect("builds"));
+    let profile = SchedulingProfile::new("default")
+        .with_scorer(PluginRef::new(scorer.clone()), 1.0)
+        .with_picker(PluginRef::new(picker));
+    let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
+        .expect("valid")
+        .with_hooks([
+            PluginRef::new(precise.clone()),
+            PluginRef::new(scorer),
+            PluginRef::new(tokens),
+        ]);
+    let snap = snapshot(8);
+    let ask = |q: usize| {
+        let req = InferenceRequest::builder("m")
+            .api(ApiKind::Completions)
+            .prompt(format!("{}Question {q}?", SYSTEM.repeat(3)))
+            .build();
+        scheduler
+            .schedule(&req, &snap)
+            .expect("schedules")
+            .primary()
+            .expect("a pick")
+            .id()
+    };
+    let first = ask(0);
+    for q in 1..10 {
+        assert_eq!(
+            ask(q),
+            first,
+            "request {q} follows the first pick before any event"
+        );
+    }
+    assert!(
+        precise
+            .index()
+            .counters()
+            .speculated
+            .load(Ordering::Relaxed)
+            >= 10
+    );
+}
+
+#[test]
 fn llm_d_parameters_load_and_unbuilt_backends_are_refused() {
     let ok = params(
         "{tokenProcessorConfig: {blockSize: 64, hashSeed: '42'}, \
@@ -200,7 +262,7 @@ fn llm_d_parameters_load_and_unbuilt_backends_are_refused() {
             "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: 'redis://x'}}}}",
             "redisConfig",
         ),
-        ("{speculativeIndexing: true}", "speculativeIndexing"),
+        ("{speculativeTTL: soon}", "speculativeTTL"),
         ("{kvEventsConfig: {engineType: sglang}}", "engineType"),
     ] {
         let e = PrecisePrefixCacheProducer::build("p", params(yaml))
