@@ -508,10 +508,10 @@ impl KvBlockIndex {
         let blocks = self.blocks_of(id);
         let mut b = blocks.lock();
         self.expire(id, &mut b, now, ttl);
-        if b.speculative.len() >= 4096 {
-            if let Some((_, old)) = b.speculative.pop_front() {
-                self.release(id, &mut b, &old);
-            }
+        if b.speculative.len() >= 4096
+            && let Some((_, old)) = b.speculative.pop_front()
+        {
+            self.release(id, &mut b, &old);
         }
         let map = self.keys.pin();
         for &k in keys {
