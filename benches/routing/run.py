@@ -18,6 +18,9 @@ binaries). Direct use:
         [--contenders a,b] [--repeats N] [--quick] [--bin-dir target/release]
         [--reference-args '--v=1']
 
+An epp contender named with a suffix -x2 or -x3 (`epp-x2`, `epp-precise-x3`)
+runs as that many epp replicas behind one Envoy (its ext_proc cluster round-robins).
+
 Writes DIR/results.jsonl (one line per workload x contender x repeat x rate)
 and, through report.py, DIR/report.md and DIR/ttft_p90.png.
 """
@@ -455,6 +458,12 @@ def shared_loopback_port(ips: list[str]) -> int:
     raise RuntimeError(f"no port free on all of {ips}")
 
 
+def epp_replicas(contender: str) -> tuple[str, int]:
+    """`epp-x2` -> ("epp", 2): an epp contender run as N replicas behind one Envoy."""
+    m = re.fullmatch(r"(.+)-x([2-9])", contender)
+    return (m.group(1), int(m.group(2))) if m else (contender, 1)
+
+
 def consecutive_free_ports(n: int) -> int:
     """A port p with p .. p+n-1 all free on 127.0.0.1."""
     for _ in range(50):
@@ -527,25 +536,40 @@ class Fleet:
     def _start_contender(self, contender: str) -> str:
         port = free_port()
         urls = [f"http://127.0.0.1:{p}" for p in self.sim_ports]
-        if contender == "epp" or contender in EPP_VARIANTS or contender == "epp-precise":
-            grpc = free_port()
+        base, replicas = epp_replicas(contender)
+        if base == "epp" or base in EPP_VARIANTS or base == "epp-precise":
             # The default contender gets the same file as the reference: epp's DEFAULT_CONFIG.
-            if contender == "epp-precise":
+            if base == "epp-precise":
                 text = EPP_PRECISE_CONFIG.format(tokenizer=self.args.tokenizer, kv_base=self.kv_base)
             else:
-                text = EPP_VARIANTS.get(contender) or epp_default_config()
+                text = EPP_VARIANTS.get(base) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
             config = ["--config-file", str(self.dir / "epp-config.yaml")]
-            self.epp_metrics_port = free_port()
-            p = self._spawn("epp", [
-                str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
-                str(free_port()), "--metrics-port", str(self.epp_metrics_port), "--bind-address", "127.0.0.1",
-                "--secure-serving=false", "--drain-timeout", "0s", "--endpoints",
-                ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
-            ], env={"RUST_LOG": "warn"})
-            wait_until("epp", lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)
+            # Several replicas: Envoy's ext_proc cluster round-robins over them,
+            # as a user running two or three epp replicas for availability does.
+            grpcs = []
+            for r in range(replicas):
+                grpc = free_port()
+                grpcs.append(grpc)
+                metrics = free_port()
+                if r == 0:
+                    self.epp_metrics_port = metrics
+                name = "epp" if r == 0 else f"epp-{r}"
+                p = self._spawn(name, [
+                    str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
+                    str(free_port()), "--metrics-port", str(metrics), "--bind-address", "127.0.0.1",
+                    "--secure-serving=false", "--drain-timeout", "0s", "--endpoints",
+                    ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
+                ], env={"RUST_LOG": "warn"})
+                wait_until(name, lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)
             config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
-            config = config.replace("port_value: 9002", f"port_value: {grpc}")
+            one = "              socket_address: { address: 127.0.0.1, port_value: 9002 }\n"
+            if one not in config:
+                raise RuntimeError("examples/envoy/envoy-streamed.yaml: ext_proc endpoint line not found")
+            endpoints = "".join(
+                ("        - endpoint:\n            address:\n" if i else "")
+                + one.replace("9002", str(g)) for i, g in enumerate(grpcs))
+            config = config.replace(one, endpoints)
             return self._start_envoy(config, port)
         if contender == "reference":
             return self._start_reference(port)
@@ -957,11 +981,11 @@ def main() -> None:
     explicit = args.contenders is not None
     contenders = args.contenders.split(",") if explicit else list(CONTENDERS)
     for c in contenders:
-        if c not in KNOWN:
+        if epp_replicas(c)[0] not in KNOWN:
             sys.exit(f"unknown contender {c!r}; known: {', '.join(KNOWN)}")
     # Precise prefix needs real tokens and KV events; every contender of the
     # run gets the same fleet.
-    args.kv_events = "epp-precise" in contenders
+    args.kv_events = any(epp_replicas(c)[0] == "epp-precise" for c in contenders)
     if args.kv_events:
         log("epp-precise: every simulator of this run tokenizes with the bench tokenizer and "
             "publishes KV events (token blocks, not the 4-byte rule)")
