@@ -11,6 +11,8 @@
 //!   `lookup-16k-keys-only` and `lookup-16k-match-only` split the two.
 //! - `tokenize-16k`: the test tokenizer (byte-level BPE) on 16 KiB of text.
 //!
+//! With mimalloc, as the `epp` binary runs.
+//!
 //! ```sh
 //! cargo bench -p epp-plugins --bench kv_index
 //! ```
@@ -22,6 +24,10 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use epp_core::{BlockStored, EndpointId, KvEvent, KvEventBatch, PrefixMatch};
 use epp_plugins::{Builtin, KvBlockIndex, TokenProducer, TokenProducerParams};
 use epp_test_support::{process::scratch_dir, tokenizer::write_test_tokenizer};
+
+/// The `epp` binary's allocator: the tokenizer allocates per token.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const ENDPOINTS: u32 = 64;
 const BLOCK: usize = 16;
