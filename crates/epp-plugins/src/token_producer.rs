@@ -274,6 +274,42 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_tokenizer_file_is_reloaded_and_a_bad_one_ignored() {
+        let dir = epp_test_support::process::scratch_dir("tokenizer-reload");
+        let file = epp_test_support::tokenizer::write_test_tokenizer(&dir).expect("written");
+        let p: TokenProducerParams = serde_yaml_ng::from_str(&format!(
+            "{{local: {{path: {}, reloadInterval: 20ms}}}}",
+            dir.display()
+        ))
+        .expect("parses");
+        let t = TokenProducer::build("t", p).expect("loads the directory's tokenizer.json");
+        let ids = |t: &TokenProducer| {
+            let mut v = Vec::new();
+            t.tokenize("the theory of relativity", &mut v)
+                .expect("tokenizes");
+            v
+        };
+        let before = ids(&t);
+        // The same tokenizer without its merges: one id per byte.
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).expect("read")).expect("json");
+        json["model"]["merges"] = serde_json::json!([]);
+        std::thread::sleep(Duration::from_millis(30));
+        std::fs::write(&file, json.to_string()).expect("written");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while ids(&t) == before {
+            assert!(std::time::Instant::now() < deadline, "never reloaded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let after = ids(&t);
+        assert!(after.len() > before.len(), "{before:?} -> {after:?}");
+        // A broken file keeps the last good tokenizer.
+        std::fs::write(&file, "{not json").expect("written");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(ids(&t), after);
+    }
+
+    #[test]
     fn a_missing_tokenizer_file_names_the_path() {
         let p: TokenProducerParams =
             serde_yaml_ng::from_str("{local: {path: /nonexistent/tok}}").expect("parses");
