@@ -257,7 +257,7 @@ schedulingProfiles:
         format!("tcp://{ip}:{replay_port}"),
         format!("kv@{ip}@m"),
     ]);
-    let (_publisher, _) =
+    let (publisher, _) =
         epp_test_support::process::Proc::spawn("publisher", cmd, "published", dir.join("pub.log"));
 
     let at = format!("{{endpoint=\"{endpoint}\",outcome=");
@@ -313,6 +313,23 @@ schedulingProfiles:
     // The undecodable batch lost events: what the endpoint held is forgotten.
     assert!(got(&format!("epp_kv_block_index_clears_total{plugin}")) >= 1.0);
     assert_eq!(got(&format!("epp_kv_block_index_keys{plugin}")), 0.0);
+    let subscribed = format!("epp_kv_events_subscribed{{endpoint=\"{endpoint}\"}}");
+    assert_eq!(got(&subscribed), 1.0, "{page}");
+    // The publisher goes away: the gauge says so.
+    drop(publisher);
+    let mut down = false;
+    for _ in 0..100 {
+        let page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
+            .await
+            .unwrap()
+            .text();
+        if series(&page, &subscribed) == 0.0 {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(down, "epp_kv_events_subscribed never fell to 0");
     assert!(
         epp_test_support::process::Proc::exited(&mut { epp }.proc).is_none(),
         "epp survived the garbage"

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use epp_core::{
     Endpoint, EndpointId, EndpointSource, KvEvent, KvEventBatch, KvEventsConfig, PluginRef,
 };
+use futures::StreamExt;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -30,7 +31,7 @@ use prometheus_client::{
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::decode_batch;
 use crate::EndpointStore;
@@ -141,7 +142,7 @@ impl FeedMetrics {
         );
         registry.register(
             "epp_kv_events_subscribed",
-            "1 while the subscriber to the endpoint's KV-event publisher is connected",
+            "1 while the subscriber to the endpoint's KV-event publisher is connected (0 from a disconnection until it has reconnected)",
             self.connected.clone(),
         );
     }
@@ -455,6 +456,8 @@ async fn follow(
     let mut warned_decode = false;
     loop {
         let mut sub = SubSocket::new();
+        // Disconnections (the socket reconnects by itself) show in the gauge.
+        let mut monitor = sub.monitor();
         let connected = tokio::select! {
             () = stop.cancelled() => return,
             r = tokio::time::timeout(CONNECT_TIMEOUT, sub.connect(&addr)) => matches!(r, Ok(Ok(()))),
@@ -466,13 +469,34 @@ async fn follow(
             }
         }
         metrics.connected.get_or_create(&label).set(1);
+        let mut up = true;
         tracing::info!(endpoint = %endpoint.addr_str(), publisher = %addr, "subscribed to KV events");
         loop {
             let msg = tokio::select! {
                 () = stop.cancelled() => return,
                 m = sub.recv() => m,
+                // A closed monitor (None) disables this branch for the select.
+                Some(event) = monitor.next() => {
+                    match event {
+                        SocketEvent::Disconnected(_) if up => {
+                            up = false;
+                            metrics.connected.get_or_create(&label).set(0);
+                            tracing::info!(endpoint = %endpoint.addr_str(), publisher = %addr, "KV-event publisher disconnected; reconnecting");
+                        }
+                        SocketEvent::Connected(..) if !up => {
+                            up = true;
+                            metrics.connected.get_or_create(&label).set(1);
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
             };
             let Ok(msg) = msg else { break };
+            if !up {
+                up = true;
+                metrics.connected.get_or_create(&label).set(1);
+            }
             let Some((topic, frame)) = frames(msg) else {
                 metrics.message(endpoint.addr_str(), "malformed");
                 continue;
