@@ -28,7 +28,7 @@ use epp_core::{
 
 use serde::de::IgnoredAny;
 
-use crate::{Builtin, KvBlockIndex};
+use crate::{Builtin, KvBlockIndex, invalid};
 
 /// `tokenProcessorConfig`: how request tokens become block keys.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -146,12 +146,7 @@ impl Builtin for PrecisePrefixCacheProducer {
     /// not built yet).
     fn build(name: impl Into<String>, p: PrecisePrefixParams) -> Result<Self, BuildError> {
         let name = name.into();
-        let bad = |field: &str, value: String, reason: &str| BuildError::InvalidValue {
-            plugin: name.clone(),
-            field: field.into(),
-            value,
-            reason: reason.into(),
-        };
+        let bad = |field: &str, value: String, reason: &str| invalid(&name, field, value, reason);
         let t = &p.token_processor_config;
         let block = match (t.block_size_tokens, t.block_size) {
             (0, 0) => 16,

@@ -29,7 +29,7 @@ use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugi
 use serde::de::IgnoredAny;
 use tokenizers::Tokenizer;
 
-use crate::Builtin;
+use crate::{Builtin, invalid};
 
 /// `local`: epp's in-process backend.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -103,12 +103,8 @@ impl Builtin for TokenProducer {
     /// tokenizer file that cannot be read or parsed.
     fn build(name: impl Into<String>, p: TokenProducerParams) -> Result<Self, BuildError> {
         let name = name.into();
-        let bad = |field: &str, value: String, reason: String| BuildError::InvalidValue {
-            plugin: name.clone(),
-            field: field.into(),
-            value,
-            reason,
-        };
+        let bad =
+            |field: &str, value: String, reason: String| invalid(&name, field, value, &reason);
         let Some(local) = p.local else {
             let (field, what) = if p.vllm.is_some() {
                 ("vllm", "the vLLM /render backend")

@@ -32,13 +32,16 @@ struct Setup {
 }
 
 fn setup(with_tokens: bool) -> Setup {
+    setup_with(with_tokens, "{tokenProcessorConfig: {blockSize: 4}}")
+}
+
+/// The token producer (unless `with_tokens` is false), the precise producer
+/// with `producer_params`, a prefix-cache-scorer reading it, a max-score picker.
+fn setup_with(with_tokens: bool, producer_params: &str) -> Setup {
     let tokens = Arc::new(token_producer());
     let precise = Arc::new(
-        PrecisePrefixCacheProducer::build(
-            "precise-prefix-cache-producer",
-            params("{tokenProcessorConfig: {blockSize: 4}}"),
-        )
-        .expect("builds"),
+        PrecisePrefixCacheProducer::build("precise-prefix-cache-producer", params(producer_params))
+            .expect("builds"),
     );
     let scorer = Arc::new(
         PrefixCacheScorer::build(
@@ -176,35 +179,12 @@ fn another_model_or_a_salt_or_no_tokens_match_nothing() {
 
 #[test]
 fn speculative_indexing_sends_a_prefix_after_its_first_pick() {
-    let tokens = Arc::new(token_producer());
-    let precise = Arc::new(
-        PrecisePrefixCacheProducer::build(
-            "precise-prefix-cache-producer",
-            params("{tokenProcessorConfig: {blockSize: 4}, speculativeIndexing: true, speculativeTTL: 5s}"),
-        )
-        .expect("builds"),
+    let Setup {
+        precise, scheduler, ..
+    } = setup_with(
+        true,
+        "{tokenProcessorConfig: {blockSize: 4}, speculativeIndexing: true, speculativeTTL: 5s}",
     );
-    let scorer = Arc::new(
-        PrefixCacheScorer::build(
-            "prefix",
-            PrefixCacheScorerParams {
-                prefix_match_info_producer_name: Some("precise-prefix-cache-producer".into()),
-                ..PrefixCacheScorerParams::default()
-            },
-        )
-        .expect("builds"),
-    );
-    let picker = Arc::new(MaxScorePicker::build("pick", PickerParams::default()).expect("builds"));
-    let profile = SchedulingProfile::new("default")
-        .with_scorer(PluginRef::new(scorer.clone()), 1.0)
-        .with_picker(PluginRef::new(picker));
-    let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
-        .expect("valid")
-        .with_hooks([
-            PluginRef::new(precise.clone()),
-            PluginRef::new(scorer),
-            PluginRef::new(tokens),
-        ]);
     let snap = snapshot(8);
     let ask = |q: usize| {
         let req = InferenceRequest::builder("m")
