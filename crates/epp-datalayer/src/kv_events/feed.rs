@@ -147,6 +147,38 @@ impl FeedMetrics {
         );
     }
 
+    /// The series applying `endpoint`'s messages adds to, resolved once so a
+    /// message allocates no labels and takes no family lock.
+    fn apply_counters(&self, endpoint: &str) -> ApplyCounters {
+        let message = |outcome| {
+            self.messages
+                .get_or_create(&MessageLabels {
+                    endpoint: endpoint.to_owned(),
+                    outcome,
+                })
+                .clone()
+        };
+        let event = |family: &Family<EventLabels, Counter>, kind| {
+            family
+                .get_or_create(&EventLabels {
+                    endpoint: endpoint.to_owned(),
+                    kind,
+                })
+                .clone()
+        };
+        ApplyCounters {
+            applied: message("applied"),
+            replayed: message("replayed"),
+            decode_error: message("decode_error"),
+            unknown: event(&self.events, "unknown"),
+            block_stored: event(&self.events, "block_stored"),
+            block_removed: event(&self.events, "block_removed"),
+            all_blocks_cleared: event(&self.events, "all_blocks_cleared"),
+            stored_blocks: event(&self.block_events, "stored"),
+            removed_blocks: event(&self.block_events, "removed"),
+        }
+    }
+
     fn message(&self, endpoint: &str, outcome: &'static str) {
         self.messages
             .get_or_create(&MessageLabels {
@@ -164,17 +196,6 @@ impl FeedMetrics {
                     kind,
                 })
                 .inc_by(n);
-        }
-    }
-
-    fn blocks(&self, endpoint: &str, kind: &'static str, n: usize) {
-        if n > 0 {
-            self.block_events
-                .get_or_create(&EventLabels {
-                    endpoint: endpoint.to_owned(),
-                    kind,
-                })
-                .inc_by(n as u64);
         }
     }
 
@@ -215,6 +236,20 @@ impl FeedMetrics {
             });
         }
     }
+}
+
+/// See [`FeedMetrics::apply_counters`].
+#[derive(Debug, Clone)]
+struct ApplyCounters {
+    applied: Counter,
+    replayed: Counter,
+    decode_error: Counter,
+    unknown: Counter,
+    block_stored: Counter,
+    block_removed: Counter,
+    all_blocks_cleared: Counter,
+    stored_blocks: Counter,
+    removed_blocks: Counter,
 }
 
 /// Starts following `store` with a subscriber per endpoint and group, plus
@@ -389,17 +424,16 @@ impl Stream {
     }
 }
 
-/// Decodes and applies one payload; `outcome` labels the message.
+/// Decodes and applies one payload, counted as replayed or applied.
 fn apply(
     endpoint: &Arc<Endpoint>,
     group: &SinkGroup,
-    metrics: &FeedMetrics,
+    counters: &ApplyCounters,
     batch: &mut KvEventBatch,
     topic: &[u8],
     payload: &[u8],
-    outcome: &'static str,
+    replayed: bool,
 ) -> bool {
-    let label = endpoint.addr_str();
     match decode_batch(payload, batch) {
         Ok(d) => {
             let model = topic_model(topic);
@@ -407,33 +441,29 @@ fn apply(
                 batch.model = model.map(str::to_owned);
             }
             group.apply(endpoint, batch);
-            metrics.message(label, outcome);
-            metrics.event(label, "unknown", u64::from(d.unknown_events));
-            let (mut stored, mut removed, mut cleared) = (0, 0, 0);
-            let (mut stored_blocks, mut removed_blocks) = (0, 0);
+            let c = counters;
+            if replayed { &c.replayed } else { &c.applied }.inc();
+            c.unknown.inc_by(u64::from(d.unknown_events));
             for e in &batch.events {
                 match e {
                     KvEvent::BlockStored(s) => {
-                        stored += 1;
-                        stored_blocks += s.block_hashes.len();
+                        c.block_stored.inc();
+                        c.stored_blocks.inc_by(s.block_hashes.len() as u64);
                     }
                     KvEvent::BlockRemoved { block_hashes, .. } => {
-                        removed += 1;
-                        removed_blocks += block_hashes.len();
+                        c.block_removed.inc();
+                        c.removed_blocks.inc_by(block_hashes.len() as u64);
                     }
-                    KvEvent::AllBlocksCleared => cleared += 1,
+                    KvEvent::AllBlocksCleared => {
+                        c.all_blocks_cleared.inc();
+                    }
                 }
             }
-            metrics.event(label, "block_stored", stored);
-            metrics.event(label, "block_removed", removed);
-            metrics.event(label, "all_blocks_cleared", cleared);
-            metrics.blocks(label, "stored", stored_blocks);
-            metrics.blocks(label, "removed", removed_blocks);
             true
         }
         Err(e) => {
-            metrics.message(label, "decode_error");
-            tracing::debug!(endpoint = label, error = %e, "undecodable KV-event batch");
+            counters.decode_error.inc();
+            tracing::debug!(endpoint = endpoint.addr_str(), error = %e, "undecodable KV-event batch");
             false
         }
     }
@@ -451,6 +481,7 @@ async fn follow(
     let label = EndpointLabel {
         endpoint: endpoint.addr_str().to_owned(),
     };
+    let counters = metrics.apply_counters(endpoint.addr_str());
     let mut stream = Stream::default();
     let mut batch = KvEventBatch::default();
     let mut warned_decode = false;
@@ -526,7 +557,7 @@ async fn follow(
                             frame.seq,
                             &endpoint,
                             &group,
-                            &metrics,
+                            &counters,
                             &mut batch,
                             &topic,
                             &mut stream,
@@ -542,19 +573,17 @@ async fn follow(
                     metrics.event(endpoint.addr_str(), "gap_cleared", 1);
                 }
             }
-            if apply(
+            // An unreadable batch is passed too: its events are lost like a gap's.
+            stream.applied = Some(frame.seq);
+            if !apply(
                 &endpoint,
                 &group,
-                &metrics,
+                &counters,
                 &mut batch,
                 &topic,
                 &frame.payload,
-                "applied",
+                false,
             ) {
-                stream.applied = Some(frame.seq);
-            } else {
-                // Unreadable: its events are lost like a gap's.
-                stream.applied = Some(frame.seq);
                 if !warned_decode {
                     warned_decode = true;
                     tracing::warn!(endpoint = %endpoint.addr_str(), "a KV-event batch could not be decoded (more at debug level; counted in epp_kv_events_messages_total)");
@@ -578,7 +607,7 @@ async fn replay_range(
     until: u64,
     endpoint: &Arc<Endpoint>,
     group: &SinkGroup,
-    metrics: &FeedMetrics,
+    counters: &ApplyCounters,
     batch: &mut KvEventBatch,
     topic: &[u8],
     stream: &mut Stream,
@@ -630,7 +659,7 @@ async fn replay_range(
             break;
         }
         let payload = payload.unwrap_or_default();
-        apply(endpoint, group, metrics, batch, topic, &payload, "replayed");
+        apply(endpoint, group, counters, batch, topic, &payload, true);
         stream.applied = Some(seq);
         expected = seq + 1;
     }
@@ -670,7 +699,7 @@ async fn bound(
     if sub.subscribe(&group.config.topic_filter).await.is_err() {
         return;
     }
-    let mut streams: HashMap<EndpointId, Stream> = HashMap::new();
+    let mut streams: HashMap<EndpointId, (Stream, ApplyCounters)> = HashMap::new();
     let mut batch = KvEventBatch::default();
     loop {
         let msg = tokio::select! {
@@ -687,8 +716,15 @@ async fn bound(
             metrics.message("unknown", "unknown_publisher");
             continue;
         };
-        streams.retain(|id, _| snapshot.get(*id).is_some());
-        let stream = streams.entry(endpoint.id()).or_default();
+        if streams.len() > snapshot.endpoints().len() {
+            streams.retain(|id, _| snapshot.get(*id).is_some());
+        }
+        let (stream, counters) = streams.entry(endpoint.id()).or_insert_with(|| {
+            (
+                Stream::default(),
+                metrics.apply_counters(endpoint.addr_str()),
+            )
+        });
         match stream.classify(frame.seq) {
             Next::Duplicate => {
                 metrics.message(endpoint.addr_str(), "duplicate");
@@ -705,11 +741,11 @@ async fn bound(
         if !apply(
             &endpoint,
             &group,
-            &metrics,
+            counters,
             &mut batch,
             &topic,
             &frame.payload,
-            "applied",
+            false,
         ) {
             group.clear(endpoint.id());
         }
