@@ -27,7 +27,7 @@ use std::{
 };
 
 use epp_core::{BlockStored, EndpointId, KvEvent, KvEventBatch, PrefixMatch};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 /// Keys are already uniformly mixed: hash them as themselves.
 #[derive(Debug, Clone, Copy, Default)]
@@ -242,7 +242,9 @@ pub struct KvBlockIndex {
     keys: papaya::HashMap<u64, Holders, KeyHash>,
     /// How long speculation holds (see [`Self::speculate`]).
     speculative_ttl: Duration,
-    endpoints: Mutex<HashMap<EndpointId, Arc<Mutex<EndpointBlocks>>>>,
+    /// Each endpoint's blocks: found under a shared lock (the request path's
+    /// speculation and every event batch), created under the exclusive one.
+    endpoints: RwLock<HashMap<EndpointId, Arc<Mutex<EndpointBlocks>>>>,
     counters: IndexCounters,
 }
 
@@ -259,7 +261,7 @@ impl KvBlockIndex {
             max_blocks_per_endpoint,
             keys: papaya::HashMap::builder().hasher(KeyHash).build(),
             speculative_ttl: Duration::from_secs(2),
-            endpoints: Mutex::new(HashMap::new()),
+            endpoints: RwLock::new(HashMap::new()),
             counters: IndexCounters::default(),
         }
     }
@@ -357,7 +359,10 @@ impl KvBlockIndex {
     }
 
     fn blocks_of(&self, id: EndpointId) -> Arc<Mutex<EndpointBlocks>> {
-        Arc::clone(self.endpoints.lock().entry(id).or_default())
+        if let Some(b) = self.endpoints.read().get(&id) {
+            return Arc::clone(b);
+        }
+        Arc::clone(self.endpoints.write().entry(id).or_default())
     }
 
     /// Applies one batch from `id`'s engine. Blocks without a LoRA name were
@@ -490,7 +495,7 @@ impl KvBlockIndex {
 
     /// Forgets everything `id` held.
     pub fn clear(&self, id: EndpointId) {
-        let blocks = self.endpoints.lock().remove(&id);
+        let blocks = self.endpoints.write().remove(&id);
         if let Some(blocks) = blocks {
             self.clear_locked(id, &mut blocks.lock());
         }
@@ -540,7 +545,7 @@ impl KvBlockIndex {
     #[must_use]
     pub fn engine_blocks(&self, id: EndpointId) -> usize {
         self.endpoints
-            .lock()
+            .read()
             .get(&id)
             .map_or(0, |b| b.lock().engine.len())
     }
