@@ -3,14 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use epp_core::{
-    DispatchLoad, EndpointSnapshot, InferenceRequest, RequestOutcome, ResponseTiming, Scheduler,
-    SchedulingError, TTFT_SLO_HEADER, config::EndpointPickerConfig,
+    DispatchLoad, EndpointSnapshot, InferenceRequest, Scheduler, SchedulingError, TTFT_SLO_HEADER,
+    config::EndpointPickerConfig,
 };
 use epp_plugins::builtin_registry;
-use epp_test_support::endpoints::snapshot;
+use epp_test_support::{endpoints::snapshot, workload::complete_streamed};
 
 /// llm-d's predicted-latency profile with objectives (its chart's shape).
 const LLM_D: &str = "\
@@ -62,21 +60,7 @@ fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot) {
                 ..DispatchLoad::default()
             };
             let ttft = base + 30.0 * f64::from(load.waiting);
-            let timing = ResponseTiming {
-                load,
-                first_byte: Some(Duration::from_secs_f64(ttft / 1e3)),
-                total: Duration::from_secs_f64((ttft + 100.0) / 1e3),
-                streamed: true,
-                output_tokens: Some(11),
-                status: 200,
-            };
-            scheduler.response_complete(
-                &request,
-                e,
-                None,
-                Some(&timing),
-                RequestOutcome::Completed { status: 200 },
-            );
+            complete_streamed(scheduler, &request, e, load, ttft, ttft + 100.0, 11);
         }
     }
 }

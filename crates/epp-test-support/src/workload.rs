@@ -16,7 +16,7 @@ use std::{
 };
 
 use epp_core::{
-    DispatchLoad, EndpointMetrics, EndpointSnapshot, InferenceRequest, Plugin, PluginRef,
+    DispatchLoad, Endpoint, EndpointMetrics, EndpointSnapshot, InferenceRequest, Plugin, PluginRef,
     PluginSpec, Registry, RequestOutcome, ResponseTiming, Scheduler, SchedulingProfile,
     SchedulingResult, Scratch, SingleProfileHandler,
 };
@@ -141,6 +141,35 @@ fn text(rng: &mut SmallRng, out: &mut String, len: usize) {
     }
 }
 
+/// Completes one streamed 200 response of `endpoint` dispatched at `load`:
+/// first bytes after `ttft_ms`, all after `total_ms`, `output_tokens` long
+/// (what a latency predictor learns from).
+pub fn complete_streamed(
+    scheduler: &Scheduler,
+    request: &InferenceRequest,
+    endpoint: &Arc<Endpoint>,
+    load: DispatchLoad,
+    ttft_ms: f64,
+    total_ms: f64,
+    output_tokens: u64,
+) {
+    let timing = ResponseTiming {
+        load,
+        first_byte: Some(Duration::from_secs_f64(ttft_ms / 1e3)),
+        total: Duration::from_secs_f64(total_ms / 1e3),
+        streamed: true,
+        output_tokens: Some(output_tokens),
+        status: 200,
+    };
+    scheduler.response_complete(
+        request,
+        endpoint,
+        None,
+        Some(&timing),
+        RequestOutcome::Completed { status: 200 },
+    );
+}
+
 /// Teaches `scheduler`'s latency predictor 64 responses per endpoint, each
 /// endpoint with its own speed, so every endpoint's model predicts.
 fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng) {
@@ -161,21 +190,7 @@ fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng)
                 + 25.0 * f64::from(load.waiting)
                 + 0.04 * load.uncached_tokens as f64
                 + rng.random_range(0.0..5.0);
-            let timing = ResponseTiming {
-                load,
-                first_byte: Some(Duration::from_secs_f64(ttft / 1e3)),
-                total: Duration::from_secs_f64((ttft + 150.0) / 1e3),
-                streamed: true,
-                output_tokens: Some(16),
-                status: 200,
-            };
-            scheduler.response_complete(
-                &request,
-                e,
-                None,
-                Some(&timing),
-                RequestOutcome::Completed { status: 200 },
-            );
+            complete_streamed(scheduler, &request, e, load, ttft, ttft + 150.0, 16);
         }
     }
 }
