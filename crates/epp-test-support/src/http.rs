@@ -138,20 +138,13 @@ pub async fn send_at(
     })
 }
 
-/// POSTs a JSON body.
+/// POSTs a JSON body to 127.0.0.1:`port`.
 pub async fn post_json(
     port: u16,
     path: &str,
     body: &serde_json::Value,
 ) -> std::io::Result<Response> {
-    send(
-        port,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string(),
-    )
-    .await
+    post_json_at("127.0.0.1", port, path, body).await
 }
 
 /// POSTs a JSON body to `host:port`.
