@@ -65,6 +65,7 @@ mod dispatch;
 mod endpoint;
 mod error;
 mod extract;
+pub mod flow;
 mod kv_events;
 mod latency;
 mod observe;

@@ -72,6 +72,19 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_kv_event_sink(&self) -> Option<&dyn crate::KvEventSink> {
         None
     }
+    /// As a flow-control fairness policy (which flow of a band goes next).
+    fn as_fairness_policy(&self) -> Option<&dyn crate::flow::FairnessPolicy> {
+        None
+    }
+    /// As a flow-control ordering policy (which request of a flow goes next).
+    fn as_ordering_policy(&self) -> Option<&dyn crate::flow::OrderingPolicy> {
+        None
+    }
+    /// As a flow-control usage-limit policy (how full each band may fill
+    /// the pool).
+    fn as_usage_limit_policy(&self) -> Option<&dyn crate::flow::UsageLimitPolicy> {
+        None
+    }
     /// The metrics this plugin keeps itself, if any.
     fn as_plugin_metrics(&self) -> Option<&dyn crate::PluginMetrics> {
         None

@@ -21,6 +21,9 @@
 mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
+mod edf_ordering_policy;
+mod fcfs_ordering_policy;
+mod global_strict_fairness_policy;
 mod header_based_testing_filter;
 mod header_label_affinity_scorer;
 mod kv_block_index;
@@ -40,9 +43,14 @@ mod predicted_latency_producer;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
+mod priority_holdback_policy;
 mod random_picker;
+mod round_robin_fairness_policy;
 mod session_affinity_scorer;
+mod slo_deadline_ordering_policy;
 mod slo_headroom_tier_filter;
+mod soft_reflective_ceiling_policy;
+mod static_usage_limit_policy;
 mod token_load_scorer;
 mod token_producer;
 mod utilization_detector;
@@ -59,6 +67,9 @@ pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
+pub use edf_ordering_policy::EdfOrderingPolicy;
+pub use fcfs_ordering_policy::FcfsOrderingPolicy;
+pub use global_strict_fairness_policy::GlobalStrictFairnessPolicy;
 pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
 pub use kv_block_index::{IndexCounters, KvBlockIndex, block_key, root_key};
@@ -84,12 +95,19 @@ pub use prefix_cache_affinity_filter::{
 };
 pub use prefix_cache_scorer::{PrefixCacheScorer, PrefixCacheScorerParams};
 pub use prefix_index::PrefixIndex;
+pub use priority_holdback_policy::{
+    HoldbackDomain, PriorityHoldbackParams, PriorityHoldbackPolicy,
+};
 pub use random_picker::RandomPicker;
+pub use round_robin_fairness_policy::RoundRobinFairnessPolicy;
 pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
     session_token,
 };
+pub use slo_deadline_ordering_policy::SloDeadlineOrderingPolicy;
 pub use slo_headroom_tier_filter::{SloHeadroomTierFilter, SloTierParams};
+pub use soft_reflective_ceiling_policy::SoftReflectiveCeilingPolicy;
+pub use static_usage_limit_policy::{StaticUsageLimitParams, StaticUsageLimitPolicy};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use token_producer::{LocalTokenizerParams, TokenProducer, TokenProducerParams};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
@@ -207,6 +225,14 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<SingleProfileHandler>(registry);
     reg::<UtilizationDetector>(registry);
     reg::<ConcurrencyDetector>(registry);
+    reg::<GlobalStrictFairnessPolicy>(registry);
+    reg::<RoundRobinFairnessPolicy>(registry);
+    reg::<FcfsOrderingPolicy>(registry);
+    reg::<EdfOrderingPolicy>(registry);
+    reg::<SloDeadlineOrderingPolicy>(registry);
+    reg::<StaticUsageLimitPolicy>(registry);
+    reg::<PriorityHoldbackPolicy>(registry);
+    reg::<SoftReflectiveCeilingPolicy>(registry);
     reg::<OpenAiParser>(registry);
     add(
         registry,

@@ -374,6 +374,56 @@ fn flow_control_default_band_and_usage_limit_policy() {
     }
 }
 
+/// With the `flowControl` gate on, the section becomes the controller's
+/// settings: declared policies by name, built-in defaults for the rest,
+/// quantities and durations read.
+#[test]
+fn flow_control_settings_are_built_from_the_section() {
+    let built = load(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n\
+         plugins:\n- type: queue-scorer\n- type: round-robin-fairness-policy\n\
+         - type: priority-holdback-policy\n  name: holdback\n  parameters: {minCeiling: 0.5}\n\
+         - type: edf-ordering-policy\n\
+         flowControl:\n  maxBytes: 1Ki\n  maxRequests: 5k\n  defaultRequestTTL: 1m30s\n  \
+         usageLimitPolicyPluginRef: holdback\n  priorityBands:\n  - priority: 10\n    \
+         maxRequests: 7\n    fairnessPolicyRef: round-robin-fairness-policy\n    \
+         orderingPolicyRef: edf-ordering-policy\n",
+    );
+    let fc = built.flow_settings.expect("gate on");
+    assert_eq!((fc.max_bytes, fc.max_requests), (1024, 5000));
+    assert_eq!(fc.default_ttl, Some(std::time::Duration::from_secs(90)));
+    assert_eq!(
+        fc.usage_limit.plugin().type_name(),
+        "priority-holdback-policy"
+    );
+    let band = fc.band_for(10);
+    assert_eq!(band.max_requests, 7);
+    assert_eq!(band.max_bytes, epp_core::flow::DEFAULT_BAND_MAX_BYTES);
+    assert_eq!(
+        band.fairness.plugin().type_name(),
+        "round-robin-fairness-policy"
+    );
+    assert_eq!(band.ordering.plugin().type_name(), "edf-ordering-policy");
+    // Another priority: the default template with llm-d's built-ins.
+    let other = fc.band_for(-3);
+    assert_eq!(other.priority, -3);
+    assert_eq!(
+        other.fairness.plugin().type_name(),
+        "global-strict-fairness-policy"
+    );
+    assert_eq!(other.ordering.plugin().type_name(), "fcfs-ordering-policy");
+    assert_eq!(
+        other.max_requests,
+        epp_core::flow::DEFAULT_BAND_MAX_REQUESTS
+    );
+    // Gate off: the section is checked but builds nothing.
+    let off = load(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n\
+         flowControl:\n  maxRequests: 5\n",
+    );
+    assert!(off.flow_settings.is_none());
+}
+
 /// llm-d's `encode-filter` keeps the endpoints whose `llm-d.ai/role` is an
 /// encode role; endpoints without a role are dropped.
 #[test]

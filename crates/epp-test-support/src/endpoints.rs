@@ -108,6 +108,20 @@ pub fn scores(scorer: &dyn Scorer, candidates: &[Candidate]) -> Vec<f64> {
     })
 }
 
+/// A queued request of `bytes` 0, received and enqueued `ms` milliseconds
+/// after `epoch`, with no TTL and no objective (flow-control policy tests).
+#[must_use]
+pub fn queued(epoch: std::time::Instant, ms: u64) -> epp_core::flow::QueuedItem {
+    let at = epoch + std::time::Duration::from_millis(ms);
+    epp_core::flow::QueuedItem {
+        received: at,
+        enqueued: at,
+        ttl: None,
+        slo_ttft: None,
+        bytes: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,3 +150,4 @@ mod tests {
         assert_eq!(snapshot(4).len(), 4);
     }
 }
+

@@ -133,6 +133,9 @@ pub struct BuiltConfig {
     pub feature_gates: Vec<String>,
     /// Flow-control settings, when given.
     pub flow_control: Option<FlowControlConfig>,
+    /// The flow controller's settings, built when the `flowControl` gate is
+    /// on (from the section, or llm-d's defaults without one).
+    pub flow_settings: Option<crate::flow::FlowSettings>,
     /// Objective name (`x-gateway-inference-objective`) → priority.
     pub objectives: HashMap<String, i32>,
     /// Model rewrite rules (empty when none are declared).
@@ -231,9 +234,14 @@ impl EndpointPickerConfig {
         let profiles = self.build_profiles(registry, &handler, &mut wiring)?;
         let mut scheduler = Scheduler::new(profiles, handler)
             .map_err(|e| self.err("schedulingProfiles", e.to_string()))?;
-        if let Some(fc) = &raw.flow_control {
-            self.check_flow_control(fc, &wiring.plugins)?;
-        }
+        let flow_gate = raw.feature_gates.iter().any(|g| g == "flowControl");
+        let flow_settings = if flow_gate || raw.flow_control.is_some() {
+            let built =
+                self.build_flow_control(raw.flow_control.as_ref(), &wiring.plugins, registry)?;
+            flow_gate.then_some(built)
+        } else {
+            None
+        };
         if let Some(detector) = self.saturation_detector(registry, &mut wiring)? {
             scheduler = scheduler
                 .with_saturation_detector(detector)
@@ -256,6 +264,7 @@ impl EndpointPickerConfig {
             data_layer,
             feature_gates: raw.feature_gates.clone(),
             flow_control: raw.flow_control.clone(),
+            flow_settings,
             objectives,
             model_rewrites,
             effective_yaml: header::render(effective),

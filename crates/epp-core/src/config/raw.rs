@@ -119,9 +119,9 @@ pub struct SourceDecl {
     pub extractors: Vec<PluginRefDecl>,
 }
 
-/// Flow control settings (validated; queueing itself arrives with the flow
-/// control feature).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// Flow control settings (`flowControl`), used when the `flowControl`
+/// feature gate is on.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct FlowControlConfig {
     /// Bytes queued at most, e.g. `10Gi`.
@@ -158,7 +158,6 @@ pub struct FlowControlConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saturation_detector: Option<PluginRefDecl>,
     /// llm-d: the template for priority levels `priorityBands` does not list.
-    /// Validated; no effect until flow control queues requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_priority_band: Option<PriorityBandDecl>,
     /// llm-d: the usage-limit policy plugin. Must name a declared plugin or

@@ -1,0 +1,363 @@
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll, Wake, Waker},
+    time::{Duration, Instant},
+};
+
+use super::*;
+use crate::{Plugin, PluginRef};
+
+/// Arrival order.
+#[derive(Debug)]
+struct Fifo;
+impl Plugin for Fifo {
+    fn type_name(&self) -> &str {
+        "fifo"
+    }
+    fn name(&self) -> &str {
+        "fifo"
+    }
+    fn as_ordering_policy(&self) -> Option<&dyn OrderingPolicy> {
+        Some(self)
+    }
+}
+impl OrderingPolicy for Fifo {
+    fn order_key(&self, item: &QueuedItem, epoch: Instant) -> OrderKey {
+        (nanos_since(epoch, item.enqueued), 0)
+    }
+}
+
+/// The flow whose head is smallest.
+#[derive(Debug)]
+struct Strict;
+impl Plugin for Strict {
+    fn type_name(&self) -> &str {
+        "strict"
+    }
+    fn name(&self) -> &str {
+        "strict"
+    }
+    fn as_fairness_policy(&self) -> Option<&dyn FairnessPolicy> {
+        Some(self)
+    }
+}
+impl FairnessPolicy for Strict {
+    fn pick(&self, flows: &[FlowHead<'_>], _: &mut FairnessCursor) -> Option<usize> {
+        (0..flows.len()).min_by_key(|&i| flows[i].head)
+    }
+}
+
+/// Fixed ceilings per rank (missing: 1.0).
+#[derive(Debug, Default)]
+struct Ceilings(Vec<f64>);
+impl Plugin for Ceilings {
+    fn type_name(&self) -> &str {
+        "ceilings"
+    }
+    fn name(&self) -> &str {
+        "ceilings"
+    }
+    fn as_usage_limit_policy(&self) -> Option<&dyn UsageLimitPolicy> {
+        Some(self)
+    }
+}
+impl UsageLimitPolicy for Ceilings {
+    fn ceilings(&self, _: f64, priorities: &[i32], out: &mut Vec<f64>) {
+        out.clear();
+        out.extend((0..priorities.len()).map(|i| self.0.get(i).copied().unwrap_or(1.0)));
+    }
+}
+
+/// A pool whose saturation the test sets (`None`: no endpoints).
+#[derive(Debug)]
+struct Gauge(Mutex<Option<f64>>);
+impl Gauge {
+    fn set(&self, v: Option<f64>) {
+        *self.0.lock().unwrap() = v;
+    }
+}
+impl PoolGauge for Gauge {
+    fn saturation(&self) -> Option<f64> {
+        *self.0.lock().unwrap()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Recorder {
+    finished: Mutex<Vec<(String, i32, Outcome)>>,
+    queued: Mutex<BTreeMap<(String, i32), (i64, i64)>>,
+}
+impl FlowObserver for Recorder {
+    fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
+        let mut q = self.queued.lock().unwrap();
+        let e = q.entry((fairness_id.to_owned(), priority)).or_default();
+        e.0 += requests;
+        e.1 += bytes;
+    }
+    fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, _: Duration) {
+        self.finished
+            .lock()
+            .unwrap()
+            .push((fairness_id.to_owned(), priority, outcome));
+    }
+}
+
+#[derive(Default)]
+struct CountWake(AtomicUsize);
+impl Wake for CountWake {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn plugin(p: impl Plugin + 'static) -> PluginRef {
+    PluginRef::new(Arc::new(p))
+}
+
+fn band(priority: i32, max_requests: u64, max_bytes: u64) -> BandSettings {
+    BandSettings {
+        priority,
+        max_bytes,
+        max_requests,
+        fairness: plugin(Strict),
+        ordering: plugin(Fifo),
+    }
+}
+
+fn settings(ceilings: Vec<f64>) -> FlowSettings {
+    FlowSettings {
+        max_bytes: 0,
+        max_requests: 0,
+        default_ttl: None,
+        no_endpoint_ttl: None,
+        bands: BTreeMap::new(),
+        default_band: band(0, 0, 0),
+        default_negative_band: None,
+        usage_limit: plugin(Ceilings(ceilings)),
+    }
+}
+
+struct Setup {
+    fc: Arc<FlowController>,
+    gauge: Arc<Gauge>,
+    rec: Arc<Recorder>,
+}
+
+fn setup(s: FlowSettings, saturation: Option<f64>) -> Setup {
+    let gauge = Arc::new(Gauge(Mutex::new(saturation)));
+    let rec = Arc::new(Recorder::default());
+    let fc = FlowController::new(s, gauge.clone(), Some(rec.clone() as Arc<dyn FlowObserver>));
+    Setup { fc, gauge, rec }
+}
+
+fn req(flow: &str, priority: i32, bytes: u64) -> FlowRequest<'_> {
+    FlowRequest {
+        fairness_id: flow,
+        priority,
+        bytes,
+        received: Instant::now(),
+        deadline: None,
+        slo_ttft: None,
+    }
+}
+
+fn poll(t: &mut Ticket) -> Option<Release> {
+    match t.poll_release(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => None,
+    }
+}
+
+#[test]
+fn an_unsaturated_pool_releases_at_once() {
+    let s = setup(settings(vec![]), Some(0.2));
+    let mut t = s.fc.enqueue(&req("a", 0, 10), None).unwrap();
+    assert!(poll(&mut t).is_some());
+    assert_eq!(s.fc.len(), 0);
+    assert_eq!(
+        s.rec.finished.lock().unwrap()[0],
+        ("a".into(), 0, Outcome::Dispatched)
+    );
+}
+
+#[test]
+fn a_saturated_pool_holds_requests_until_kicked_with_room() {
+    let s = setup(settings(vec![]), Some(1.0));
+    let mut t = s.fc.enqueue(&req("a", 0, 10), None).unwrap();
+    let woken = Arc::new(CountWake::default());
+    let waker = Waker::from(woken.clone());
+    assert!(
+        t.poll_release(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    s.fc.kick();
+    assert_eq!(woken.0.load(Ordering::SeqCst), 0, "still saturated");
+    s.gauge.set(Some(0.5));
+    s.fc.kick();
+    assert_eq!(woken.0.load(Ordering::SeqCst), 1, "woken on release");
+    assert!(poll(&mut t).is_some());
+}
+
+#[test]
+fn no_endpoints_holds_requests() {
+    let s = setup(settings(vec![]), None);
+    let mut t = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    assert!(poll(&mut t).is_none());
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    assert!(poll(&mut t).is_some());
+}
+
+#[test]
+fn higher_bands_go_first_and_one_release_at_a_time() {
+    let s = setup(settings(vec![]), Some(1.0));
+    let mut low = s.fc.enqueue(&req("a", -1, 1), None).unwrap();
+    let mut mid = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    let mut high = s.fc.enqueue(&req("b", 5, 1), None).unwrap();
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    assert!(poll(&mut low).is_none());
+    assert!(poll(&mut mid).is_none());
+    let r = poll(&mut high).expect("highest band first");
+    // Until that one is routed, nothing else is released.
+    s.fc.kick();
+    assert!(poll(&mut mid).is_none());
+    drop(r);
+    let r = poll(&mut mid).expect("then the next band");
+    assert!(poll(&mut low).is_none());
+    drop(r);
+    assert!(poll(&mut low).is_some());
+}
+
+#[test]
+fn a_released_ticket_dropped_before_routing_lets_the_next_go() {
+    let s = setup(settings(vec![]), Some(1.0));
+    let first = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    let mut second = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    drop(first);
+    assert!(poll(&mut second).is_some());
+}
+
+#[test]
+fn ceilings_hold_back_lower_bands() {
+    // Band ranks: [high, low]; the low band may dispatch below 0.5 only.
+    let s = setup(settings(vec![1.0, 0.5]), Some(1.0));
+    let mut low = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    s.gauge.set(Some(0.7));
+    s.fc.kick();
+    // Alone, the low band ranks first and gets ceiling 1.0.
+    assert!(poll(&mut low).is_some());
+    let s = setup(settings(vec![1.0, 0.5]), Some(1.0));
+    let mut low = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    let mut high = s.fc.enqueue(&req("a", 3, 1), None).unwrap();
+    s.gauge.set(Some(0.7));
+    s.fc.kick();
+    let r = poll(&mut high).unwrap();
+    drop(r);
+    assert!(poll(&mut low).is_some(), "alone again: ceiling 1.0");
+    let s = setup(settings(vec![0.6, 0.5]), Some(1.0));
+    let mut low = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    let _high = s.fc.enqueue(&req("a", 3, 1), None).unwrap();
+    s.gauge.set(Some(0.7));
+    s.fc.kick();
+    assert!(poll(&mut low).is_none(), "0.7 is above both ceilings");
+}
+
+#[test]
+fn capacity_per_band_and_global() {
+    let mut st = settings(vec![]);
+    st.bands.insert(1, Arc::new(band(1, 2, 0)));
+    st.max_bytes = 100;
+    let s = setup(st, Some(1.0));
+    let _a = s.fc.enqueue(&req("a", 1, 10), None).unwrap();
+    let _b = s.fc.enqueue(&req("a", 1, 10), None).unwrap();
+    assert_eq!(
+        s.fc.enqueue(&req("a", 1, 10), None).unwrap_err(),
+        Rejected(Outcome::RejectedCapacity)
+    );
+    // Band 0 (template: no limit) is bounded by the global bytes.
+    let _c = s.fc.enqueue(&req("a", 0, 70), None).unwrap();
+    assert_eq!(
+        s.fc.enqueue(&req("a", 0, 11), None).unwrap_err(),
+        Rejected(Outcome::RejectedCapacity)
+    );
+    let _d = s.fc.enqueue(&req("a", 0, 10), None).unwrap();
+    s.gauge.set(None);
+    assert_eq!(
+        s.fc.enqueue(&req("a", 0, 1), None).unwrap_err(),
+        Rejected(Outcome::RejectedNoEndpoints)
+    );
+}
+
+#[test]
+fn dropping_a_queued_ticket_cancels_it_and_frees_its_room() {
+    let mut st = settings(vec![]);
+    st.max_requests = 1;
+    let s = setup(st, Some(1.0));
+    let t = s.fc.enqueue(&req("a", 0, 7), None).unwrap();
+    assert!(s.fc.enqueue(&req("a", 0, 7), None).is_err());
+    drop(t);
+    assert_eq!(s.fc.len(), 0);
+    assert_eq!(
+        s.rec.queued.lock().unwrap()[&("a".to_owned(), 0)],
+        (0, 0),
+        "gauges back to zero"
+    );
+    assert!(s.rec.finished.lock().unwrap().contains(&(
+        "a".into(),
+        0,
+        Outcome::EvictedContextCancelled
+    )));
+    let _t = s.fc.enqueue(&req("a", 0, 7), None).unwrap();
+}
+
+#[test]
+fn expiry_evicts_with_the_reason() {
+    let s = setup(settings(vec![]), Some(1.0));
+    let t = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    assert_eq!(t.expire().unwrap(), Outcome::EvictedTtl);
+    s.gauge.set(None);
+    let t = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    assert_eq!(t.expire().unwrap(), Outcome::EvictedNoEndpoints);
+    assert_eq!(s.fc.len(), 0);
+    // Released before the timer fired: the release wins.
+    s.gauge.set(Some(1.0));
+    let t = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    assert!(t.expire().is_err());
+}
+
+#[test]
+fn ttl_is_the_shorter_of_config_and_own_deadline() {
+    let mut st = settings(vec![]);
+    st.default_ttl = Some(Duration::from_secs(60));
+    st.no_endpoint_ttl = Some(Duration::from_secs(300));
+    let s = setup(st, Some(0.0));
+    let mut r = req("a", 0, 1);
+    assert_eq!(s.fc.ttl_for(&r), Some(Duration::from_secs(60)));
+    r.deadline = Some(Duration::from_secs(10));
+    assert!(s.fc.ttl_for(&r).unwrap() <= Duration::from_secs(10));
+    s.gauge.set(None);
+    r.deadline = None;
+    assert_eq!(s.fc.ttl_for(&r), Some(Duration::from_secs(300)));
+}
+
+#[test]
+fn flows_within_a_band_follow_the_fairness_policy() {
+    let s = setup(settings(vec![]), Some(1.0));
+    let mut b1 = s.fc.enqueue(&req("b", 0, 1), None).unwrap();
+    let mut a1 = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    // Strict: the earliest head, whatever its flow.
+    assert!(poll(&mut a1).is_none());
+    drop(poll(&mut b1).unwrap());
+    assert!(poll(&mut a1).is_some());
+}
