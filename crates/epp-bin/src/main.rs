@@ -198,11 +198,19 @@ async fn run(args: Args) -> Result<()> {
     // Kubernetes' own state (sync, pool, permissions, leadership) is the gate.
     let readiness = Arc::new(health::Readiness::new(kube.gate()));
     readiness.set_synced(true);
+    let ext_proc =
+        epp_extproc::ExtProcService::new(Arc::clone(&scheduler), Arc::clone(&source), options);
+    // Flow control (gate `flowControl`): every scrape may free room for a
+    // queued request, so the data layer tells the service after each one.
+    let flow_on = built.flow_settings.is_some();
+    ext_proc.set_flow_control(built.flow_settings.clone());
     let data_layer = epp_datalayer::DataLayer::start(
         Arc::clone(&store),
         &built.data_layer,
         epp_datalayer::DataLayerOptions {
             refresh_interval: args.refresh_metrics_interval,
+            listener: flow_on
+                .then(|| Arc::new(ext_proc.clone()) as Arc<dyn epp_core::flow::MetricsListener>),
             ..epp_datalayer::DataLayerOptions::default()
         },
         shutdown.child_token(),
@@ -214,8 +222,6 @@ async fn run(args: Args) -> Result<()> {
         args.metrics_staleness_threshold,
     ));
     data_layer.register_metrics(&mut prom);
-    let ext_proc =
-        epp_extproc::ExtProcService::new(Arc::clone(&scheduler), Arc::clone(&source), options);
     ext_proc.register_metrics(&mut prom);
 
     let metrics_port = metrics_port(&args, kube.client(), &shutdown).await?;

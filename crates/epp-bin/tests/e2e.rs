@@ -8,6 +8,7 @@ mod e2e {
     mod chart;
     mod custom_metric;
     mod errors;
+    mod flow_control;
     mod kubernetes;
     mod latency;
     mod logs;

@@ -579,6 +579,44 @@ impl Scheduler {
         }
     }
 
+    /// The saturation detector's reading of the whole pool now (flow
+    /// control's gate): `None` when `snapshot` has no endpoint, `0.0` when
+    /// no detector is set.
+    #[must_use]
+    pub fn pool_saturation(&self, snapshot: &EndpointSnapshot) -> Option<f64> {
+        static NO_REQUEST: std::sync::LazyLock<InferenceRequest> =
+            std::sync::LazyLock::new(InferenceRequest::default);
+        if snapshot.is_empty() {
+            return None;
+        }
+        let Some(det) = self
+            .saturation
+            .as_ref()
+            .and_then(|p| p.plugin().as_saturation_detector())
+        else {
+            return Some(0.0);
+        };
+        let measure = |scratch: &mut Scratch| {
+            let Scratch {
+                rng,
+                state,
+                pool,
+                pool_versions,
+                ..
+            } = scratch;
+            refresh_pool(pool, pool_versions, snapshot.endpoints());
+            let cx = CycleContext {
+                request: &NO_REQUEST,
+                now: Instant::now(),
+                rng,
+                state,
+            };
+            det.saturation(&cx, pool)
+        };
+        let borrowed = SCRATCH.with(|cell| cell.try_borrow_mut().ok().map(|mut s| measure(&mut s)));
+        Some(borrowed.unwrap_or_else(|| measure(&mut Scratch::new())))
+    }
+
     /// Schedules `request` with caller-owned buffers, writing into `result`
     /// (whose vectors are reused). In steady state this does not allocate
     /// unless a plugin does.

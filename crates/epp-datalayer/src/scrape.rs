@@ -41,6 +41,9 @@ pub struct DataLayerOptions {
     pub scrape_timeout: Duration,
     /// Largest page read; a larger one fails the scrape. Default 16 MiB.
     pub max_page_bytes: usize,
+    /// Told after each scrape that stored new metrics (flow control
+    /// re-checks the pool then). Default none.
+    pub listener: Option<Arc<dyn epp_core::flow::MetricsListener>>,
 }
 
 impl Default for DataLayerOptions {
@@ -49,6 +52,7 @@ impl Default for DataLayerOptions {
             refresh_interval: Duration::from_millis(50),
             scrape_timeout: Duration::from_secs(1),
             max_page_bytes: 16 << 20,
+            listener: None,
         }
     }
 }
@@ -313,6 +317,9 @@ async fn scrape_loop(
             &counters,
             &status,
         );
+        if let Some(l) = &shared.opts.listener {
+            l.metrics_updated();
+        }
     }
 }
 

@@ -32,6 +32,7 @@ use epp_core::{
 use crate::{
     body::{ParsedBody, parse_body, splice_model},
     error::ExtProcError,
+    flow::{Admitted, Controllers, FlowKick, FlowMetrics, Waited, Waiting},
     metrics::{Metrics, ModelLabels},
     options::ExtProcOptions,
     trace::{ActiveTrace, AttrValue, CycleEvents, TRACEPARENT_HEADER, TRACESTATE_HEADER},
@@ -133,6 +134,8 @@ pub(crate) struct Route {
     pub(crate) restore_model: Option<String>,
     /// Metric labels of the request.
     pub(crate) labels: ModelLabels,
+    /// Kicks flow control when the request ends (`None`: flow control off).
+    pub(crate) flow_kick: Option<FlowKick>,
 }
 
 impl Route {
@@ -160,6 +163,16 @@ pub(crate) struct Decider {
     pub(crate) endpoints: Arc<dyn EndpointSource>,
     pub(crate) options: ArcSwap<ExtProcOptions>,
     pub(crate) metrics: Metrics,
+    /// The flow controllers (none runs unless the `flowControl` gate is on).
+    pub(crate) flow: Controllers,
+    pub(crate) flow_metrics: Arc<FlowMetrics>,
+}
+
+/// The first step of a decision: decided, or waiting in flow control.
+#[derive(Debug)]
+pub(crate) enum Started {
+    Decided(Decision),
+    Queued(Box<Waiting>),
 }
 
 impl fmt::Debug for Decider {
@@ -183,6 +196,57 @@ impl Decider {
             endpoints,
             options: ArcSwap::from_pointee(options),
             metrics: Metrics::default(),
+            flow: Controllers::default(),
+            flow_metrics: Arc::default(),
+        }
+    }
+
+    /// Decides a request as [`Self::decide`] does, unless flow control
+    /// runs: then the prepared request is queued (`received`: when the
+    /// exchange began) and [`Self::finish_wait`] decides it once it leaves
+    /// the queue.
+    pub(crate) fn start(
+        &self,
+        options: &ExtProcOptions,
+        parts: &mut RequestParts,
+        body: Option<&[u8]>,
+        received: Instant,
+        trace: Option<&mut ActiveTrace>,
+    ) -> Started {
+        if self.flow.current().is_none() {
+            return Started::Decided(self.decide(options, parts, body, trace));
+        }
+        let prepared = match self.prepare(options, parts, body) {
+            Ok(p) => p,
+            Err(e) => {
+                return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), "", ""));
+            }
+        };
+        match self.admit(prepared, received) {
+            Admitted::Now(p) => {
+                Started::Decided(self.route(p, parts.subset.as_deref(), body, trace))
+            }
+            Admitted::Refused(p, e) => Started::Decided(self.reject_request(e, &p.request)),
+            Admitted::Queued(w) => Started::Queued(Box::new(w)),
+        }
+    }
+
+    /// Decides a request that left the flow-control queue.
+    pub(crate) fn finish_wait(
+        &self,
+        waited: Waited,
+        subset: Option<&[String]>,
+        body: Option<&[u8]>,
+        trace: Option<&mut ActiveTrace>,
+    ) -> Decision {
+        match waited {
+            Waited::Released(prepared, release) => {
+                let decision = self.route(prepared, subset, body, trace);
+                // Routed (or refused): the next request may be released.
+                drop(release);
+                decision
+            }
+            Waited::Evicted(prepared, err) => self.reject_request(err, &prepared.request),
         }
     }
 
@@ -443,6 +507,7 @@ impl Decider {
             body,
             restore_model,
             labels,
+            flow_kick: self.flow.current().map(FlowKick),
         }))
     }
 

@@ -1,6 +1,6 @@
 //! Why a request is answered by the picker itself instead of being forwarded.
 
-use epp_core::SchedulingError;
+use epp_core::{SchedulingError, flow::Outcome};
 
 /// A request the picker refuses, with the HTTP status the client receives.
 ///
@@ -30,6 +30,26 @@ pub enum ExtProcError {
     /// prod/llama was deleted", "no Ready pod … matches …".
     #[error("no endpoints available in the pool: {0}")]
     NoEndpoints(std::sync::Arc<str>),
+    /// Flow control refused or evicted the request: its queue was full
+    /// (429), or the pool had no endpoint (503), or it waited past its TTL
+    /// (503).
+    #[error("{}", flow_message(*.0))]
+    FlowControl(Outcome),
+}
+
+fn flow_message(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::RejectedCapacity => "flow control: the request queue is full",
+        Outcome::RejectedNoEndpoints => {
+            "flow control: the request queue is full and the pool has no endpoints"
+        }
+        Outcome::EvictedTtl => "flow control: the request timed out waiting in the queue",
+        Outcome::EvictedNoEndpoints => {
+            "flow control: the request timed out waiting for the pool to have endpoints"
+        }
+        Outcome::EvictedContextCancelled => "flow control: the request was cancelled",
+        _ => "flow control: the request was not dispatched",
+    }
 }
 
 impl ExtProcError {
@@ -43,6 +63,8 @@ impl ExtProcError {
                 429
             }
             Self::Scheduling(SchedulingError::Invalid(_)) => 500,
+            Self::FlowControl(Outcome::RejectedCapacity) => 429,
+            Self::FlowControl(_) => 503,
             Self::Scheduling(_) | Self::NoEndpoints(_) => 503,
         }
     }
@@ -101,6 +123,30 @@ mod tests {
         assert_eq!(
             deleted.to_string(),
             "no endpoints available in the pool: InferencePool ns/p was deleted"
+        );
+        let full = ExtProcError::FlowControl(Outcome::RejectedCapacity);
+        assert_eq!(
+            (full.http_status(), full.code()),
+            (429, "ResourceExhausted")
+        );
+        for o in [
+            Outcome::RejectedNoEndpoints,
+            Outcome::EvictedTtl,
+            Outcome::EvictedNoEndpoints,
+        ] {
+            let e = ExtProcError::FlowControl(o);
+            assert_eq!(
+                (e.http_status(), e.code()),
+                (503, "ServiceUnavailable"),
+                "{o}"
+            );
+        }
+        let body: serde_json::Value =
+            serde_json::from_slice(&ExtProcError::FlowControl(Outcome::EvictedTtl).json_body())
+                .unwrap();
+        assert_eq!(
+            body["error"]["message"],
+            "flow control: the request timed out waiting in the queue"
         );
         let body: serde_json::Value =
             serde_json::from_slice(&ExtProcError::MissingModel.json_body()).unwrap();

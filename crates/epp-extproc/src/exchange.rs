@@ -5,7 +5,12 @@
 //! Handling is synchronous (parsing and scheduling are CPU work of
 //! microseconds); the gRPC stream wrapper in `service.rs` drives it.
 
-use std::{collections::VecDeque, sync::Arc, time::Instant};
+use std::{
+    collections::VecDeque,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Instant,
+};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
@@ -16,9 +21,10 @@ use epp_core::{Dispatch, RequestOutcome};
 use crate::{
     decision::{
         BodyEdit, DESTINATION_HEADER, DESTINATION_NAMESPACE, Decider, Decision, RequestParts,
-        Route, SUBSET_KEY, SUBSET_NAMESPACE,
+        Route, SUBSET_KEY, SUBSET_NAMESPACE, Started,
     },
     error::ExtProcError,
+    flow::{FlowKick, Waiting},
     metrics::ModelLabels,
     options::{BodyMode, ExtProcOptions},
     proto,
@@ -54,6 +60,9 @@ struct Routed {
     response_bytes: usize,
     usage: Option<UsageReader>,
     restorer: Option<ModelRestorer>,
+    /// Kicks flow control once the response is done (last: after the
+    /// dispatch's counters are released).
+    flow_kick: Option<FlowKick>,
 }
 
 /// State of one ext_proc stream.
@@ -76,6 +85,9 @@ pub(crate) struct Exchange {
     routed: Option<Routed>,
     /// The request's spans, when it is traced and sampled.
     trace: Option<Box<ActiveTrace>>,
+    /// Waiting in flow control, with the message its decision answers and
+    /// the messages that came meanwhile (handled after the decision).
+    waiting: Option<(Box<Waiting>, Phase, Vec<ProcessingRequest>)>,
 }
 
 impl Exchange {
@@ -94,7 +106,40 @@ impl Exchange {
             closed: false,
             routed: None,
             trace: None,
+            waiting: None,
         }
+    }
+
+    /// Polls a request waiting in flow control: once it leaves the queue,
+    /// answers Envoy with its decision (into `out`), handles the messages
+    /// that came meanwhile, and returns `true`. `false` while it waits (the
+    /// waker of `cx` is woken when it may progress) or when nothing waits.
+    pub(crate) fn poll_wait(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut VecDeque<ProcessingResponse>,
+    ) -> bool {
+        let Some((waiting, _, _)) = self.waiting.as_mut() else {
+            return false;
+        };
+        let Poll::Ready(waited) = waiting.poll(cx) else {
+            return false;
+        };
+        let Some((_, phase, deferred)) = self.waiting.take() else {
+            return false;
+        };
+        let body = (phase != Phase::Headers).then_some(self.body.as_slice());
+        let decision = self.decider.finish_wait(
+            waited,
+            self.parts.subset.as_deref(),
+            body,
+            self.trace.as_deref_mut(),
+        );
+        self.answer(decision, phase, out);
+        for msg in deferred {
+            self.handle(msg, out);
+        }
+        true
     }
 
     /// Whether the exchange was answered locally: nothing more will be processed.
@@ -126,6 +171,10 @@ impl Exchange {
         if self.closed {
             return;
         }
+        if let Some((_, _, deferred)) = self.waiting.as_mut() {
+            deferred.push(msg);
+            return;
+        }
         let before = out.len();
         match msg.request {
             Some(Request::RequestHeaders(h)) => self.request_headers(h, out),
@@ -153,8 +202,16 @@ impl Exchange {
         }
     }
 
+    /// The stream broke (reset, gateway timeout): a request waiting in flow
+    /// control leaves its queue now, counted as cancelled.
+    pub(crate) fn abandon(&mut self) {
+        self.waiting = None;
+    }
+
     /// The gateway closed the stream cleanly.
     pub(crate) fn end(&mut self) {
+        // A request still waiting in flow control leaves its queue now.
+        self.waiting = None;
         self.complete(true);
     }
 
@@ -256,13 +313,16 @@ impl Exchange {
     /// Asks for the decision and answers Envoy with it.
     fn decide(&mut self, phase: Phase, out: &mut VecDeque<ProcessingResponse>) {
         let body = (phase != Phase::Headers).then_some(self.body.as_slice());
-        let decision = self.decider.decide(
+        match self.decider.start(
             &self.options,
             &mut self.parts,
             body,
+            self.started,
             self.trace.as_deref_mut(),
-        );
-        self.answer(decision, phase, out);
+        ) {
+            Started::Decided(decision) => self.answer(decision, phase, out),
+            Started::Queued(w) => self.waiting = Some((w, phase, Vec::new())),
+        }
     }
 
     /// Encodes `decision` as the reply to the message of `phase`.
@@ -310,6 +370,7 @@ impl Exchange {
             body: edit,
             restore_model,
             labels,
+            flow_kick,
             ..
         } = route;
         let metadata = proto::metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, targets);
@@ -322,6 +383,7 @@ impl Exchange {
             response_bytes: 0,
             usage: None,
             restorer: None,
+            flow_kick,
         });
 
         let decision = proto::common(Some(mutation), true);
@@ -490,6 +552,8 @@ impl Exchange {
         };
         let endpoint = dispatch.endpoint().addr_str().to_owned();
         let request = dispatch.complete(usage.as_ref(), outcome);
+        // The endpoint's slot is free: a queued request may go.
+        drop(r.flow_kick.take());
         let elapsed = self.started.elapsed();
         let metrics = &self.decider.metrics;
         metrics.completed(&r.labels, elapsed, r.response_bytes, usage);

@@ -50,6 +50,7 @@ mod body;
 mod decision;
 mod error;
 mod exchange;
+mod flow;
 mod metrics;
 mod options;
 mod proto;
@@ -65,6 +66,7 @@ pub use decision::{
     UPSTREAM_ADDRESS_ATTRIBUTE,
 };
 pub use error::{ExtProcError, Result};
+pub use flow::EXPECTED_TIMEOUT_HEADER;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcService, ProcessStream};

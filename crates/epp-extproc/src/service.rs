@@ -28,7 +28,7 @@ use crate::{decision::Decider, exchange::Exchange, options::ExtProcOptions};
 /// (config reload) while the server runs.
 #[derive(Debug, Clone)]
 pub struct ExtProcService {
-    decider: Arc<Decider>,
+    pub(crate) decider: Arc<Decider>,
 }
 
 impl ExtProcService {
@@ -72,6 +72,7 @@ impl ExtProcService {
     /// `inference_extension_scheduler_e2e_duration_seconds`) in `registry`.
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.decider.metrics.register(registry);
+        self.decider.flow_metrics.register(registry);
     }
 
     /// The tonic server to mount (`Server::builder().add_service(...)`).
@@ -133,6 +134,15 @@ impl Stream for ProcessStream {
             if this.done {
                 return Poll::Ready(None);
             }
+            // A request waiting in flow control first (its replies, if it
+            // left the queue); Envoy's messages are still read meanwhile so
+            // a reset or end removes it from its queue at once.
+            if this.exchange.poll_wait(cx, &mut this.pending) {
+                if this.exchange.is_closed() {
+                    this.done = true;
+                }
+                continue;
+            }
             match Pin::new(&mut this.inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(msg))) => {
                     this.exchange.handle(msg, &mut this.pending);
@@ -143,6 +153,7 @@ impl Stream for ProcessStream {
                 }
                 Poll::Ready(Some(Err(status))) => {
                     tracing::debug!(%status, "ext_proc stream broken");
+                    this.exchange.abandon();
                     this.done = true;
                 }
                 Poll::Ready(None) => {

@@ -150,4 +150,3 @@ mod tests {
         assert_eq!(snapshot(4).len(), 4);
     }
 }
-

@@ -1,0 +1,238 @@
+//! Flow control through real Envoy: with the `flowControl` gate on, a
+//! request that arrives while the pool is saturated waits in epp (Envoy's
+//! ext_proc `message_timeout` is long enough) and is served once the pool
+//! frees; a full queue answers 429, a request past its TTL 503, and a
+//! client that gives up leaves the queue at once (counted).
+
+use std::time::Duration;
+
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack, sim_admin},
+    wait::poll,
+};
+
+fn config(flow: &str) -> String {
+    format!(
+        "featureGates: [flowControl]\nobjectives:\n- {{name: batch, priority: -1}}\n\
+         flowControl:\n{flow}"
+    )
+}
+
+/// The sum of the samples of `name` whose labels contain every one of
+/// `labels` (`key="value"`).
+async fn metric(stack: &Stack, name: &str, labels: &[&str]) -> f64 {
+    let r = http::send(stack.epp.metrics_port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap();
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Sets every simulator's waiting queue and waits until epp has scraped it
+/// (40 is far above the utilization detector's threshold of 5: saturated).
+async fn saturate(stack: &Stack, waiting: u64) {
+    for sim in &stack.sims {
+        sim_admin(sim.port, serde_json::json!({"extra_waiting": waiting})).await;
+    }
+    let want = waiting as f64;
+    poll("epp scraped the new queue lengths", 200, || async {
+        let avg = metric(stack, "inference_pool_average_queue_size", &[]).await;
+        ((avg - want).abs() < 0.5).then_some(())
+    })
+    .await;
+}
+
+async fn hello(stack: &Stack, fairness: &str) -> http::Response {
+    http::post_hello(
+        stack.envoy.port,
+        Some(("x-gateway-inference-fairness-id", fairness)),
+    )
+    .await
+    .unwrap()
+}
+
+const QUEUE: &str = "inference_extension_flow_control_queue_size";
+const WAITED: &str = "inference_extension_flow_control_request_queue_duration_seconds_count";
+
+async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
+    let cfg = config("  defaultRequestTTL: 60s\n");
+    let stack = Stack::start("flow-served", 2, &[], &["--config-text", &cfg], mode);
+    // Unsaturated: straight through, counted as dispatched.
+    assert_eq!(hello(&stack, "tenant-a").await.status, 200);
+    saturate(&stack, 40).await;
+    // Wait until epp sees the saturation (a request queues).
+    let port = stack.envoy.port;
+    let queued = tokio::spawn(async move {
+        http::post_hello(port, Some(("x-gateway-inference-fairness-id", "tenant-a")))
+            .await
+            .unwrap()
+    });
+    poll("the request queued in epp", 200, || async {
+        (metric(&stack, QUEUE, &["fairness_id=\"tenant-a\""]).await == 1.0).then_some(())
+    })
+    .await;
+    // Several seconds in the queue: still waiting, still held by Envoy.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !queued.is_finished(),
+        "answered while the pool was saturated"
+    );
+    assert_eq!(
+        metric(&stack, QUEUE, &["fairness_id=\"tenant-a\""]).await,
+        1.0
+    );
+
+    saturate(&stack, 0).await;
+    let r = queued.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(metric(&stack, QUEUE, &[]).await, 0.0);
+    assert_eq!(
+        metric(
+            &stack,
+            WAITED,
+            &["fairness_id=\"tenant-a\"", "outcome=\"Dispatched\""]
+        )
+        .await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_is_served_when_the_pool_frees_buffered() {
+    a_queued_request_is_served_when_the_pool_frees(BodyMode::Buffered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_is_served_when_the_pool_frees_streamed() {
+    a_queued_request_is_served_when_the_pool_frees(BodyMode::Streamed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_its_ttl_gets_503() {
+    let cfg = config("  defaultRequestTTL: 1s\n");
+    let stack = Stack::start(
+        "flow-ttl",
+        2,
+        &[],
+        &["--config-text", &cfg],
+        BodyMode::Buffered,
+    );
+    saturate(&stack, 40).await;
+    let r = poll("a request evicted by its TTL", 100, || async {
+        let r = hello(&stack, "t").await;
+        (r.status == 503).then_some(r)
+    })
+    .await;
+    let body = r.json();
+    assert_eq!(body["error"]["type"], "ServiceUnavailable", "{}", r.text());
+    assert_eq!(
+        body["error"]["message"],
+        "flow control: the request timed out waiting in the queue"
+    );
+    assert!(metric(&stack, WAITED, &["outcome=\"EvictedTTL\""]).await >= 1.0);
+    assert_eq!(metric(&stack, QUEUE, &[]).await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_band_answers_429_and_the_others_still_queue() {
+    // The sheddable band holds one request; the default band is unbounded.
+    let cfg =
+        config("  defaultRequestTTL: 60s\n  priorityBands:\n  - {priority: -1, maxRequests: 1}\n");
+    let stack = Stack::start(
+        "flow-capacity",
+        2,
+        &[],
+        &["--config-text", &cfg],
+        BodyMode::Buffered,
+    );
+    saturate(&stack, 40).await;
+    let port = stack.envoy.port;
+    let batch = ("x-gateway-inference-objective", "batch");
+    let first = tokio::spawn(async move { http::post_hello(port, Some(batch)).await.unwrap() });
+    poll("the first batch request queued", 200, || async {
+        (metric(&stack, QUEUE, &["priority=\"-1\""]).await == 1.0).then_some(())
+    })
+    .await;
+    let r = http::post_hello(port, Some(batch)).await.unwrap();
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "ResourceExhausted");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "flow control: the request queue is full"
+    );
+    assert_eq!(
+        metric(
+            &stack,
+            WAITED,
+            &["priority=\"-1\"", "outcome=\"RejectedCapacity\""]
+        )
+        .await,
+        1.0
+    );
+    // Priority 0 has room: it queues (not refused) and both are served.
+    let other = tokio::spawn(async move { http::post_hello(port, None).await.unwrap() });
+    poll("the default-band request queued", 200, || async {
+        (metric(&stack, QUEUE, &["priority=\"0\""]).await == 1.0).then_some(())
+    })
+    .await;
+    saturate(&stack, 0).await;
+    assert_eq!(other.await.unwrap().status, 200);
+    assert_eq!(first.await.unwrap().status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_leaves_the_queue() {
+    let cfg = config("  defaultRequestTTL: 60s\n");
+    let stack = Stack::start(
+        "flow-cancel",
+        2,
+        &[],
+        &["--config-text", &cfg],
+        BodyMode::Buffered,
+    );
+    saturate(&stack, 40).await;
+    let port = stack.envoy.port;
+    let client = tokio::spawn(async move {
+        http::post_hello(port, Some(("x-gateway-inference-fairness-id", "quitter"))).await
+    });
+    poll("the request queued", 200, || async {
+        (metric(&stack, QUEUE, &["fairness_id=\"quitter\""]).await == 1.0).then_some(())
+    })
+    .await;
+    // The client goes away: its connection closes, Envoy resets the stream.
+    client.abort();
+    poll(
+        "the request left the queue, counted as cancelled",
+        200,
+        || async {
+            let cancelled = metric(
+                &stack,
+                WAITED,
+                &[
+                    "fairness_id=\"quitter\"",
+                    "outcome=\"EvictedContextCancelled\"",
+                ],
+            )
+            .await;
+            (cancelled == 1.0 && metric(&stack, QUEUE, &[]).await == 0.0).then_some(())
+        },
+    )
+    .await;
+    // Nothing was sent to a model server for it.
+    saturate(&stack, 0).await;
+    assert_eq!(hello(&stack, "other").await.status, 200);
+    assert_eq!(
+        metric(
+            &stack,
+            WAITED,
+            &["fairness_id=\"quitter\"", "outcome=\"Dispatched\""]
+        )
+        .await,
+        0.0
+    );
+}

@@ -1,0 +1,345 @@
+//! Flow control at the edge: a prepared request enters the
+//! [`FlowController`] and the exchange holds its [`Waiting`] (a future the
+//! stream polls before reading Envoy's next message) until it is released
+//! (then routed), refused (429/503), or its TTL runs out (503). A stream
+//! that ends while its request waits drops the ticket: the request leaves
+//! the queue at once, counted as cancelled.
+//!
+//! Wake-ups are events, never polling: a request enqueued, routed or
+//! completed ([`FlowKick`]), and every scrape ([`epp_core::flow::MetricsListener`]
+//! on the service) kick the controller; a waiting request sleeps on its
+//! ticket's waker and, when it has a TTL, on one timer.
+
+use std::{
+    fmt,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError, Weak},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use epp_core::flow::{
+    FlowController, FlowObserver, FlowRequest, Outcome, PoolGauge, Rejected, Release, Ticket,
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::{
+    ExtProcService,
+    decision::{Decider, Prepared},
+    error::ExtProcError,
+};
+
+/// Header with the time budget (ms) the gateway gives the request; a queued
+/// request does not wait longer.
+pub const EXPECTED_TIMEOUT_HEADER: &str = "x-envoy-expected-rq-timeout-ms";
+
+/// The pool's saturation as the current scheduler's detector reads it.
+pub(crate) struct DeciderGauge(pub(crate) Weak<Decider>);
+
+impl fmt::Debug for DeciderGauge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DeciderGauge")
+    }
+}
+
+impl PoolGauge for DeciderGauge {
+    fn saturation(&self) -> Option<f64> {
+        let d = self.0.upgrade()?;
+        let snapshot = d.endpoints.snapshot();
+        d.scheduler.load().pool_saturation(&snapshot)
+    }
+}
+
+/// The controllers of the service: the current one, and those a config
+/// reload replaced while requests still waited in them (kicked too until
+/// they drain).
+#[derive(Debug, Default)]
+pub(crate) struct Controllers {
+    current: arc_swap::ArcSwapOption<FlowController>,
+    draining: Mutex<Vec<Weak<FlowController>>>,
+}
+
+impl Controllers {
+    pub(crate) fn current(&self) -> Option<Arc<FlowController>> {
+        self.current.load_full()
+    }
+
+    pub(crate) fn replace(&self, next: Option<Arc<FlowController>>) {
+        if let Some(old) = self.current.swap(next) {
+            self.draining
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Arc::downgrade(&old));
+        }
+    }
+
+    /// Tells every live controller something changed.
+    pub(crate) fn kick(&self) {
+        if let Some(c) = self.current.load().as_ref() {
+            c.kick();
+        }
+        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        if draining.is_empty() {
+            return;
+        }
+        draining.retain(|w| match w.upgrade() {
+            Some(c) if !c.is_empty() => {
+                c.kick();
+                true
+            }
+            _ => false,
+        });
+    }
+}
+
+/// Kicks the flow controller when dropped: held by a routed request until
+/// its response completes (its endpoint has a slot free again).
+pub(crate) struct FlowKick(pub(crate) Arc<FlowController>);
+
+impl fmt::Debug for FlowKick {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FlowKick")
+    }
+}
+
+impl Drop for FlowKick {
+    fn drop(&mut self) {
+        self.0.kick();
+    }
+}
+
+/// A request waiting in flow control.
+pub(crate) struct Waiting {
+    prepared: Option<Prepared>,
+    ticket: Option<Ticket>,
+    ttl: Option<Duration>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiting")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a wait ended.
+pub(crate) enum Waited {
+    /// Released: route it, then drop the release.
+    Released(Prepared, Release),
+    /// Evicted (TTL): answer with the error.
+    Evicted(Prepared, ExtProcError),
+}
+
+impl Waiting {
+    /// Ready when the request is released or its TTL ran out.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Waited> {
+        let Some(ticket) = self.ticket.as_mut() else {
+            return Poll::Pending;
+        };
+        if let Poll::Ready(release) = ticket.poll_release(cx) {
+            return self.finish(Ok(release));
+        }
+        let Some(ttl) = self.ttl else {
+            return Poll::Pending;
+        };
+        let enqueued = ticket.enqueued();
+        let timer = self.timer.get_or_insert_with(|| {
+            Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
+                enqueued + ttl,
+            )))
+        });
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let Some(ticket) = self.ticket.take() else {
+            return Poll::Pending;
+        };
+        match ticket.expire() {
+            Err(release) => self.finish(Ok(release)),
+            Ok(outcome) => self.finish(Err(outcome)),
+        }
+    }
+
+    fn finish(&mut self, how: Result<Release, Outcome>) -> Poll<Waited> {
+        self.ticket = None;
+        let Some(prepared) = self.prepared.take() else {
+            return Poll::Pending;
+        };
+        Poll::Ready(match how {
+            Ok(release) => Waited::Released(prepared, release),
+            Err(outcome) => Waited::Evicted(prepared, ExtProcError::FlowControl(outcome)),
+        })
+    }
+}
+
+impl ExtProcService {
+    /// Turns flow control on with `settings` (`None`: off). Requests
+    /// already waiting stay in the controller they entered and are served
+    /// from it; new ones enter the new one.
+    pub fn set_flow_control(&self, settings: Option<epp_core::flow::FlowSettings>) {
+        let next = settings.map(|s| {
+            FlowController::new(
+                s,
+                Arc::new(DeciderGauge(Arc::downgrade(&self.decider))),
+                Some(Arc::clone(&self.decider.flow_metrics) as Arc<dyn FlowObserver>),
+            )
+        });
+        self.decider.flow.replace(next);
+    }
+
+    /// Requests waiting in flow control now (0 when it is off).
+    #[must_use]
+    pub fn flow_queued(&self) -> usize {
+        self.decider.flow.current().map_or(0, |c| c.len())
+    }
+}
+
+/// A scrape stored new metrics: a queued request may fit now.
+impl epp_core::flow::MetricsListener for ExtProcService {
+    fn metrics_updated(&self) {
+        self.decider.flow.kick();
+    }
+}
+
+/// What admission into flow control gave.
+pub(crate) enum Admitted {
+    /// Not queued (flow control off): route now.
+    Now(Prepared),
+    /// Refused at the door.
+    Refused(Prepared, ExtProcError),
+    /// Queued.
+    Queued(Waiting),
+}
+
+impl Decider {
+    /// Puts `prepared` into the flow controller, if one runs. `received`
+    /// is when the exchange began.
+    pub(crate) fn admit(&self, prepared: Prepared, received: Instant) -> Admitted {
+        let Some(fc) = self.flow.current() else {
+            return Admitted::Now(prepared);
+        };
+        let request = &prepared.request;
+        let millis = |name: &str| {
+            request
+                .header(name)
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_millis)
+        };
+        let flow_request = FlowRequest {
+            fairness_id: &request.fairness_id,
+            priority: request.priority,
+            bytes: request.body_len as u64,
+            received,
+            deadline: millis(EXPECTED_TIMEOUT_HEADER).filter(|d| !d.is_zero()),
+            slo_ttft: millis(epp_core::TTFT_SLO_HEADER)
+                .or_else(|| millis(epp_core::LEGACY_TTFT_SLO_HEADER)),
+        };
+        let ttl = fc.ttl_for(&flow_request);
+        match fc.enqueue(&flow_request, ttl) {
+            Ok(ticket) => Admitted::Queued(Waiting {
+                prepared: Some(prepared),
+                ticket: Some(ticket),
+                ttl,
+                timer: None,
+            }),
+            Err(Rejected(outcome)) => {
+                Admitted::Refused(prepared, ExtProcError::FlowControl(outcome))
+            }
+        }
+    }
+}
+
+/// `fairness_id`, `priority`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    fairness_id: String,
+    priority: String,
+}
+
+/// `fairness_id`, `priority`, `outcome`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    fairness_id: String,
+    priority: String,
+    outcome: &'static str,
+}
+
+fn queue_seconds() -> Histogram {
+    // llm-d's buckets.
+    Histogram::new([
+        0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        60.0,
+    ])
+}
+
+/// The flow-control metrics (the reference's `flow_control_*` names).
+#[derive(Debug, Clone)]
+pub(crate) struct FlowMetrics {
+    queue_size: Family<QueueLabels, Gauge>,
+    queue_bytes: Family<QueueLabels, Gauge>,
+    queue_duration: Family<OutcomeLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for FlowMetrics {
+    fn default() -> Self {
+        Self {
+            queue_size: Family::default(),
+            queue_bytes: Family::default(),
+            queue_duration: Family::new_with_constructor(queue_seconds),
+        }
+    }
+}
+
+impl FlowMetrics {
+    /// Registers each family under the reference's name
+    /// (`inference_extension_flow_control_*`) and llm-d's
+    /// (`llm_d_epp_flow_control_*`); both share their values.
+    pub(crate) fn register(&self, r: &mut Registry) {
+        for prefix in ["inference_extension", "llm_d_epp"] {
+            r.register(
+                format!("{prefix}_flow_control_queue_size"),
+                "Requests held in the flow-control queues, per flow and priority",
+                self.queue_size.clone(),
+            );
+            r.register(
+                format!("{prefix}_flow_control_queue_bytes"),
+                "Bytes of the requests held in the flow-control queues, per flow and priority",
+                self.queue_bytes.clone(),
+            );
+            r.register(
+                format!("{prefix}_flow_control_request_queue_duration_seconds"),
+                "Time requests spent in flow control, from enqueue to their outcome \
+                 (Dispatched, RejectedCapacity, RejectedNoEndpoints, EvictedTTL, \
+                 EvictedNoEndpoints, EvictedContextCancelled)",
+                self.queue_duration.clone(),
+            );
+        }
+    }
+}
+
+impl FlowObserver for FlowMetrics {
+    fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
+        let labels = QueueLabels {
+            fairness_id: fairness_id.to_owned(),
+            priority: priority.to_string(),
+        };
+        self.queue_size.get_or_create(&labels).inc_by(requests);
+        self.queue_bytes.get_or_create(&labels).inc_by(bytes);
+    }
+
+    fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, waited: Duration) {
+        self.queue_duration
+            .get_or_create(&OutcomeLabels {
+                fairness_id: fairness_id.to_owned(),
+                priority: priority.to_string(),
+                outcome: outcome.as_str(),
+            })
+            .observe(waited.as_secs_f64());
+    }
+}
