@@ -10,10 +10,11 @@
 //!    count it from here), and say how the request must be changed: headers
 //!    to set and remove, the body spliced when the model was rewritten.
 //!
-//! Flow control is a stage between the two (a request waits for capacity
-//! after it is understood and before it is scheduled); a disaggregated
-//! (prefill/decode) decision is a `route` that makes two picks and adds a
-//! header.
+//! Flow control is a stage between the two ([`Decider::start`] queues the
+//! prepared request when it runs, `crate::flow` holds the wait, and
+//! [`Decider::finish_wait`] routes or refuses it once it leaves the queue);
+//! a disaggregated (prefill/decode) decision is a `route` that makes two
+//! picks and adds a header.
 
 use std::{
     fmt,

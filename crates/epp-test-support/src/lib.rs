@@ -46,6 +46,7 @@
 )]
 
 pub mod endpoints;
+pub mod flow;
 pub mod helm;
 pub mod http;
 pub mod kube;

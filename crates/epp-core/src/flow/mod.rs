@@ -585,17 +585,24 @@ impl Ticket {
     ///
     /// # Errors
     /// It was released meanwhile: the [`Release`] (schedule it after all).
-    pub fn expire(mut self) -> Result<Outcome, Release> {
-        if let Poll::Ready(r) = self.poll_release(&mut Context::from_waker(Waker::noop())) {
-            return Err(r);
-        }
+    pub fn expire(self) -> Result<Outcome, Release> {
         let outcome = if self.fc.gauge.saturation().is_none() {
             Outcome::EvictedNoEndpoints
         } else {
             Outcome::EvictedTtl
         };
         let mut st = self.fc.lock();
-        self.fc.remove(&mut st, self.slot, outcome);
+        let s = &mut st.slots[self.slot as usize];
+        if s.generation == self.generation && matches!(s.state, SlotState::Released) {
+            // Released meanwhile (checked under the same lock as the removal).
+            s.state = SlotState::Done;
+            return Err(Release {
+                fc: Arc::clone(&self.fc),
+            });
+        }
+        if s.generation == self.generation {
+            self.fc.remove(&mut st, self.slot, outcome);
+        }
         Ok(outcome)
     }
 
