@@ -4,8 +4,12 @@
 //!
 //! `cargo run -p epp-extproc --example serve -- 9002 127.0.0.1:8001,127.0.0.1:8002`
 //! `cargo run -p epp-extproc --example serve -- 9002 synthetic:64` (fake
-//! endpoints with random queue and KV figures); a third argument `trivial`
-//! replaces the default-like profile by a first-endpoint picker.
+//! endpoints with random queue and KV figures). It schedules as the `epp`
+//! binary does by default (the built-in plugins, the default profile); a
+//! third argument `trivial` replaces that by a first-endpoint picker. Logs
+//! go through a `tracing` subscriber at `warn` (`RUST_LOG` to change), as in
+//! the binary: without one, every span the HTTP/2 stack opens would be
+//! offered to the `log` crate, a cost the binary does not pay.
 //! `SERVE_TRACE=none|all` installs a tracer that samples no request (the
 //! cost of tracing on for a request not sampled) or every one (the cost of
 //! recording its spans; they are then dropped, not exported).
@@ -24,6 +28,12 @@ mod profile;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     // `SERVE_THREADS=1` pins the server to one runtime thread (per-core figures).
     let threads = std::env::var("SERVE_THREADS")
         .ok()
@@ -64,7 +74,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let source = Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(endpoints)));
     let scheduler = match args.next().as_deref() {
         Some("trivial") => profile::trivial()?,
-        _ => profile::default_like()?,
+        _ => profile::default()?,
     };
     let tracer: Option<Arc<dyn RequestTracer>> = match std::env::var("SERVE_TRACE").as_deref() {
         Ok("none") => Some(Arc::new(Sample(false))),
