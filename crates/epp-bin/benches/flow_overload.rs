@@ -1,0 +1,259 @@
+//! Flow control under overload, through Envoy, on a small simulated fleet
+//! (2 simulators, `--max-num-seqs 4`): every scenario in one run.
+//!
+//! ```sh
+//! cargo build --release -p epp-bin -p epp-sim --bins
+//! cargo bench -p epp-bin --bench flow_overload
+//! ```
+//!
+//! The fleet's capacity is measured first (closed loop, 8 clients = every
+//! batch slot). Then, open loop, streamed chat requests of 16 output tokens,
+//! time to first token at the client:
+//! 1. critical requests alone at 0.5× capacity (the unloaded reference);
+//! 2. the same critical load plus sheddable requests at 1.5× capacity
+//!    (2× in all), flow control on (critical band first; sheddable band
+//!    of 20 requests, TTL 5 s);
+//! 3. the same load with `priority-holdback-policy` (`minCeiling: 0.75`:
+//!    the sheddable band is released only below 75 % of the slots);
+//! 4. the same load, flow control off (sheddable requests refused with 429
+//!    while the pool is saturated);
+//! 5. one light tenant at 0.1× capacity alone, then with a heavy tenant at
+//!    10× its rate in the same band, flow control on with
+//!    `round-robin-fairness-policy`, and with `global-strict-fairness-policy`.
+//!
+//! Saturation is `concurrency-detector` with `maxConcurrency` = the batch
+//! size, so "saturated" means every batch slot is taken by epp's requests.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use epp_test_support::{
+    http,
+    process::{BodyMode, Stack},
+    stats::percentile,
+};
+
+const SECONDS: u64 = 15;
+
+fn config(flow: bool, fairness: &str, holdback: bool) -> String {
+    let gate = if flow {
+        "featureGates: [flowControl]\n"
+    } else {
+        ""
+    };
+    let usage = if holdback {
+        "  usageLimitPolicyPluginRef: holdback\n"
+    } else {
+        ""
+    };
+    format!(
+        "{gate}objectives:\n- {{name: critical, priority: 10}}\n- {{name: batch, priority: -1}}\n\
+         plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n\
+         - type: prefix-cache-scorer\n- type: max-score-picker\n\
+         - type: concurrency-detector\n  parameters: {{maxConcurrency: 4}}\n\
+         - type: round-robin-fairness-policy\n\
+         - type: priority-holdback-policy\n  name: holdback\n  parameters: {{minCeiling: 0.75}}\n\
+         schedulingProfiles:\n- name: default\n  plugins:\n\
+         \x20 - {{pluginRef: queue-scorer, weight: 2}}\n\
+         \x20 - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}\n\
+         \x20 - {{pluginRef: prefix-cache-scorer, weight: 3}}\n\
+         \x20 - {{pluginRef: max-score-picker}}\n\
+         saturationDetector: {{pluginRef: concurrency-detector}}\n\
+         flowControl:\n  defaultRequestTTL: 5s\n{usage}\
+         \x20 defaultPriorityBand: {{fairnessPolicyRef: {fairness}}}\n\
+         \x20 priorityBands:\n  - {{priority: -1, maxRequests: 20}}\n\
+         \x20 - {{priority: 10, fairnessPolicyRef: {fairness}}}\n"
+    )
+}
+
+/// One request's result: status and time to first token.
+type Outcome = (u16, Duration);
+
+async fn chat(port: u16, headers: Vec<(&'static str, String)>) -> Outcome {
+    let body = serde_json::json!({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}],
+        "max_tokens": 16,
+        "stream": true,
+    })
+    .to_string();
+    let mut h: Vec<(&str, &str)> = vec![("content-type", "application/json")];
+    h.extend(headers.iter().map(|(k, v)| (*k, v.as_str())));
+    match http::send(port, "POST", "/v1/chat/completions", &h, body).await {
+        Ok(r) => {
+            let first = r.chunks.first().map_or(r.total, |c| c.0);
+            (r.status, first)
+        }
+        Err(_) => (0, Duration::ZERO),
+    }
+}
+
+/// Open loop: `rate` requests/s for `secs` with `headers`; results in order.
+async fn open_loop(
+    port: u16,
+    rate: f64,
+    secs: u64,
+    headers: Vec<(&'static str, String)>,
+) -> Vec<Outcome> {
+    let n = (rate * secs as f64).round() as usize;
+    let gap = Duration::from_secs_f64(1.0 / rate);
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        tokio::time::sleep_until(start + gap.mul_f64(i as f64)).await;
+        tasks.push(tokio::spawn(chat(port, headers.clone())));
+    }
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Closed loop with `clients` for `secs`: completed requests per second.
+async fn capacity(port: u16, clients: usize, secs: u64) -> f64 {
+    let end = Instant::now() + Duration::from_secs(secs);
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let done = Arc::clone(&done);
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                if chat(port, vec![]).await.0 == 200 {
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs as f64
+}
+
+fn report(name: &str, results: &[Outcome]) -> f64 {
+    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut ok: Vec<Duration> = Vec::new();
+    for (s, t) in results {
+        *statuses.entry(*s).or_default() += 1;
+        if *s == 200 {
+            ok.push(*t);
+        }
+    }
+    ok.sort();
+    let ms = |p: f64| percentile(&ok, p).unwrap_or_default().as_secs_f64() * 1000.0;
+    let p90 = ms(90.0);
+    println!(
+        "  {name:<52} n={:<5} statuses {statuses:?}  TTFT p50 {:>7.1}  p90 {:>7.1}  p99 {:>7.1} ms",
+        results.len(),
+        ms(50.0),
+        p90,
+        ms(99.0),
+    );
+    p90
+}
+
+fn header(name: &'static str, value: &str) -> (&'static str, String) {
+    (name, value.to_owned())
+}
+
+fn stack(tag: &str, flow: bool, fairness: &str, holdback: bool) -> Stack {
+    let cfg = config(flow, fairness, holdback);
+    Stack::start(
+        tag,
+        2,
+        &["--max-num-seqs", "4"],
+        &["--config-text", &cfg],
+        BodyMode::Streamed,
+    )
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let critical = || vec![header("x-gateway-inference-objective", "critical")];
+    let batch = || vec![header("x-gateway-inference-objective", "batch")];
+
+    let s = stack(
+        "flow-overload-on",
+        true,
+        "global-strict-fairness-policy",
+        false,
+    );
+    let cap = capacity(s.envoy.port, 8, 5).await;
+    println!("fleet capacity (closed loop, 8 clients): {cap:.1} requests/s");
+
+    println!("critical and sheddable, 2x capacity:");
+    let alone = open_loop(s.envoy.port, cap * 0.5, SECONDS, critical()).await;
+    let base = report("critical alone, 0.5x capacity", &alone);
+    let port = s.envoy.port;
+    let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
+    let crit = open_loop(port, cap * 0.5, SECONDS, critical()).await;
+    let shed = shed.await.unwrap();
+    let on = report("critical, with 1.5x sheddable, flow control on", &crit);
+    report("sheddable, flow control on", &shed);
+    drop(s);
+
+    let s = stack(
+        "flow-overload-holdback",
+        true,
+        "global-strict-fairness-policy",
+        true,
+    );
+    let port = s.envoy.port;
+    let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
+    let crit = open_loop(port, cap * 0.5, SECONDS, critical()).await;
+    let shed = shed.await.unwrap();
+    let held = report(
+        "critical, with 1.5x sheddable, on + priority-holdback 0.75",
+        &crit,
+    );
+    report("sheddable, on + priority-holdback 0.75", &shed);
+    drop(s);
+
+    let s = stack(
+        "flow-overload-off",
+        false,
+        "global-strict-fairness-policy",
+        false,
+    );
+    let port = s.envoy.port;
+    let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
+    let crit = open_loop(port, cap * 0.5, SECONDS, critical()).await;
+    let shed = shed.await.unwrap();
+    let off = report("critical, with 1.5x sheddable, flow control off", &crit);
+    report("sheddable, flow control off", &shed);
+    drop(s);
+    println!(
+        "  critical TTFT p90 / unloaded: flow control on {:.2}x, on + holdback {:.2}x, off {:.2}x",
+        on / base,
+        held / base,
+        off / base
+    );
+
+    println!("two tenants in one band, 10:1:");
+    let light = || vec![header("x-gateway-inference-fairness-id", "light")];
+    let heavy = || vec![header("x-gateway-inference-fairness-id", "heavy")];
+    for fairness in [
+        "round-robin-fairness-policy",
+        "global-strict-fairness-policy",
+    ] {
+        let s = stack("flow-tenants", true, fairness, false);
+        let port = s.envoy.port;
+        let alone = open_loop(port, cap * 0.1, SECONDS, light()).await;
+        let base = report(&format!("light alone ({fairness})"), &alone);
+        let h = tokio::spawn(open_loop(port, cap, SECONDS, heavy()));
+        let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
+        let h = h.await.unwrap();
+        let with = report(&format!("light, with heavy at 10x ({fairness})"), &l);
+        report(&format!("heavy ({fairness})"), &h);
+        println!("  light TTFT p90 / alone ({fairness}): {:.2}x", with / base);
+        drop(s);
+    }
+}
