@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use epp_extproc::pb::envoy::{
+use envoy_types::pb::envoy::{
     config::core::v3::{HeaderMap, HeaderValue},
     service::ext_proc::v3::{
         HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,

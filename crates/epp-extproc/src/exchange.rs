@@ -12,10 +12,7 @@ use std::{
     time::Instant,
 };
 
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
-    processing_request::Request,
-};
+use bytes::Bytes;
 use epp_core::{Dispatch, RequestOutcome};
 
 use crate::{
@@ -31,6 +28,10 @@ use crate::{
     restore::ModelRestorer,
     trace::{ActiveTrace, AttrValue},
     usage::UsageReader,
+    wire::{
+        HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, Request,
+        struct_of,
+    },
 };
 
 /// Which message the decision answers.
@@ -75,12 +76,12 @@ pub(crate) struct Exchange {
     first_message: bool,
     started: Instant,
     parts: RequestParts,
-    /// The whole request body, contiguous for parsing.
-    body: Vec<u8>,
-    /// FULL_DUPLEX_STREAMED, body in several messages: the messages' own
-    /// buffers, streamed back as they came when the body is unchanged (no
-    /// second copy of a long prompt to re-chunk it).
-    chunks: Vec<Vec<u8>>,
+    /// The request body as it came: the messages' own buffers (slices of
+    /// the gRPC receive buffer), joined once for parsing when there are
+    /// several, and streamed back as they came when the body is unchanged.
+    chunks: Vec<Bytes>,
+    /// Their total length.
+    body_len: usize,
     closed: bool,
     routed: Option<Routed>,
     /// The request's spans, when it is traced and sampled.
@@ -101,8 +102,8 @@ impl Exchange {
             first_message: true,
             started: Instant::now(),
             parts: RequestParts::default(),
-            body: Vec::new(),
             chunks: Vec::new(),
+            body_len: 0,
             closed: false,
             routed: None,
             trace: None,
@@ -128,11 +129,11 @@ impl Exchange {
         let Some((_, phase, deferred)) = self.waiting.take() else {
             return false;
         };
-        let body = (phase != Phase::Headers).then_some(self.body.as_slice());
+        let joined = (phase != Phase::Headers).then(|| joined_body(&self.chunks, self.body_len));
         let decision = self.decider.finish_wait(
             waited,
             self.parts.subset.as_deref(),
-            body,
+            joined.as_deref(),
             self.trace.as_deref_mut(),
         );
         self.answer(decision, phase, out);
@@ -163,8 +164,8 @@ impl Exchange {
             && let Some(hint) = msg
                 .metadata_context
                 .as_ref()
-                .and_then(|m| m.filter_metadata.get(SUBSET_NAMESPACE))
-                .and_then(|s| s.fields.get(SUBSET_KEY))
+                .and_then(|m| struct_of(&m.filter_metadata, SUBSET_NAMESPACE))
+                .and_then(|s| s.get(SUBSET_KEY))
         {
             self.parts.subset = Some(proto::string_list(hint));
         }
@@ -252,36 +253,13 @@ impl Exchange {
             return;
         }
         let limit = self.options.max_body_bytes;
-        if self.body.is_empty() && self.chunks.is_empty() && b.end_of_stream {
-            // The whole body in one message: no copy.
-            self.body = b.body;
-        } else {
-            if self.body.is_empty() {
-                // A body in several chunks: take the announced length at once
-                // (up to the limit) instead of growing by doubling, which
-                // copied a 220 KB prompt about twice over.
-                let announced = self
-                    .parts
-                    .header("content-length")
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                    .unwrap_or(0);
-                let cap = if limit > 0 {
-                    announced.min(limit + 1)
-                } else {
-                    announced
-                };
-                // A claimed length is not trusted beyond what a prompt needs.
-                self.body
-                    .reserve_exact(cap.min(PRESIZE_MAX).max(b.body.len()));
-            }
-            self.body.extend_from_slice(&b.body);
-            if self.req_mode == BodyMode::FullDuplexStreamed {
-                self.chunks.push(b.body);
-            }
+        self.body_len += b.body.len();
+        if !b.body.is_empty() || self.chunks.is_empty() {
+            self.chunks.push(b.body);
         }
-        if limit > 0 && self.body.len() > limit {
+        if limit > 0 && self.body_len > limit {
             let err = ExtProcError::BodyTooLarge {
-                size: self.body.len(),
+                size: self.body_len,
                 limit,
             };
             let request_id = self.parts.request_id().unwrap_or("");
@@ -312,11 +290,11 @@ impl Exchange {
 
     /// Asks for the decision and answers Envoy with it.
     fn decide(&mut self, phase: Phase, out: &mut VecDeque<ProcessingResponse>) {
-        let body = (phase != Phase::Headers).then_some(self.body.as_slice());
+        let joined = (phase != Phase::Headers).then(|| joined_body(&self.chunks, self.body_len));
         match self.decider.start(
             &self.options,
             &mut self.parts,
-            body,
+            joined.as_deref(),
             self.started,
             self.trace.as_deref_mut(),
         ) {
@@ -327,7 +305,6 @@ impl Exchange {
 
     /// Encodes `decision` as the reply to the message of `phase`.
     fn answer(&mut self, decision: Decision, phase: Phase, out: &mut VecDeque<ProcessingResponse>) {
-        let body = std::mem::take(&mut self.body);
         let chunks = std::mem::take(&mut self.chunks);
         let route = match decision {
             Decision::Route(route) => *route,
@@ -395,7 +372,7 @@ impl Exchange {
             }
             Phase::BufferedBody => {
                 let c = match edit {
-                    BodyEdit::Replace(b) => proto::replace_body(decision, b),
+                    BodyEdit::Replace(b) => proto::replace_body(decision, Bytes::from(b)),
                     BodyEdit::Unchanged => decision,
                 };
                 let mut r = proto::reply(proto::request_body(c));
@@ -408,9 +385,9 @@ impl Exchange {
                 out.push_back(r);
                 let size = self.options.stream_chunk_bytes.max(1);
                 match edit {
-                    BodyEdit::Replace(b) => stream_back(b, size, end, out),
+                    BodyEdit::Replace(b) => stream_back(Bytes::from(b), size, end, out),
                     BodyEdit::Unchanged if chunks.is_empty() => {
-                        stream_back(body, size, end, out);
+                        stream_back(Bytes::new(), size, end, out);
                     }
                     BodyEdit::Unchanged => {
                         // The body goes back in the messages it came in.
@@ -510,7 +487,7 @@ impl Exchange {
         }
         let c = match self.resp_mode {
             BodyMode::FullDuplexStreamed => {
-                proto::streamed(replaced.unwrap_or(b.body), b.end_of_stream)
+                proto::streamed(replaced.map_or(b.body, Bytes::from), b.end_of_stream)
             }
             _ => match replaced {
                 Some(body) => {
@@ -524,7 +501,7 @@ impl Exchange {
                             remove_headers: Vec::new(),
                         });
                     }
-                    proto::replace_body(c, body)
+                    proto::replace_body(c, Bytes::from(body))
                 }
                 None => proto::common(None, false),
             },
@@ -631,12 +608,9 @@ impl Drop for Exchange {
     }
 }
 
-/// Most a body buffer is sized from `content-length` before the bytes arrive.
-const PRESIZE_MAX: usize = 8 << 20;
-
 /// Queues `body` as FULL_DUPLEX_STREAMED body replies of at most `size`
-/// bytes; `end` marks the last. One that fits is moved, not copied.
-fn stream_back(body: Vec<u8>, size: usize, end: bool, out: &mut VecDeque<ProcessingResponse>) {
+/// bytes; `end` marks the last. The pieces are slices of `body`: no copy.
+fn stream_back(body: Bytes, size: usize, end: bool, out: &mut VecDeque<ProcessingResponse>) {
     if body.len() <= size {
         out.push_back(proto::reply(proto::request_body(proto::streamed(
             body, end,
@@ -644,10 +618,27 @@ fn stream_back(body: Vec<u8>, size: usize, end: bool, out: &mut VecDeque<Process
         return;
     }
     let n = body.len().div_ceil(size);
-    for (i, chunk) in body.chunks(size).enumerate() {
+    for i in 0..n {
+        let piece = body.slice(i * size..((i + 1) * size).min(body.len()));
         out.push_back(proto::reply(proto::request_body(proto::streamed(
-            chunk.to_vec(),
+            piece,
             end && i + 1 == n,
         ))));
+    }
+}
+
+/// The request body as one slice: borrowed when it came in one message
+/// (or none), joined (the one copy) when it came in several.
+fn joined_body(chunks: &[Bytes], len: usize) -> std::borrow::Cow<'_, [u8]> {
+    match chunks {
+        [] => std::borrow::Cow::Borrowed(&[][..]),
+        [one] => std::borrow::Cow::Borrowed(&one[..]),
+        many => {
+            let mut all = Vec::with_capacity(len);
+            for chunk in many {
+                all.extend_from_slice(chunk);
+            }
+            std::borrow::Cow::Owned(all)
+        }
     }
 }

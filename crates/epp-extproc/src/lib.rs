@@ -58,6 +58,7 @@ mod restore;
 mod service;
 mod trace;
 mod usage;
+mod wire;
 
 pub use body::{ParsedBody, parse_body, rewrite_model_field, splice_model};
 pub use decision::{
@@ -69,13 +70,9 @@ pub use error::{ExtProcError, Result};
 pub use flow::EXPECTED_TIMEOUT_HEADER;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
-pub use service::{ExtProcService, ProcessStream};
+pub use service::{ExtProcServer, ExtProcService};
 pub use trace::{
     AttrValue, RequestTrace, RequestTracer, SpanKind, SpanRecord, TRACEPARENT_HEADER,
     TRACESTATE_HEADER, TraceParent,
 };
 pub use usage::UsageReader;
-
-/// The generated Envoy types this crate speaks (re-exported for tests and
-/// load generators).
-pub use envoy_types::pb;

@@ -1,21 +1,16 @@
 //! Small builders for the ext_proc protobuf messages.
 
-use envoy_types::pb::{
-    envoy::{
-        config::core::v3::{
-            HeaderMap, HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
-        },
-        service::ext_proc::v3::{
-            BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse,
-            ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
-            TrailersResponse, body_mutation::Mutation, processing_response::Response,
-        },
-        r#type::v3::HttpStatus,
-    },
-    google::protobuf::{ListValue, Struct, Value, value::Kind},
-};
+use bytes::Bytes;
 
-use crate::error::ExtProcError;
+use crate::{
+    error::ExtProcError,
+    wire::{
+        BodyMutation, BodyResponse, CommonResponse, FieldEntry, HeaderMap, HeaderMutation,
+        HeaderValue, HeaderValueOption, HeadersResponse, HttpStatus, ImmediateResponse, Kind,
+        ListValue, Mutation, OVERWRITE_IF_EXISTS_OR_ADD, ProcessingRequest, ProcessingResponse,
+        Response, StreamedBodyResponse, Struct, TrailersResponse, Value, struct_of,
+    },
+};
 
 /// Headers as `(lower-case name, value)`; values from `raw_value` (Envoy's
 /// encoding) or `value`.
@@ -24,12 +19,10 @@ pub(crate) fn header_pairs(map: Option<&HeaderMap>) -> Vec<(String, String)> {
     map.headers
         .iter()
         .map(|h| {
-            let value = if h.raw_value.is_empty() {
-                h.value.clone()
-            } else {
-                String::from_utf8_lossy(&h.raw_value).into_owned()
-            };
-            (h.key.to_ascii_lowercase(), value)
+            let mut key = String::from_utf8_lossy(&h.key).into_owned();
+            key.make_ascii_lowercase();
+            let value = String::from_utf8_lossy(h.value_bytes()).into_owned();
+            (key, value)
         })
         .collect()
 }
@@ -38,12 +31,11 @@ pub(crate) fn header_pairs(map: Option<&HeaderMap>) -> Vec<(String, String)> {
 pub(crate) fn set_header(key: &str, value: &str) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue {
-            key: key.to_owned(),
-            value: String::new(),
-            raw_value: value.as_bytes().to_vec(),
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::new(),
+            raw_value: Bytes::copy_from_slice(value.as_bytes()),
         }),
-        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
-        ..HeaderValueOption::default()
+        append_action: OVERWRITE_IF_EXISTS_OR_ADD,
     }
 }
 
@@ -58,7 +50,7 @@ pub(crate) fn common(mutation: Option<HeaderMutation>, clear_route_cache: bool) 
 pub(crate) fn reply(response: Response) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(response),
-        ..ProcessingResponse::default()
+        dynamic_metadata: None,
     }
 }
 
@@ -79,21 +71,20 @@ pub(crate) fn response_body(c: CommonResponse) -> Response {
 }
 
 pub(crate) fn request_trailers() -> Response {
-    Response::RequestTrailers(TrailersResponse::default())
+    Response::RequestTrailers(TrailersResponse {})
 }
 
 pub(crate) fn response_trailers() -> Response {
-    Response::ResponseTrailers(TrailersResponse::default())
+    Response::ResponseTrailers(TrailersResponse {})
 }
 
 /// A FULL_DUPLEX_STREAMED body chunk sent back to Envoy.
-pub(crate) fn streamed(body: Vec<u8>, end_of_stream: bool) -> CommonResponse {
+pub(crate) fn streamed(body: Bytes, end_of_stream: bool) -> CommonResponse {
     CommonResponse {
         body_mutation: Some(BodyMutation {
             mutation: Some(Mutation::StreamedResponse(StreamedBodyResponse {
                 body,
                 end_of_stream,
-                ..StreamedBodyResponse::default()
             })),
         }),
         ..CommonResponse::default()
@@ -101,7 +92,7 @@ pub(crate) fn streamed(body: Vec<u8>, end_of_stream: bool) -> CommonResponse {
 }
 
 /// A whole-body replacement (BUFFERED / STREAMED modes).
-pub(crate) fn replace_body(mut c: CommonResponse, body: Vec<u8>) -> CommonResponse {
+pub(crate) fn replace_body(mut c: CommonResponse, body: Bytes) -> CommonResponse {
     c.body_mutation = Some(BodyMutation {
         mutation: Some(Mutation::Body(body)),
     });
@@ -118,33 +109,22 @@ pub(crate) fn immediate(err: &ExtProcError) -> ProcessingResponse {
             set_headers: vec![set_header("content-type", "application/json")],
             remove_headers: Vec::new(),
         }),
-        body: err.json_body(),
+        body: Bytes::from(err.json_body()),
         details: format!("epp_{}", err.code()),
-        ..ImmediateResponse::default()
     }))
 }
 
 /// `{namespace: {key: value}}` as dynamic metadata.
 pub(crate) fn metadata(namespace: &str, key: &str, value: String) -> Struct {
+    let entry = |key: &str, kind| FieldEntry {
+        key: key.to_owned(),
+        value: Some(Value { kind: Some(kind) }),
+    };
     let inner = Struct {
-        fields: [(
-            key.to_owned(),
-            Value {
-                kind: Some(Kind::StringValue(value)),
-            },
-        )]
-        .into_iter()
-        .collect(),
+        fields: vec![entry(key, Kind::StringValue(value))],
     };
     Struct {
-        fields: [(
-            namespace.to_owned(),
-            Value {
-                kind: Some(Kind::StructValue(inner)),
-            },
-        )]
-        .into_iter()
-        .collect(),
+        fields: vec![entry(namespace, Kind::StructValue(inner))],
     }
 }
 
@@ -182,16 +162,14 @@ pub(crate) fn served_endpoint(msg: &ProcessingRequest) -> Option<&str> {
     }
     msg.metadata_context
         .as_ref()
-        .and_then(|m| {
-            m.filter_metadata
-                .get(crate::decision::DESTINATION_NAMESPACE)
-        })
-        .and_then(|lb| lb.fields.get(crate::decision::SERVED_KEY))
+        .and_then(|m| struct_of(&m.filter_metadata, crate::decision::DESTINATION_NAMESPACE))
+        .and_then(|lb| lb.get(crate::decision::SERVED_KEY))
         .and_then(string)
         .or_else(|| {
-            msg.attributes.values().find_map(|attrs| {
-                attrs
-                    .fields
+            msg.attributes.iter().find_map(|entry| {
+                entry
+                    .value
+                    .as_ref()?
                     .get(crate::decision::UPSTREAM_ADDRESS_ATTRIBUTE)
                     .and_then(string)
             })

@@ -4,22 +4,30 @@
 
 use std::{
     collections::VecDeque,
+    convert::Infallible,
     fmt,
+    future::{Future, Ready, ready},
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
 };
 
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    ProcessingRequest, ProcessingResponse,
-    external_processor_server::{ExternalProcessor, ExternalProcessorServer},
-};
 use epp_core::{EndpointSource, Scheduler};
 use prometheus_client::registry::Registry;
 use tokio_stream::Stream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{
+    Request, Response, Status, Streaming,
+    body::Body,
+    codegen::{Body as HttpBody, Service, StdError, http},
+    server::{Grpc, NamedService, StreamingService},
+};
 
-use crate::{decision::Decider, exchange::Exchange, options::ExtProcOptions};
+use crate::{
+    decision::Decider,
+    exchange::Exchange,
+    options::ExtProcOptions,
+    wire::{ProcessingRequest, ProcessingResponse},
+};
 
 /// The `envoy.service.ext_proc.v3.ExternalProcessor` service.
 ///
@@ -75,37 +83,96 @@ impl ExtProcService {
         self.decider.flow_metrics.register(registry);
     }
 
-    /// The tonic server to mount (`Server::builder().add_service(...)`).
+    /// The tonic service to mount (`Server::builder().add_service(...)`).
     /// Message size limits are lifted: the body limit is
     /// [`ExtProcOptions::max_body_bytes`], answered with a 413.
     #[must_use]
-    pub fn into_server(self) -> ExternalProcessorServer<Self> {
-        ExternalProcessorServer::new(self)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+    pub fn into_server(self) -> ExtProcServer {
+        ExtProcServer { service: self }
     }
 }
 
-#[tonic::async_trait]
-impl ExternalProcessor for ExtProcService {
-    type ProcessStream = ProcessStream;
+/// The gRPC service `envoy.service.ext_proc.v3.ExternalProcessor`, method
+/// `Process`, over epp's own message types (`wire.rs`): request bodies are
+/// slices of the receive buffer, replies are encoded straight from them, and
+/// the replies one message produces leave in one write.
+#[derive(Debug, Clone)]
+pub struct ExtProcServer {
+    service: ExtProcService,
+}
 
-    async fn process(
-        &self,
-        request: Request<Streaming<ProcessingRequest>>,
-    ) -> Result<Response<Self::ProcessStream>, Status> {
-        Ok(Response::new(ProcessStream {
+/// The one method's path.
+const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+impl NamedService for ExtProcServer {
+    const NAME: &'static str = "envoy.service.ext_proc.v3.ExternalProcessor";
+}
+
+impl<B> Service<http::Request<B>> for ExtProcServer
+where
+    B: HttpBody + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != PROCESS_PATH {
+            return Box::pin(ready(Ok(unimplemented())));
+        }
+        let method = Process(Arc::clone(&self.service.decider));
+        Box::pin(async move {
+            let mut grpc = Grpc::new(tonic_prost::ProstCodec::<
+                ProcessingResponse,
+                ProcessingRequest,
+            >::default())
+            .apply_max_message_size_config(Some(usize::MAX), Some(usize::MAX));
+            Ok(grpc.streaming(method, req).await)
+        })
+    }
+}
+
+/// gRPC `UNIMPLEMENTED` for any other path.
+fn unimplemented() -> http::Response<Body> {
+    let mut response = http::Response::new(Body::default());
+    let headers = response.headers_mut();
+    headers.insert(
+        Status::GRPC_STATUS,
+        http::HeaderValue::from(tonic::Code::Unimplemented as i32),
+    );
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+/// The `Process` method: one [`ProcessStream`] per gRPC stream.
+struct Process(Arc<Decider>);
+
+impl StreamingService<ProcessingRequest> for Process {
+    type Response = ProcessingResponse;
+    type ResponseStream = ProcessStream;
+    type Future = Ready<Result<Response<ProcessStream>, Status>>;
+
+    fn call(&mut self, request: Request<Streaming<ProcessingRequest>>) -> Self::Future {
+        ready(Ok(Response::new(ProcessStream {
             inbound: request.into_inner(),
-            exchange: Exchange::new(Arc::clone(&self.decider)),
+            exchange: Exchange::new(Arc::clone(&self.0)),
             pending: VecDeque::with_capacity(4),
             done: false,
-        }))
+        })))
     }
 }
 
 /// The reply stream of one ext_proc exchange. Dropping it (stream reset)
 /// releases what the request holds (in-flight counters) exactly once.
-pub struct ProcessStream {
+pub(crate) struct ProcessStream {
     inbound: Streaming<ProcessingRequest>,
     exchange: Exchange,
     pending: VecDeque<ProcessingResponse>,

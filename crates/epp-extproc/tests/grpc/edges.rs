@@ -76,7 +76,7 @@ async fn a_chunk_above_the_grpc_default_limit_is_accepted_and_rechunked() {
 
 #[tokio::test]
 async fn response_trailers_pass_and_complete_the_request() {
-    use epp_extproc::pb::envoy::service::ext_proc::v3::{
+    use envoy_types::pb::envoy::service::ext_proc::v3::{
         HttpTrailers, ProcessingRequest, processing_request::Request, processing_response::Response,
     };
     let fx = start(&[0], ExtProcOptions::default()).await;

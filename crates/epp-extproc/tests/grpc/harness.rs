@@ -9,9 +9,10 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
 use epp_core::{Endpoint, EndpointSnapshot, Plugin, PluginRef, Scheduler};
-use epp_extproc::{
-    ExtProcOptions, ExtProcService,
-    pb::envoy::{
+// Envoy's generated types: the client speaks an encoding epp's own message
+// types did not write.
+use envoy_types::pb::{
+    envoy::{
         config::core::v3::{HeaderMap, HeaderValue, Metadata},
         service::ext_proc::v3::{
             CommonResponse, HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest,
@@ -20,8 +21,9 @@ use epp_extproc::{
             processing_response::Response,
         },
     },
-    pb::google::protobuf::{ListValue, Struct, Value, value::Kind},
+    google::protobuf::{ListValue, Struct, Value, value::Kind},
 };
+use epp_extproc::{ExtProcOptions, ExtProcService};
 pub(crate) use epp_test_support::plugins::Recorder;
 use epp_test_support::{
     endpoints::with_queues,
@@ -401,7 +403,7 @@ pub(crate) fn lb_metadata(r: &ProcessingResponse) -> Option<String> {
 
 /// The streamed body chunk of a FULL_DUPLEX reply: `(bytes, end_of_stream)`.
 pub(crate) fn streamed(r: &ProcessingResponse) -> (Vec<u8>, bool) {
-    use epp_extproc::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
+    use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
     match common(r)
         .body_mutation
         .as_ref()
@@ -414,7 +416,7 @@ pub(crate) fn streamed(r: &ProcessingResponse) -> (Vec<u8>, bool) {
 
 /// The replaced body of a BUFFERED reply, if any.
 pub(crate) fn replaced_body(r: &ProcessingResponse) -> Option<Vec<u8>> {
-    use epp_extproc::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
+    use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
     match common(r)
         .body_mutation
         .as_ref()

@@ -138,7 +138,7 @@ async fn full_duplex_with_trailers_decides_on_trailers() {
     let t = envoy.recv().await;
     assert!(matches!(
         t.response,
-        Some(epp_extproc::pb::envoy::service::ext_proc::v3::processing_response::Response::RequestTrailers(_))
+        Some(envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::RequestTrailers(_))
     ));
 }
 
