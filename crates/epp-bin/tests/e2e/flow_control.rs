@@ -236,3 +236,81 @@ async fn a_client_that_gives_up_leaves_the_queue() {
         0.0
     );
 }
+
+/// A long body (several ext_proc messages when streamed) whose model is
+/// rewritten, held in the queue: once released it reaches the model server
+/// byte for byte, with only the model value changed.
+async fn a_long_rewritten_body_survives_the_queue(mode: BodyMode) {
+    let cfg = config("  defaultRequestTTL: 60s\n");
+    let stack = Stack::start(
+        "flow-long",
+        2,
+        &["--record-requests", "16"],
+        &["--config-text", &cfg],
+        mode,
+    );
+    saturate(&stack, 40).await;
+    let prompt = "lighthouse keeper ".repeat(20_000);
+    let body = format!(
+        r#"{{"model" : "chat", "prompt": "{prompt}", "max_tokens": 2, "seed": 12345678901234567890}}"#
+    );
+    let target = "meta-llama/Llama-3.1-8B-Instruct";
+    let want = body.replace(r#""model" : "chat""#, &format!(r#""model" : "{target}""#));
+    let port = stack.envoy.port;
+    let sent = body.clone();
+    let client = tokio::spawn(async move {
+        http::send(
+            port,
+            "POST",
+            "/v1/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-gateway-model-name-rewrite", target),
+            ],
+            sent,
+        )
+        .await
+        .unwrap()
+    });
+    poll("the long request queued", 200, || async {
+        (metric(&stack, QUEUE, &[]).await == 1.0).then_some(())
+    })
+    .await;
+    saturate(&stack, 0).await;
+    let r = client.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let recorded: Vec<serde_json::Value> = stack
+        .sims
+        .iter()
+        .flat_map(|s| epp_test_support::process::sim_requests(s.port))
+        .collect();
+    assert!(
+        recorded
+            .iter()
+            .any(|req| req["body"].as_str() == Some(want.as_str())),
+        "no simulator received the body with only its model rewritten: {:?}",
+        recorded
+            .iter()
+            .map(|r| {
+                let b = r["body"].as_str().unwrap_or("");
+                let diff = b.bytes().zip(want.bytes()).position(|(x, y)| x != y);
+                (
+                    b.len(),
+                    want.len(),
+                    diff,
+                    b.get(..80).unwrap_or(b).to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_rewritten_body_survives_the_queue_buffered() {
+    a_long_rewritten_body_survives_the_queue(BodyMode::Buffered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_rewritten_body_survives_the_queue_streamed() {
+    a_long_rewritten_body_survives_the_queue(BodyMode::Streamed).await;
+}
