@@ -1,6 +1,6 @@
 //! `priority-holdback-policy`: lower ceilings for lower priorities.
 //!
-//! Rule (llm-d): each band holding requests gets a ceiling between
+//! Rule (llm-d): each band the controller knows gets a ceiling between
 //! `maxCeiling` (highest priority) and `minCeiling` (lowest); a band
 //! dispatches only while the pool's saturation is below its ceiling, so
 //! as saturation rises low-priority traffic waits first.

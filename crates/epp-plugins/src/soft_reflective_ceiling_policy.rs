@@ -1,7 +1,7 @@
 //! `soft-reflective-ceiling-policy`: lower bands slow down gradually as the
 //! pool fills.
 //!
-//! Rule (llm-d): with `N` bands holding requests and pool saturation `s`,
+//! Rule (llm-d): with `N` bands known to the controller and saturation `s`,
 //! band `i` (0 = highest) has the reflective ceiling `1 − i·s/(N − 1)`.
 //! Below it the band is open (ceiling 1.0). At or past it, a band other
 //! than the highest is closed (0.0) when `s ≥ 1`; otherwise it opens on one

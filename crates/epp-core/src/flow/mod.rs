@@ -5,9 +5,13 @@
 //! gets a [`Ticket`]. Dispatch is event-driven: the controller looks for a
 //! request to release only when told something changed ([`FlowController::kick`]:
 //! a request enqueued, routed or completed, a new scrape) — never on a timer.
-//! A release picks the highest-priority band whose usage-limit ceiling is
-//! above the pool's saturation, the flow its fairness policy names, and that
-//! flow's head under its ordering policy, then wakes the ticket's waker.
+//! A release walks the bands from the highest priority down, stopping at the
+//! first whose usage-limit ceiling the pool's saturation reaches; it takes
+//! the first non-empty band before that, the flow its fairness policy
+//! names, and that flow's head under its ordering policy, then wakes the
+//! ticket's waker. Ceilings are computed over every band the controller
+//! knows (configured, priority 0, and any made for another priority), as
+//! llm-d does.
 //!
 //! At most one request is released and not yet routed at a time: the next
 //! release waits until the previous one has been scheduled (its [`Release`]
@@ -162,6 +166,18 @@ struct Band {
     cursor: FairnessCursor,
 }
 
+impl Band {
+    fn new(settings: Arc<BandSettings>) -> Self {
+        Self {
+            settings,
+            flows: BTreeMap::new(),
+            len: 0,
+            bytes: 0,
+            cursor: FairnessCursor::default(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     slots: Vec<Slot>,
@@ -211,12 +227,25 @@ impl FlowController {
         gauge: Arc<dyn PoolGauge>,
         observer: Option<Arc<dyn FlowObserver>>,
     ) -> Arc<Self> {
+        let mut state = State::default();
+        let known = settings
+            .bands
+            .keys()
+            .copied()
+            .chain(std::iter::once(0))
+            .collect::<Vec<_>>();
+        for priority in known {
+            state
+                .bands
+                .entry(-i64::from(priority))
+                .or_insert_with(|| Band::new(settings.band_for(priority)));
+        }
         Arc::new(Self {
             settings,
             gauge,
             observer,
             epoch: Instant::now(),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
         })
     }
 
@@ -330,13 +359,10 @@ impl FlowController {
                 (u32::try_from(st.slots.len() - 1).unwrap_or(u32::MAX), 0)
             }
         };
-        let band = st.bands.entry(band_key).or_insert_with(|| Band {
-            settings: Arc::clone(&band_settings),
-            flows: BTreeMap::new(),
-            len: 0,
-            bytes: 0,
-            cursor: FairnessCursor::default(),
-        });
+        let band = st
+            .bands
+            .entry(band_key)
+            .or_insert_with(|| Band::new(Arc::clone(&band_settings)));
         let flow_id: Arc<str> = match band.flows.get_key_value(request.fairness_id) {
             Some((k, _)) => Arc::clone(k),
             None => Arc::from(request.fairness_id),
@@ -403,21 +429,24 @@ impl FlowController {
             ceilings,
             ..
         } = &mut *st;
+        // As llm-d: ceilings over every band the controller knows (the
+        // configured ones, priority 0, and those made for other priorities),
+        // highest first; the first band whose ceiling the saturation reaches
+        // stops the search (head-of-line blocking: lower bands never
+        // overtake a held-back higher one).
         priorities.clear();
-        priorities.extend(
-            bands
-                .iter()
-                .filter(|(_, b)| b.len > 0)
-                .map(|(_, b)| b.settings.priority),
-        );
+        priorities.extend(bands.values().map(|b| b.settings.priority));
         ceilings.clear();
         if let Some(u) = self.settings.usage_limit.plugin().as_usage_limit_policy() {
             u.ceilings(saturation, priorities, ceilings);
         }
         let mut chosen = None;
-        for (i, (band_key, band)) in bands.iter_mut().filter(|(_, b)| b.len > 0).enumerate() {
+        for (i, (band_key, band)) in bands.iter_mut().enumerate() {
             let ceiling = ceilings.get(i).copied().unwrap_or(1.0);
             if saturation >= ceiling {
+                break;
+            }
+            if band.len == 0 {
                 continue;
             }
             if let Some(flow) = pick_flow(band) {

@@ -81,7 +81,7 @@ pub trait FairnessPolicy: Plugin {
 /// is below its ceiling.
 pub trait UsageLimitPolicy: Plugin {
     /// Writes into `out` (cleared first) one ceiling in `[0, 1]` per entry
-    /// of `priorities` (the bands holding requests, highest priority first)
+    /// of `priorities` (every band the controller knows, highest first)
     /// for pool `saturation` (`>= 1.0`: saturated). A missing entry counts
     /// as 1.0; 0.0 holds a band back entirely.
     fn ceilings(&self, saturation: f64, priorities: &[i32], out: &mut Vec<f64>);

@@ -245,28 +245,37 @@ fn a_released_ticket_dropped_before_routing_lets_the_next_go() {
 }
 
 #[test]
-fn ceilings_hold_back_lower_bands() {
-    // Band ranks: [high, low]; the low band may dispatch below 0.5 only.
-    let s = setup(settings(vec![1.0, 0.5]), Some(1.0));
+fn ceilings_hold_back_lower_bands_and_block_the_line() {
+    // Known bands, highest first: 3 (configured) and 0 (always); ceilings
+    // by rank: 1.0 and 0.5.
+    let with_band_3 = |ceilings: Vec<f64>| {
+        let mut st = settings(ceilings);
+        st.bands.insert(3, Arc::new(band(3, 0, 0)));
+        st
+    };
+    let s = setup(with_band_3(vec![1.0, 0.5]), Some(1.0));
     let mut low = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
     s.gauge.set(Some(0.7));
     s.fc.kick();
-    // Alone, the low band ranks first and gets ceiling 1.0.
-    assert!(poll(&mut low).is_some());
-    let s = setup(settings(vec![1.0, 0.5]), Some(1.0));
-    let mut low = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    // Band 0 ranks second even while band 3 is empty: held at 0.7.
+    assert!(poll(&mut low).is_none());
     let mut high = s.fc.enqueue(&req("a", 3, 1), None).unwrap();
-    s.gauge.set(Some(0.7));
+    drop(poll(&mut high).expect("band 3 is below its ceiling"));
+    assert!(poll(&mut low).is_none());
+    s.gauge.set(Some(0.4));
     s.fc.kick();
-    let r = poll(&mut high).unwrap();
-    drop(r);
-    assert!(poll(&mut low).is_some(), "alone again: ceiling 1.0");
-    let s = setup(settings(vec![0.6, 0.5]), Some(1.0));
+    assert!(poll(&mut low).is_some());
+
+    // Head-of-line blocking: a held-back higher band stops the search, even
+    // when a lower band's ceiling would let it go.
+    let s = setup(with_band_3(vec![0.6, 0.9]), Some(1.0));
     let mut low = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
-    let _high = s.fc.enqueue(&req("a", 3, 1), None).unwrap();
     s.gauge.set(Some(0.7));
     s.fc.kick();
-    assert!(poll(&mut low).is_none(), "0.7 is above both ceilings");
+    assert!(poll(&mut low).is_none());
+    s.gauge.set(Some(0.5));
+    s.fc.kick();
+    assert!(poll(&mut low).is_some());
 }
 
 #[test]
