@@ -67,6 +67,24 @@ SIM_ARGS = [
 ]
 
 
+# The same fleet built from llm-d's simulator (llm-d-inference-sim, a Go module; `--fleet llm-d-sim`):
+# its default latency model with no fixed TTFT is prefill overhead + uncached prompt tokens x the
+# per-token time, then one inter-token latency per output token, as epp-sim's is. It tokenizes with
+# its own stand-in tokenizer (the model is not fetched), so its token counts, and with them its KV
+# blocks, differ from epp-sim's; it binds every address, so each simulator has its own port on
+# 127.0.0.1.
+LLMD_SIM_ARGS = [
+    "--max-num-seqs", "8",
+    "--inter-token-latency", "20ms",
+    "--prefill-overhead", "10ms",
+    "--prefill-time-per-token", "20us",
+    "--enable-kvcache",
+    "--kv-cache-size", "2048",
+    "--block-size", "16",
+    "--seed", "1",
+]
+FLEETS = ("epp-sim", "llm-d-sim")
+
 @dataclass
 class Workload:
     name: str
@@ -507,6 +525,9 @@ class Fleet:
         return p
 
     def _start_sims(self, workload: Workload, pods: bool) -> None:
+        if self.args.fleet == "llm-d-sim":
+            self._start_llmd_sims()
+            return
         hosts = [f"127.0.0.{i + 2}" if pods else "127.0.0.1" for i in range(N_SIMS)]
         shared = shared_loopback_port(hosts) if pods else None
         ports = [shared or free_port() for _ in hosts]
@@ -531,6 +552,18 @@ class Fleet:
             self.sim_ports.append(port)
             self.sim_hosts.append(host)
             wait_until(f"sim-{i}", lambda: http_get(f"http://{host}:{port}/health")[0] == 200,
+                       proc=p)
+
+    def _start_llmd_sims(self) -> None:
+        for i in range(N_SIMS):
+            port = free_port()
+            # Its KV cache model wants the pod's IP (it names the KV-event topic after it).
+            p = self._spawn(f"sim-{i}", [str(self.args.llmd_sim_bin), "--port", str(port),
+                                         "--model", MODEL] + LLMD_SIM_ARGS,
+                            env={"POD_IP": "127.0.0.1"})
+            self.sim_ports.append(port)
+            self.sim_hosts.append("127.0.0.1")
+            wait_until(f"sim-{i}", lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200,
                        proc=p)
 
     def _start_contender(self, contender: str) -> str:
@@ -656,9 +689,10 @@ class Fleet:
             if status == 200:
                 for line in body.decode(errors="replace").splitlines():
                     m = METRIC_LINE.match(line)
-                    if m and m.group(1) in COUNTERS:
-                        values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
-            out.append(values)
+                    name = m and COUNTER_ALIASES.get(m.group(1), m.group(1))
+                    if name in COUNTERS:
+                        values[name] = values.get(name, 0.0) + float(m.group(2))
+            out.append({c: values.get(c, 0.0) for c in COUNTERS})
         return out
 
 
@@ -667,6 +701,11 @@ COUNTERS = {
     "vllm:prefix_cache_queries_total",
     "vllm:request_success_total",
     "vllm:generation_tokens_total",
+}
+# llm-d-inference-sim names two of them without the `_total` suffix.
+COUNTER_ALIASES = {
+    "vllm:prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries": "vllm:prefix_cache_queries_total",
 }
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
@@ -962,6 +1001,9 @@ def main() -> None:
                     f"also {','.join(EPP_VARIANTS)}")
     ap.add_argument("--reference-args", default="",
                     help="extra flags for the reference picker, e.g. '--v=1' (default: none)")
+    ap.add_argument("--fleet", choices=FLEETS, default="epp-sim",
+                    help="the simulators: epp-sim (default), or llm-d's llm-d-inference-sim, built from its Go "
+                         "module by scripts/reference-epp.sh build-sim (cached outside the checkout)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="two rates, 6 s stages, one run: a smoke test")
     ap.add_argument("--rates", help="comma-separated request rates for every workload chosen, instead of "
@@ -989,6 +1031,21 @@ def main() -> None:
     if args.kv_events:
         log("epp-precise: every simulator of this run tokenizes with the bench tokenizer and "
             "publishes KV events (token blocks, not the 4-byte rule)")
+    if args.fleet == "llm-d-sim":
+        # The reference reads its endpoints as pods: one IP each, the pool's one port. llm-d's
+        # simulator binds every address, so four of them cannot share a port on one machine.
+        unfit = [c for c in contenders if c == "reference" or epp_replicas(c)[0] == "epp-precise"]
+        unfit += [f"workload {w.name}" for w in workloads if w.lora]
+        if unfit and explicit:
+            sys.exit(f"not with --fleet llm-d-sim: {', '.join(unfit)} (the reference needs one port on "
+                     "several IPs, which llm-d-inference-sim cannot bind; epp-precise needs epp-sim's KV events "
+                     "and tokenizer; the LoRA mix uses epp-sim's adapter flags)")
+        contenders = [c for c in contenders if c != "reference" and epp_replicas(c)[0] != "epp-precise"]
+        workloads = [w for w in workloads if not w.lora]
+        if not Path(script_out(REFERENCE_SCRIPT, "sim-path")).exists():
+            log("building llm-d-inference-sim (cached outside the checkout)")
+            subprocess.run(["bash", str(REFERENCE_SCRIPT), "build-sim"], check=True)
+        args.llmd_sim_bin = Path(script_out(REFERENCE_SCRIPT, "sim-path"))
     if "reference" in contenders:
         missing = reference_missing()
         if missing and not explicit:
@@ -1019,7 +1076,9 @@ def main() -> None:
         "cpu_model": cpu_model(),
         "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip(),
-        "sim_args": SIM_ARGS,
+        "fleet": args.fleet,
+        "fleet_version": script_out(REFERENCE_SCRIPT, "sim-version") if args.fleet == "llm-d-sim" else None,
+        "sim_args": LLMD_SIM_ARGS if args.fleet == "llm-d-sim" else SIM_ARGS,
         "kv_events_and_tokenizer_in_every_sim": args.kv_events,
         "workloads": {w.name: {"description": w.description, "rates": w.rates, "stage_secs": w.stage_secs,
                                "sim_args": w.sim_args, "client": args.client or w.client}

@@ -6,6 +6,7 @@
 #   benches/routing/run.sh --quick         # smoke test: two rates, one run
 #   benches/routing/run.sh --workloads shared-prefix --repeats 3
 #   benches/routing/run.sh --quick --contenders epp,reference   # epp vs the reference picker
+#   benches/routing/run.sh --fleet llm-d-sim   # the same on llm-d's simulator (built from its Go module, cached)
 # The reference picker (contender `reference`) needs scripts/reference-epp.sh build and
 # scripts/kube-env.sh build (Go; cached outside the checkout): skipped when they are
 # missing, built first when named in --contenders.
