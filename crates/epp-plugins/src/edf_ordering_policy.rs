@@ -7,38 +7,14 @@
 
 use std::time::Instant;
 
-use epp_core::{
-    BuildError, Plugin,
-    flow::{OrderKey, OrderingPolicy, QueuedItem, nanos_since},
-};
+use epp_core::flow::{OrderKey, OrderingPolicy, QueuedItem, nanos_since};
 
-use crate::{Builtin, NoParams};
-
-/// `edf-ordering-policy`.
-#[derive(Debug, Clone)]
-pub struct EdfOrderingPolicy {
-    name: String,
-}
-
-impl Builtin for EdfOrderingPolicy {
-    const TYPE: &'static str = "edf-ordering-policy";
-    type Params = NoParams;
-    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
-        Ok(Self { name: name.into() })
-    }
-}
-
-impl Plugin for EdfOrderingPolicy {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_ordering_policy(&self) -> Option<&dyn OrderingPolicy> {
-        Some(self)
-    }
-}
+stateless_policy!(
+    /// `edf-ordering-policy`.
+    EdfOrderingPolicy,
+    "edf-ordering-policy",
+    as_ordering_policy -> OrderingPolicy
+);
 
 impl OrderingPolicy for EdfOrderingPolicy {
     fn order_key(&self, item: &QueuedItem, epoch: Instant) -> OrderKey {
@@ -59,7 +35,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::testing::queued;
+    use crate::{Builtin, NoParams, testing::queued};
 
     #[test]
     fn earliest_deadline_first_then_enqueue_order_and_no_ttl_last() {

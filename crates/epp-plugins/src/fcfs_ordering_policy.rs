@@ -5,38 +5,14 @@
 
 use std::time::Instant;
 
-use epp_core::{
-    BuildError, Plugin,
-    flow::{OrderKey, OrderingPolicy, QueuedItem, nanos_since},
-};
+use epp_core::flow::{OrderKey, OrderingPolicy, QueuedItem, nanos_since};
 
-use crate::{Builtin, NoParams};
-
-/// `fcfs-ordering-policy`.
-#[derive(Debug, Clone)]
-pub struct FcfsOrderingPolicy {
-    name: String,
-}
-
-impl Builtin for FcfsOrderingPolicy {
-    const TYPE: &'static str = "fcfs-ordering-policy";
-    type Params = NoParams;
-    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
-        Ok(Self { name: name.into() })
-    }
-}
-
-impl Plugin for FcfsOrderingPolicy {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_ordering_policy(&self) -> Option<&dyn OrderingPolicy> {
-        Some(self)
-    }
-}
+stateless_policy!(
+    /// `fcfs-ordering-policy`.
+    FcfsOrderingPolicy,
+    "fcfs-ordering-policy",
+    as_ordering_policy -> OrderingPolicy
+);
 
 impl OrderingPolicy for FcfsOrderingPolicy {
     fn order_key(&self, item: &QueuedItem, epoch: Instant) -> OrderKey {
@@ -49,7 +25,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::testing::queued;
+    use crate::{Builtin, NoParams, testing::queued};
 
     #[test]
     fn earlier_enqueue_goes_first_whatever_the_deadline() {

@@ -4,38 +4,14 @@
 //! dispatch the band's single best request, i.e. the flow whose head comes
 //! first under the band's ordering policy (ties: the first flow by id).
 
-use epp_core::{
-    BuildError, Plugin,
-    flow::{FairnessCursor, FairnessPolicy, FlowHead},
-};
+use epp_core::flow::{FairnessCursor, FairnessPolicy, FlowHead};
 
-use crate::{Builtin, NoParams};
-
-/// `global-strict-fairness-policy`.
-#[derive(Debug, Clone)]
-pub struct GlobalStrictFairnessPolicy {
-    name: String,
-}
-
-impl Builtin for GlobalStrictFairnessPolicy {
-    const TYPE: &'static str = "global-strict-fairness-policy";
-    type Params = NoParams;
-    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
-        Ok(Self { name: name.into() })
-    }
-}
-
-impl Plugin for GlobalStrictFairnessPolicy {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_fairness_policy(&self) -> Option<&dyn FairnessPolicy> {
-        Some(self)
-    }
-}
+stateless_policy!(
+    /// `global-strict-fairness-policy`.
+    GlobalStrictFairnessPolicy,
+    "global-strict-fairness-policy",
+    as_fairness_policy -> FairnessPolicy
+);
 
 impl FairnessPolicy for GlobalStrictFairnessPolicy {
     fn pick(&self, flows: &[FlowHead<'_>], _cursor: &mut FairnessCursor) -> Option<usize> {
@@ -48,6 +24,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::{Builtin, NoParams};
 
     #[test]
     fn the_best_head_wins_whatever_its_flow() {

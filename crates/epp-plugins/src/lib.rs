@@ -18,6 +18,43 @@
 //! ```
 #![warn(missing_docs)]
 
+/// A flow-control policy with no parameters and no state: the struct (its
+/// `name` only), its [`Builtin`] (YAML type `$type`, [`NoParams`]) and its
+/// [`Plugin`](epp_core::Plugin) filling the one role `$role`. Each policy's
+/// file writes the doc and the role's rule.
+macro_rules! stateless_policy {
+    ($(#[$doc:meta])* $policy:ident, $type:literal, $as_role:ident -> $role:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $policy {
+            name: String,
+        }
+
+        impl $crate::Builtin for $policy {
+            const TYPE: &'static str = $type;
+            type Params = $crate::NoParams;
+            fn build(
+                name: impl Into<String>,
+                $crate::NoParams {}: $crate::NoParams,
+            ) -> Result<Self, epp_core::BuildError> {
+                Ok(Self { name: name.into() })
+            }
+        }
+
+        impl epp_core::Plugin for $policy {
+            fn type_name(&self) -> &str {
+                <Self as $crate::Builtin>::TYPE
+            }
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn $as_role(&self) -> Option<&dyn epp_core::flow::$role> {
+                Some(self)
+            }
+        }
+    };
+}
+
 mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;

@@ -6,38 +6,14 @@
 
 use std::sync::Arc;
 
-use epp_core::{
-    BuildError, Plugin,
-    flow::{FairnessCursor, FairnessPolicy, FlowHead},
-};
+use epp_core::flow::{FairnessCursor, FairnessPolicy, FlowHead};
 
-use crate::{Builtin, NoParams};
-
-/// `round-robin-fairness-policy`.
-#[derive(Debug, Clone)]
-pub struct RoundRobinFairnessPolicy {
-    name: String,
-}
-
-impl Builtin for RoundRobinFairnessPolicy {
-    const TYPE: &'static str = "round-robin-fairness-policy";
-    type Params = NoParams;
-    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
-        Ok(Self { name: name.into() })
-    }
-}
-
-impl Plugin for RoundRobinFairnessPolicy {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_fairness_policy(&self) -> Option<&dyn FairnessPolicy> {
-        Some(self)
-    }
-}
+stateless_policy!(
+    /// `round-robin-fairness-policy`.
+    RoundRobinFairnessPolicy,
+    "round-robin-fairness-policy",
+    as_fairness_policy -> FairnessPolicy
+);
 
 impl FairnessPolicy for RoundRobinFairnessPolicy {
     fn pick(&self, flows: &[FlowHead<'_>], cursor: &mut FairnessCursor) -> Option<usize> {
@@ -58,6 +34,7 @@ impl FairnessPolicy for RoundRobinFairnessPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Builtin, NoParams};
 
     #[test]
     fn flows_take_turns_and_a_vanished_flow_does_not_reset_the_turn() {

@@ -8,38 +8,14 @@
 
 use std::time::Instant;
 
-use epp_core::{
-    BuildError, Plugin,
-    flow::{OrderKey, OrderingPolicy, QueuedItem, nanos_since},
-};
+use epp_core::flow::{OrderKey, OrderingPolicy, QueuedItem, nanos_since};
 
-use crate::{Builtin, NoParams};
-
-/// `slo-deadline-ordering-policy`.
-#[derive(Debug, Clone)]
-pub struct SloDeadlineOrderingPolicy {
-    name: String,
-}
-
-impl Builtin for SloDeadlineOrderingPolicy {
-    const TYPE: &'static str = "slo-deadline-ordering-policy";
-    type Params = NoParams;
-    fn build(name: impl Into<String>, NoParams {}: NoParams) -> Result<Self, BuildError> {
-        Ok(Self { name: name.into() })
-    }
-}
-
-impl Plugin for SloDeadlineOrderingPolicy {
-    fn type_name(&self) -> &str {
-        Self::TYPE
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn as_ordering_policy(&self) -> Option<&dyn OrderingPolicy> {
-        Some(self)
-    }
-}
+stateless_policy!(
+    /// `slo-deadline-ordering-policy`.
+    SloDeadlineOrderingPolicy,
+    "slo-deadline-ordering-policy",
+    as_ordering_policy -> OrderingPolicy
+);
 
 impl OrderingPolicy for SloDeadlineOrderingPolicy {
     fn order_key(&self, item: &QueuedItem, epoch: Instant) -> OrderKey {
@@ -57,7 +33,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::testing::queued;
+    use crate::{Builtin, NoParams, testing::queued};
 
     #[test]
     fn tightest_slo_first_and_requests_without_one_last() {
