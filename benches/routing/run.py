@@ -75,6 +75,7 @@ SIM_ARGS = [
 # 127.0.0.1.
 LLMD_SIM_ARGS = [
     "--max-num-seqs", "8",
+    "--max-model-len", "32768",  # its default, 1,024 tokens, refuses the shared-prefix prompts
     "--inter-token-latency", "20ms",
     "--prefill-overhead", "10ms",
     "--prefill-time-per-token", "20us",
