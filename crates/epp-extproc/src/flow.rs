@@ -11,9 +11,10 @@
 //! ticket's waker and, when it has a TTL, on one timer.
 
 use std::{
+    collections::HashSet,
     fmt,
     pin::Pin,
-    sync::{Arc, Mutex, PoisonError, Weak},
+    sync::{Arc, Mutex, PoisonError, RwLock, Weak},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -278,12 +279,59 @@ fn queue_seconds() -> Histogram {
     ])
 }
 
+/// Most distinct `fairness_id` label values. The id comes from a client
+/// header: without a cap, clients would choose how many series epp keeps.
+const MAX_FAIRNESS_IDS: usize = 1000;
+
+/// The `fairness_id` label of every id past [`MAX_FAIRNESS_IDS`].
+pub const FOLDED_FAIRNESS_ID: &str = "other";
+
+/// The first `max` distinct values a label took; later new ones fold into
+/// [`FOLDED_FAIRNESS_ID`]. The set only grows, so a value maps to the same
+/// label every time (a gauge's increment and decrement meet).
+#[derive(Debug)]
+struct LabelCap {
+    max: usize,
+    seen: RwLock<HashSet<String>>,
+}
+
+impl LabelCap {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            seen: RwLock::new(HashSet::new()),
+        }
+    }
+
+    fn label<'a>(&self, value: &'a str) -> &'a str {
+        {
+            let seen = self.seen.read().unwrap_or_else(PoisonError::into_inner);
+            if seen.contains(value) {
+                return value;
+            }
+            if seen.len() >= self.max {
+                return FOLDED_FAIRNESS_ID;
+            }
+        }
+        let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(value) {
+            value
+        } else if seen.len() >= self.max {
+            FOLDED_FAIRNESS_ID
+        } else {
+            seen.insert(value.to_owned());
+            value
+        }
+    }
+}
+
 /// The flow-control metrics (the reference's `flow_control_*` names).
 #[derive(Debug, Clone)]
 pub(crate) struct FlowMetrics {
     queue_size: Family<QueueLabels, Gauge>,
     queue_bytes: Family<QueueLabels, Gauge>,
     queue_duration: Family<OutcomeLabels, Histogram, fn() -> Histogram>,
+    fairness_ids: Arc<LabelCap>,
 }
 
 impl Default for FlowMetrics {
@@ -292,6 +340,7 @@ impl Default for FlowMetrics {
             queue_size: Family::default(),
             queue_bytes: Family::default(),
             queue_duration: Family::new_with_constructor(queue_seconds),
+            fairness_ids: Arc::new(LabelCap::new(MAX_FAIRNESS_IDS)),
         }
     }
 }
@@ -326,7 +375,7 @@ impl FlowMetrics {
 impl FlowObserver for FlowMetrics {
     fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
         let labels = QueueLabels {
-            fairness_id: fairness_id.to_owned(),
+            fairness_id: self.fairness_ids.label(fairness_id).to_owned(),
             priority: priority.to_string(),
         };
         self.queue_size.get_or_create(&labels).inc_by(requests);
@@ -336,10 +385,57 @@ impl FlowObserver for FlowMetrics {
     fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, waited: Duration) {
         self.queue_duration
             .get_or_create(&OutcomeLabels {
-                fairness_id: fairness_id.to_owned(),
+                fairness_id: self.fairness_ids.label(fairness_id).to_owned(),
                 priority: priority.to_string(),
                 outcome: outcome.as_str(),
             })
             .observe(waited.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    #[test]
+    fn fairness_ids_past_the_cap_fold_into_one_series() {
+        let metrics = FlowMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        for i in 0..=MAX_FAIRNESS_IDS {
+            let id = format!("tenant-{i}");
+            metrics.queue_changed(&id, 0, 1, 10);
+            metrics.finished(&id, 0, Outcome::Dispatched, Duration::from_millis(1));
+        }
+        // An id seen before the cap keeps its own series afterwards.
+        metrics.queue_changed("tenant-0", 0, -1, -10);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let series = |id: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("inference_extension_flow_control_queue_size{"))
+                .filter(|l| l.contains(&format!("fairness_id=\"{id}\"")))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            series("tenant-0"),
+            [
+                "inference_extension_flow_control_queue_size{fairness_id=\"tenant-0\",priority=\"0\"} 0"
+            ]
+        );
+        assert_eq!(series(&format!("tenant-{}", MAX_FAIRNESS_IDS - 1)).len(), 1);
+        assert!(series(&format!("tenant-{MAX_FAIRNESS_IDS}")).is_empty());
+        assert_eq!(
+            series(FOLDED_FAIRNESS_ID),
+            ["inference_extension_flow_control_queue_size{fairness_id=\"other\",priority=\"0\"} 1"]
+        );
+        let queue_series = text
+            .lines()
+            .filter(|l| l.starts_with("inference_extension_flow_control_queue_size{"))
+            .count();
+        assert_eq!(queue_series, MAX_FAIRNESS_IDS + 1);
     }
 }

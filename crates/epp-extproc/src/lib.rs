@@ -67,7 +67,7 @@ pub use decision::{
     UPSTREAM_ADDRESS_ATTRIBUTE,
 };
 pub use error::{ExtProcError, Result};
-pub use flow::EXPECTED_TIMEOUT_HEADER;
+pub use flow::{EXPECTED_TIMEOUT_HEADER, FOLDED_FAIRNESS_ID};
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcServer, ExtProcService};
