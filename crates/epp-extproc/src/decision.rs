@@ -34,7 +34,7 @@ use crate::{
     body::{ParsedBody, parse_body, splice_model},
     error::ExtProcError,
     flow::{Admitted, Controllers, FlowKick, FlowMetrics, Waited, Waiting},
-    metrics::{Metrics, ModelLabels},
+    metrics::{Metrics, RequestSeries},
     options::ExtProcOptions,
     trace::{ActiveTrace, AttrValue, CycleEvents, TRACEPARENT_HEADER, TRACESTATE_HEADER},
 };
@@ -133,8 +133,8 @@ pub(crate) struct Route {
     /// The model the client asked for, when the body was rewritten to another:
     /// the response's `model` is restored to it.
     pub(crate) restore_model: Option<String>,
-    /// Metric labels of the request.
-    pub(crate) labels: ModelLabels,
+    /// The request's metric series.
+    pub(crate) series: Arc<RequestSeries>,
     /// Kicks flow control when the request ends (`None`: flow control off).
     pub(crate) flow_kick: Option<FlowKick>,
 }
@@ -192,13 +192,14 @@ impl Decider {
         endpoints: Arc<dyn EndpointSource>,
         options: ExtProcOptions,
     ) -> Self {
+        let metrics = Metrics::default();
         Self {
             scheduler: ArcSwap::new(scheduler),
             endpoints,
             options: ArcSwap::from_pointee(options),
-            metrics: Metrics::default(),
+            flow_metrics: Arc::new(FlowMetrics::with_fairness_cap(metrics.fairness_ids())),
+            metrics,
             flow: Controllers::default(),
-            flow_metrics: Arc::default(),
         }
     }
 
@@ -220,7 +221,7 @@ impl Decider {
         let prepared = match self.prepare(options, parts, body) {
             Ok(p) => p,
             Err(e) => {
-                return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), "", ""));
+                return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), None));
             }
         };
         match self.admit(prepared, received) {
@@ -269,7 +270,7 @@ impl Decider {
                 body,
                 trace.as_deref_mut(),
             ),
-            Err(e) => self.reject(e, parts.request_id().unwrap_or(""), "", ""),
+            Err(e) => self.reject(e, parts.request_id().unwrap_or(""), None),
         };
         if let (Some(t), Some(start)) = (trace, started) {
             let error = match &decision {
@@ -326,15 +327,27 @@ impl Decider {
         let headers = std::mem::take(&mut parts.headers);
         let nonempty = |name| header(&headers, name).filter(|v| !v.is_empty());
         let model = parsed.model;
-        let target_model = nonempty(MODEL_REWRITE_HEADER)
-            .map(str::to_owned)
-            .or_else(|| {
-                options
-                    .model_rewrite
-                    .as_ref()
-                    .and_then(|r| r.rewrite(&model, &headers))
-            })
-            .unwrap_or_else(|| model.clone());
+        let target_model = match nonempty(MODEL_REWRITE_HEADER) {
+            Some(t) => {
+                if t != model {
+                    self.metrics.rewritten("header", &model, t);
+                }
+                t.to_owned()
+            }
+            None => match options
+                .model_rewrite
+                .as_ref()
+                .and_then(|r| r.rewrite(&model, &headers))
+            {
+                Some(t) => {
+                    if t != model {
+                        self.metrics.rewritten("rule", &model, &t);
+                    }
+                    t
+                }
+                None => model.clone(),
+            },
+        };
         let objective = nonempty(OBJECTIVE_HEADER).map(str::to_owned);
         let priority = objective
             .as_ref()
@@ -399,6 +412,13 @@ impl Decider {
         };
         let took = t0.elapsed();
         self.metrics.scheduling_took(took);
+        let primary = result.as_ref().ok().and_then(|r| r.primary());
+        self.metrics
+            .attempt(&request.target_model, primary.map(|e| &**e));
+        if let Ok(r) = &result {
+            self.metrics
+                .prefix_match(r.primary_prefix_hit, request.prompt.len());
+        }
         if let (Some(t), Some(events)) = (trace.as_deref_mut(), &events) {
             t.note_request(&request);
             let mut attrs = vec![(
@@ -473,10 +493,12 @@ impl Decider {
             .into_iter()
             .filter(|h| request.header(h).is_some())
             .collect();
-        let labels = ModelLabels {
-            model_name: request.model.clone(),
-            target_model_name: request.target_model.clone(),
-        };
+        let series = self.metrics.series(
+            &request.model,
+            &request.target_model,
+            &request.fairness_id,
+            request.priority,
+        );
         let restore_model = rewritten.then(|| request.model.clone());
         let request_id = generated_id.then(|| request.request_id.clone());
         let body_len = request.body_len;
@@ -484,7 +506,10 @@ impl Decider {
             Ok(d) => d,
             // A handler naming a primary without targets: nothing to serve.
             Err(e) => {
-                return self.reject(e.into(), "", &labels.model_name, &labels.target_model_name);
+                let err: ExtProcError = e.into();
+                tracing::debug!(status = err.http_status(), error = %err, "request refused");
+                self.metrics.series_error(&series, err.code());
+                return Decision::Reject(err);
             }
         };
         let mut extra_headers = Vec::new();
@@ -499,7 +524,7 @@ impl Decider {
         if let BodyEdit::Replace(b) = &body {
             extra_headers.push(("content-length", b.len().to_string()));
         }
-        self.metrics.scheduled(&labels, body_len);
+        self.metrics.scheduled(&series, body_len);
         Decision::Route(Box::new(Route {
             dispatch,
             targets,
@@ -507,7 +532,7 @@ impl Decider {
             remove_headers,
             body,
             restore_model,
-            labels,
+            series,
             flow_kick: self.flow.current().map(FlowKick),
         }))
     }
@@ -546,26 +571,30 @@ impl Decider {
         }
     }
 
-    /// Refuses a request (any stage): logs it and counts the error.
+    /// Refuses a request (any stage): logs it and counts the error, under
+    /// the request's labels once it was parsed.
     pub(crate) fn reject(
         &self,
         err: ExtProcError,
         request_id: &str,
-        model: &str,
-        target: &str,
+        request: Option<&InferenceRequest>,
     ) -> Decision {
         tracing::debug!(request_id, status = err.http_status(), error = %err, "request refused");
-        self.metrics.error(model, target, err.code());
+        match request {
+            Some(r) => self.metrics.error(
+                &r.model,
+                &r.target_model,
+                &r.fairness_id,
+                r.priority,
+                err.code(),
+            ),
+            None => self.metrics.error("", "", "", 0, err.code()),
+        }
         Decision::Reject(err)
     }
 
     fn reject_request(&self, err: ExtProcError, request: &InferenceRequest) -> Decision {
-        self.reject(
-            err,
-            &request.request_id,
-            &request.model,
-            &request.target_model,
-        )
+        self.reject(err, &request.request_id, Some(request))
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
     collections::VecDeque,
     sync::Arc,
     task::{Context, Poll},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -22,7 +22,7 @@ use crate::{
     },
     error::ExtProcError,
     flow::{FlowKick, Waiting},
-    metrics::ModelLabels,
+    metrics::RequestSeries,
     options::{BodyMode, ExtProcOptions},
     proto,
     restore::ModelRestorer,
@@ -51,7 +51,13 @@ enum Phase {
 struct Routed {
     /// `None` once completed: the accounting ran.
     dispatch: Option<Dispatch>,
-    labels: ModelLabels,
+    series: Arc<RequestSeries>,
+    /// The response is streamed (server-sent events, or `stream: true`).
+    streaming: bool,
+    /// When a streamed response's first body bytes came, after the start.
+    ttft: Option<Duration>,
+    /// When its latest body chunk came.
+    last_chunk: Option<Instant>,
     /// The client's model name, when the body's model was rewritten.
     restore_model: Option<String>,
     status: Option<u16>,
@@ -263,7 +269,7 @@ impl Exchange {
                 limit,
             };
             let request_id = self.parts.request_id().unwrap_or("");
-            let refused = self.decider.reject(err, request_id, "", "");
+            let refused = self.decider.reject(err, request_id, None);
             self.answer(refused, Phase::BufferedBody, out);
             return;
         }
@@ -346,14 +352,17 @@ impl Exchange {
             targets,
             body: edit,
             restore_model,
-            labels,
+            series,
             flow_kick,
             ..
         } = route;
         let metadata = proto::metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, targets);
         self.routed = Some(Routed {
             dispatch: Some(dispatch),
-            labels,
+            series,
+            streaming: false,
+            ttft: None,
+            last_chunk: None,
             restore_model,
             status: None,
             sse: false,
@@ -432,6 +441,7 @@ impl Exchange {
             r.status = Some(status);
             r.sse = sse;
             let streaming = sse || dispatch.request().stream;
+            r.streaming = streaming;
             let mut added: Vec<(String, String)> = Vec::new();
             dispatch.response_received(status, &pairs, &mut added);
             if !added.is_empty() {
@@ -476,6 +486,18 @@ impl Exchange {
                 && let Some(dispatch) = r.dispatch.as_mut()
             {
                 dispatch.first_body_bytes(r.sse);
+                if r.streaming {
+                    let now = Instant::now();
+                    match r.last_chunk {
+                        None => {
+                            let ttft = now.saturating_duration_since(self.started);
+                            r.ttft = Some(ttft);
+                            r.series.first_token(ttft);
+                        }
+                        Some(last) => r.series.inter_token(now.saturating_duration_since(last)),
+                    }
+                    r.last_chunk = Some(now);
+                }
             }
             r.response_bytes += b.body.len();
             if let Some(u) = r.usage.as_mut() {
@@ -532,16 +554,13 @@ impl Exchange {
         // The endpoint's slot is free: a queued request may go.
         drop(r.flow_kick.take());
         let elapsed = self.started.elapsed();
-        let metrics = &self.decider.metrics;
-        metrics.completed(&r.labels, elapsed, r.response_bytes, usage);
+        r.series.completed(elapsed, r.response_bytes, usage, r.ttft);
         if let RequestOutcome::Completed { status } = outcome
             && status >= 500
         {
-            metrics.error(
-                &r.labels.model_name,
-                &r.labels.target_model_name,
-                "ModelServerError",
-            );
+            self.decider
+                .metrics
+                .series_error(&r.series, "ModelServerError");
         }
         if let Some(t) = self.trace.as_mut() {
             let a = &mut t.root_attributes;

@@ -11,10 +11,9 @@
 //! ticket's waker and, when it has a TTL, on one timer.
 
 use std::{
-    collections::HashSet,
     fmt,
     pin::Pin,
-    sync::{Arc, Mutex, PoisonError, RwLock, Weak},
+    sync::{Arc, Mutex, PoisonError, Weak},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -32,6 +31,8 @@ use crate::{
     ExtProcService,
     decision::{Decider, Prepared},
     error::ExtProcError,
+    label_cap::{FOLDED_LABEL, LabelCap},
+    metrics::MetricGenerations,
 };
 
 /// Header with the time budget (ms) the gateway gives the request; a queued
@@ -279,51 +280,9 @@ fn queue_seconds() -> Histogram {
     ])
 }
 
-/// Most distinct `fairness_id` label values. The id comes from a client
-/// header: without a cap, clients would choose how many series epp keeps.
-const MAX_FAIRNESS_IDS: usize = 1000;
-
-/// The `fairness_id` label of every id past [`MAX_FAIRNESS_IDS`].
-pub const FOLDED_FAIRNESS_ID: &str = "other";
-
-/// The first `max` distinct values a label took; later new ones fold into
-/// [`FOLDED_FAIRNESS_ID`]. The set only grows, so a value maps to the same
-/// label every time (a gauge's increment and decrement meet).
-#[derive(Debug)]
-struct LabelCap {
-    max: usize,
-    seen: RwLock<HashSet<String>>,
-}
-
-impl LabelCap {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            seen: RwLock::new(HashSet::new()),
-        }
-    }
-
-    fn label<'a>(&self, value: &'a str) -> &'a str {
-        {
-            let seen = self.seen.read().unwrap_or_else(PoisonError::into_inner);
-            if seen.contains(value) {
-                return value;
-            }
-            if seen.len() >= self.max {
-                return FOLDED_FAIRNESS_ID;
-            }
-        }
-        let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
-        if seen.contains(value) {
-            value
-        } else if seen.len() >= self.max {
-            FOLDED_FAIRNESS_ID
-        } else {
-            seen.insert(value.to_owned());
-            value
-        }
-    }
-}
+/// The `fairness_id` label of every id past the cap
+/// ([`crate::label_cap::MAX_LABEL_VALUES`] distinct ids).
+pub const FOLDED_FAIRNESS_ID: &str = FOLDED_LABEL;
 
 /// The flow-control metrics (the reference's `flow_control_*` names).
 #[derive(Debug, Clone)]
@@ -336,21 +295,32 @@ pub(crate) struct FlowMetrics {
 
 impl Default for FlowMetrics {
     fn default() -> Self {
-        Self {
-            queue_size: Family::default(),
-            queue_bytes: Family::default(),
-            queue_duration: Family::new_with_constructor(queue_seconds),
-            fairness_ids: Arc::new(LabelCap::new(MAX_FAIRNESS_IDS)),
-        }
+        Self::with_fairness_cap(Arc::default())
     }
 }
 
 impl FlowMetrics {
+    /// Metrics whose `fairness_id` label takes `fairness_ids`' cap (the
+    /// request metrics' own, so an id keeps one label everywhere).
+    pub(crate) fn with_fairness_cap(fairness_ids: Arc<LabelCap>) -> Self {
+        Self {
+            queue_size: Family::default(),
+            queue_bytes: Family::default(),
+            queue_duration: Family::new_with_constructor(queue_seconds),
+            fairness_ids,
+        }
+    }
+
     /// Registers each family under the reference's name
     /// (`inference_extension_flow_control_*`) and llm-d's
-    /// (`llm_d_epp_flow_control_*`); both share their values.
-    pub(crate) fn register(&self, r: &mut Registry) {
-        for prefix in ["inference_extension", "llm_d_epp"] {
+    /// (`llm_d_epp_flow_control_*`), as `generations` asks; both share
+    /// their values.
+    pub(crate) fn register(&self, r: &mut Registry, generations: MetricGenerations) {
+        let prefixes = [
+            ("inference_extension", generations.reference()),
+            ("llm_d_epp", generations.llm_d),
+        ];
+        for (prefix, _) in prefixes.into_iter().filter(|(_, on)| *on) {
             r.register(
                 format!("{prefix}_flow_control_queue_size"),
                 "Requests held in the flow-control queues, per flow and priority",
@@ -398,13 +368,14 @@ mod tests {
     use prometheus_client::encoding::text::encode;
 
     use super::*;
+    use crate::label_cap::MAX_LABEL_VALUES;
 
     #[test]
     fn fairness_ids_past_the_cap_fold_into_one_series() {
         let metrics = FlowMetrics::default();
         let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        for i in 0..=MAX_FAIRNESS_IDS {
+        metrics.register(&mut registry, MetricGenerations::ALL);
+        for i in 0..=MAX_LABEL_VALUES {
             let id = format!("tenant-{i}");
             metrics.queue_changed(&id, 0, 1, 10);
             metrics.finished(&id, 0, Outcome::Dispatched, Duration::from_millis(1));
@@ -426,8 +397,8 @@ mod tests {
                 "inference_extension_flow_control_queue_size{fairness_id=\"tenant-0\",priority=\"0\"} 0"
             ]
         );
-        assert_eq!(series(&format!("tenant-{}", MAX_FAIRNESS_IDS - 1)).len(), 1);
-        assert!(series(&format!("tenant-{MAX_FAIRNESS_IDS}")).is_empty());
+        assert_eq!(series(&format!("tenant-{}", MAX_LABEL_VALUES - 1)).len(), 1);
+        assert!(series(&format!("tenant-{MAX_LABEL_VALUES}")).is_empty());
         assert_eq!(
             series(FOLDED_FAIRNESS_ID),
             ["inference_extension_flow_control_queue_size{fairness_id=\"other\",priority=\"0\"} 1"]
@@ -436,6 +407,6 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("inference_extension_flow_control_queue_size{"))
             .count();
-        assert_eq!(queue_series, MAX_FAIRNESS_IDS + 1);
+        assert_eq!(queue_series, MAX_LABEL_VALUES + 1);
     }
 }

@@ -51,6 +51,7 @@ mod decision;
 mod error;
 mod exchange;
 mod flow;
+mod label_cap;
 mod metrics;
 mod options;
 mod proto;
@@ -68,6 +69,8 @@ pub use decision::{
 };
 pub use error::{ExtProcError, Result};
 pub use flow::{EXPECTED_TIMEOUT_HEADER, FOLDED_FAIRNESS_ID};
+pub use label_cap::FOLDED_LABEL;
+pub use metrics::MetricGenerations;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
 pub use service::{ExtProcServer, ExtProcService};

@@ -25,6 +25,7 @@ use tonic::{
 use crate::{
     decision::Decider,
     exchange::Exchange,
+    metrics::MetricGenerations,
     options::ExtProcOptions,
     wire::{ProcessingRequest, ProcessingResponse},
 };
@@ -75,12 +76,17 @@ impl ExtProcService {
         self.decider.options.load_full()
     }
 
-    /// Registers the per-request metrics (REFERENCE §7 names:
-    /// `inference_objective_*` and
-    /// `inference_extension_scheduler_e2e_duration_seconds`) in `registry`.
+    /// Registers the per-request and flow-control metrics in `registry`
+    /// under every generation of names ([`MetricGenerations::ALL`]).
     pub fn register_metrics(&self, registry: &mut Registry) {
-        self.decider.metrics.register(registry);
-        self.decider.flow_metrics.register(registry);
+        self.register_metrics_as(registry, MetricGenerations::ALL);
+    }
+
+    /// Registers the per-request and flow-control metrics in `registry`
+    /// under the names of `generations` (each fed by the same observations).
+    pub fn register_metrics_as(&self, registry: &mut Registry, generations: MetricGenerations) {
+        self.decider.metrics.register(registry, generations);
+        self.decider.flow_metrics.register(registry, generations);
     }
 
     /// The tonic service to mount (`Server::builder().add_service(...)`).

@@ -154,7 +154,7 @@ fn a_rewrite_splices_the_model_and_says_how_to_restore_it() {
         [MODEL_REWRITE_HEADER, OBJECTIVE_HEADER]
     );
     assert_eq!(route.restore_model.as_deref(), Some("llama"));
-    assert_eq!(route.labels.target_model_name, "llama-lora");
+    assert_eq!(route.series.key.target, "llama-lora");
 }
 
 #[test]

@@ -1,0 +1,180 @@
+//! A lock-free histogram over fixed bucket bounds, read at scrape time by
+//! the collector (which may add several together for a coarser label set).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Bucket counts (not cumulative; the last one is `+Inf`), their sum and
+/// their count.
+#[derive(Debug)]
+pub(crate) struct AtomicHistogram {
+    bounds: &'static [f64],
+    counts: Box<[AtomicU64]>,
+    /// `f64` bits.
+    sum: AtomicU64,
+}
+
+impl AtomicHistogram {
+    pub(crate) fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    pub(crate) fn observe(&self, v: f64) {
+        let i = self.bounds.partition_point(|b| *b < v);
+        self.counts[i].fetch_add(1, Relaxed);
+        // No other writer contends for long: a CAS loop on the bits.
+        let _ = self.sum.fetch_update(Relaxed, Relaxed, |s| {
+            Some((f64::from_bits(s) + v).to_bits())
+        });
+    }
+
+    /// Adds this histogram's values into `into`.
+    pub(crate) fn add_to(&self, into: &mut HistogramValue) {
+        if into.counts.len() != self.counts.len() {
+            into.bounds = self.bounds;
+            into.counts = vec![0; self.counts.len()];
+        }
+        for (i, c) in self.counts.iter().enumerate() {
+            into.counts[i] += c.load(Relaxed);
+        }
+        into.sum += f64::from_bits(self.sum.load(Relaxed));
+    }
+}
+
+/// A histogram's values at one scrape.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HistogramValue {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    pub(crate) sum: f64,
+}
+
+impl HistogramValue {
+    pub(crate) fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// `(upper bound, count)` per bucket, not cumulative, the last `+Inf`
+    /// (what `prometheus_client`'s encoder takes).
+    pub(crate) fn buckets(&self) -> Vec<(f64, u64)> {
+        self.bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::MAX))
+            .zip(self.counts.iter().copied())
+            .collect()
+    }
+}
+
+// === bucket bounds (the reference's, per metric) ===
+
+/// Request latency: 5 ms … 1 h.
+pub(crate) const LATENCY: &[f64] = &[
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
+    1200.0, 1800.0, 2700.0, 3600.0,
+];
+/// Time to first token: 5 ms … 2 min.
+pub(crate) const TTFT: &[f64] = LATENCY.split_at(24).0;
+/// Request bodies: 64 B … 1 GiB.
+pub(crate) const REQUEST_BYTES: &[f64] = &[
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+    32768.0,
+    65536.0,
+    131_072.0,
+    262_144.0,
+    524_288.0,
+    1_048_576.0,
+    2_097_152.0,
+    4_194_304.0,
+    8_388_608.0,
+    16_777_216.0,
+    33_554_432.0,
+    67_108_864.0,
+    134_217_728.0,
+    268_435_456.0,
+    536_870_912.0,
+    1_073_741_824.0,
+];
+/// Response bodies: 1 B … 64 KiB (the reference writes 32778 for 32768; we
+/// do not copy the typo).
+pub(crate) const RESPONSE_BYTES: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+    32768.0, 65536.0,
+];
+/// Prompt (and cached prompt) tokens: 1 … 1 Mi.
+pub(crate) const INPUT_TOKENS: &[f64] = &[
+    1.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+    32768.0,
+    65536.0,
+    131_072.0,
+    262_144.0,
+    524_288.0,
+    1_048_576.0,
+];
+/// Output tokens: 1 … 8 Ki.
+pub(crate) const OUTPUT_TOKENS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+];
+/// Latency per output token: 1 ms … 10 s.
+pub(crate) const NTPOT: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+/// Streaming time per output token after the first: 0.5 ms … 2 s.
+pub(crate) const TPOT: &[f64] = &[
+    0.0005, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6,
+    0.8, 1.0, 2.0,
+];
+/// Between two streamed body chunks: 1 ms … 2 s.
+pub(crate) const ITL: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
+];
+/// Share of the prompt the picked endpoint has cached.
+pub(crate) const RATIO: &[f64] = &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+/// Bytes of the prompt the picked endpoint has cached.
+pub(crate) const HIT_BYTES: &[f64] = &[
+    0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+    65536.0,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_the_first_bucket_whose_bound_is_not_below() {
+        let h = AtomicHistogram::new(&[1.0, 2.0]);
+        for v in [0.5, 1.0, 1.5, 3.0, 3.0] {
+            h.observe(v);
+        }
+        let mut v = HistogramValue::default();
+        h.add_to(&mut v);
+        h.add_to(&mut v);
+        assert_eq!(v.buckets(), [(1.0, 4), (2.0, 2), (f64::MAX, 4)]);
+        assert_eq!(v.count(), 10);
+        assert!((v.sum - 18.0).abs() < 1e-9);
+    }
+}
