@@ -20,6 +20,14 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 9090)]
     pub(crate) metrics_port: u16,
 
+    /// Which generations of metric names `/metrics` serves, comma-separated:
+    /// `inference-model` (the first reference releases' `inference_model_*`),
+    /// `inference-objective` (the Gateway API Inference Extension's
+    /// `inference_objective_*`), `llm-d` (`llm_d_epp_*`), or `all`. Each is
+    /// fed by the same observations.
+    #[arg(long, default_value = "all")]
+    pub(crate) metrics_generations: epp_extproc::MetricGenerations,
+
     /// Address all servers bind to.
     #[arg(long, default_value = "0.0.0.0")]
     pub(crate) bind_address: IpAddr,
@@ -147,5 +155,21 @@ mod tests {
         let a = Args::parse_from(["epp", "-vv", "--secure-serving"]);
         assert!(a.secure_serving);
         assert_eq!(a.verbose, 2);
+    }
+
+    #[test]
+    fn metrics_generations_default_to_all_and_can_be_narrowed() {
+        let a = Args::parse_from(["epp"]);
+        assert_eq!(a.metrics_generations, epp_extproc::MetricGenerations::ALL);
+        let a = Args::parse_from(["epp", "--metrics-generations", "llm-d"]);
+        let g = a.metrics_generations;
+        assert!(g.llm_d && !g.inference_model && !g.inference_objective);
+        let a = Args::parse_from(["epp", "--metrics-generations=inference-objective,llm-d"]);
+        assert!(!a.metrics_generations.inference_model);
+        let err = Args::try_parse_from(["epp", "--metrics-generations", "v3"]).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown metrics generation"),
+            "{err}"
+        );
     }
 }

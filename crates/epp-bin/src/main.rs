@@ -172,7 +172,10 @@ async fn run(args: Args) -> Result<()> {
     let scheduler = built
         .scheduler
         .with_staleness_threshold(args.metrics_staleness_threshold);
-    let plugin_durations = metrics::PluginDurations::register(&mut prom, &scheduler.call_sites());
+    let generations = args.metrics_generations;
+    metrics::register_info(&mut prom, generations);
+    let plugin_durations =
+        metrics::PluginDurations::register(&mut prom, &scheduler.call_sites(), generations);
     metrics::PluginReports::register(&mut prom, &built.plugins);
     let scheduler = Arc::new(scheduler.with_observer(Arc::new(plugin_durations)));
     let (options, trace_exporter) = tracing_setup(&args, options, &mut prom)?;
@@ -220,9 +223,13 @@ async fn run(args: Args) -> Result<()> {
         &mut prom,
         args.pool_label(),
         args.metrics_staleness_threshold,
+        generations,
     ));
     data_layer.register_metrics(&mut prom);
-    ext_proc.register_metrics(&mut prom);
+    if generations.llm_d {
+        data_layer.register_llm_d_metrics(&mut prom);
+    }
+    ext_proc.register_metrics_as(&mut prom, generations);
 
     let metrics_port = metrics_port(&args, kube.client(), &shutdown).await?;
     let grpc_listener = bind(&args, args.grpc_port, "ext_proc").await?;

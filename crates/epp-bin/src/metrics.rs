@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use epp_core::{CallSite, EndpointSource, MetricFamily, MetricSink, PluginRef, SchedulerObserver};
+use epp_extproc::MetricGenerations;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet},
@@ -44,17 +45,27 @@ pub(crate) struct PluginDurations {
 }
 
 impl PluginDurations {
-    pub(crate) fn register(registry: &mut Registry, sites: &[CallSite]) -> Self {
+    pub(crate) fn register(
+        registry: &mut Registry,
+        sites: &[CallSite],
+        generations: MetricGenerations,
+    ) -> Self {
         // 1 µs … ~0.5 s.
         let family =
             Family::<PluginLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.000_001, 2.0, 20))
             });
-        registry.register(
-            "inference_extension_plugin_duration_seconds",
-            "Time spent in each plugin call, per extension point and plugin",
-            family.clone(),
-        );
+        let help = "Time spent in each plugin call, per extension point and plugin";
+        if generations.reference() {
+            registry.register(
+                "inference_extension_plugin_duration_seconds",
+                help,
+                family.clone(),
+            );
+        }
+        if generations.llm_d {
+            registry.register("llm_d_epp_plugin_duration_seconds", help, family.clone());
+        }
         let sites = sites
             .iter()
             .map(|s| {
@@ -78,48 +89,124 @@ impl SchedulerObserver for PluginDurations {
     }
 }
 
-/// Pool-level gauges (REFERENCE §7), refreshed from the endpoint set whenever
-/// metrics are scraped so they are never older than the scrape.
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// `name`, `model_server_endpoint` (llm-d's per-endpoint label).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    name: String,
+    model_server_endpoint: String,
+}
+
+/// Pool-level gauges (REFERENCE §7, and llm-d's `llm_d_epp_*` names for
+/// the same values), refreshed from the endpoint set whenever metrics are
+/// scraped so they are never older than the scrape.
 #[derive(Debug)]
 pub(crate) struct PoolGauges {
     pool: String,
     staleness: Duration,
-    avg_kv: Family<PoolLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    avg_queue: Family<PoolLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    avg_kv: Family<PoolLabels, FloatGauge>,
+    avg_queue: Family<PoolLabels, FloatGauge>,
+    avg_running: Family<PoolLabels, FloatGauge>,
+    std_kv: Family<PoolLabels, FloatGauge>,
+    std_queue: Family<PoolLabels, FloatGauge>,
+    std_running: Family<PoolLabels, FloatGauge>,
     ready: Family<PoolLabels, Gauge>,
     per_pod_queue: Family<PodLabels, Gauge>,
+    per_endpoint_queue: Family<EndpointLabels, Gauge>,
 }
 
 impl PoolGauges {
-    pub(crate) fn register(registry: &mut Registry, pool: &str, staleness: Duration) -> Self {
+    pub(crate) fn register(
+        registry: &mut Registry,
+        pool: &str,
+        staleness: Duration,
+        generations: MetricGenerations,
+    ) -> Self {
         let g = Self {
             pool: pool.to_owned(),
             staleness,
             avg_kv: Family::default(),
             avg_queue: Family::default(),
+            avg_running: Family::default(),
+            std_kv: Family::default(),
+            std_queue: Family::default(),
+            std_running: Family::default(),
             ready: Family::default(),
             per_pod_queue: Family::default(),
+            per_endpoint_queue: Family::default(),
         };
-        registry.register(
-            "inference_pool_average_kv_cache_utilization",
-            "Average KV-cache utilisation of the pool's fresh endpoints",
-            g.avg_kv.clone(),
-        );
-        registry.register(
-            "inference_pool_average_queue_size",
-            "Average waiting-queue length of the pool's fresh endpoints",
-            g.avg_queue.clone(),
-        );
-        registry.register(
-            "inference_pool_ready_pods",
-            "Endpoints with fresh metrics",
-            g.ready.clone(),
-        );
-        registry.register(
-            "inference_pool_per_pod_queue_size",
-            "Waiting-queue length per endpoint",
-            g.per_pod_queue.clone(),
-        );
+        // (reference name, llm-d name, help, family)
+        let pool_families = [
+            (
+                Some("inference_pool_average_kv_cache_utilization"),
+                "llm_d_epp_average_kv_cache_utilization",
+                "Average KV-cache utilisation of the pool's fresh endpoints",
+                &g.avg_kv,
+            ),
+            (
+                Some("inference_pool_average_queue_size"),
+                "llm_d_epp_average_queue_size",
+                "Average waiting-queue length of the pool's fresh endpoints",
+                &g.avg_queue,
+            ),
+            (
+                Some("inference_pool_average_running_requests"),
+                "llm_d_epp_average_running_requests",
+                "Average running requests of the pool's fresh endpoints",
+                &g.avg_running,
+            ),
+            (
+                None,
+                "llm_d_epp_std_dev_kv_cache_utilization",
+                "Standard deviation of the KV-cache utilisation of the pool's fresh endpoints",
+                &g.std_kv,
+            ),
+            (
+                None,
+                "llm_d_epp_std_dev_queue_size",
+                "Standard deviation of the waiting-queue length of the pool's fresh endpoints",
+                &g.std_queue,
+            ),
+            (
+                None,
+                "llm_d_epp_std_dev_running_requests",
+                "Standard deviation of the running requests of the pool's fresh endpoints",
+                &g.std_running,
+            ),
+        ];
+        for (reference, llm_d, help, family) in pool_families {
+            if let Some(name) = reference.filter(|_| generations.reference()) {
+                registry.register(name, help, family.clone());
+            }
+            if generations.llm_d {
+                registry.register(llm_d, help, family.clone());
+            }
+        }
+        if generations.reference() {
+            registry.register(
+                "inference_pool_ready_pods",
+                "Endpoints with fresh metrics",
+                g.ready.clone(),
+            );
+            registry.register(
+                "inference_pool_per_pod_queue_size",
+                "Waiting-queue length per endpoint",
+                g.per_pod_queue.clone(),
+            );
+        }
+        if generations.llm_d {
+            registry.register(
+                "llm_d_epp_ready_endpoints",
+                "Endpoints with fresh metrics",
+                g.ready.clone(),
+            );
+            registry.register(
+                "llm_d_epp_per_endpoint_queue_size",
+                "Waiting-queue length per endpoint",
+                g.per_endpoint_queue.clone(),
+            );
+        }
         g
     }
 
@@ -130,7 +217,10 @@ impl PoolGauges {
             name: self.pool.clone(),
         };
         self.per_pod_queue.clear();
-        let (mut n, mut kv, mut queue) = (0u32, 0.0, 0.0);
+        self.per_endpoint_queue.clear();
+        let mut kv = Moments::default();
+        let mut queue = Moments::default();
+        let mut running = Moments::default();
         for e in snapshot.endpoints() {
             let m = e.metrics();
             self.per_pod_queue
@@ -139,16 +229,86 @@ impl PoolGauges {
                     model_server_pod: e.name().to_owned(),
                 })
                 .set(i64::from(m.waiting));
+            self.per_endpoint_queue
+                .get_or_create(&EndpointLabels {
+                    name: self.pool.clone(),
+                    model_server_endpoint: e.name().to_owned(),
+                })
+                .set(i64::from(m.waiting));
             if !m.is_stale(now, self.staleness) {
-                n += 1;
-                kv += m.kv_usage;
-                queue += f64::from(m.waiting);
+                kv.add(m.kv_usage);
+                queue.add(f64::from(m.waiting));
+                running.add(f64::from(m.running));
             }
         }
-        let avg = |sum: f64| if n == 0 { 0.0 } else { sum / f64::from(n) };
-        self.avg_kv.get_or_create(&labels).set(avg(kv));
-        self.avg_queue.get_or_create(&labels).set(avg(queue));
-        self.ready.get_or_create(&labels).set(i64::from(n));
+        self.avg_kv.get_or_create(&labels).set(kv.mean());
+        self.avg_queue.get_or_create(&labels).set(queue.mean());
+        self.avg_running.get_or_create(&labels).set(running.mean());
+        self.std_kv.get_or_create(&labels).set(kv.std_dev());
+        self.std_queue.get_or_create(&labels).set(queue.std_dev());
+        self.std_running
+            .get_or_create(&labels)
+            .set(running.std_dev());
+        self.ready
+            .get_or_create(&labels)
+            .set(i64::try_from(kv.n).unwrap_or(i64::MAX));
+    }
+}
+
+/// Count, sum and sum of squares of one signal over the fresh endpoints.
+#[derive(Debug, Default)]
+struct Moments {
+    n: u64,
+    sum: f64,
+    squares: f64,
+}
+
+impl Moments {
+    fn add(&mut self, v: f64) {
+        self.n += 1;
+        self.sum += v;
+        self.squares += v * v;
+    }
+    fn mean(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            self.sum / self.n as f64
+        }
+    }
+    /// Population standard deviation (0 without endpoints).
+    fn std_dev(&self) -> f64 {
+        if self.n == 0 {
+            return 0.0;
+        }
+        let mean = self.mean();
+        (self.squares / self.n as f64 - mean * mean).max(0.0).sqrt()
+    }
+}
+
+/// `commit`, `build_ref`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InfoLabels {
+    commit: String,
+    build_ref: String,
+}
+
+/// `inference_extension_info{commit,build_ref}` and `llm_d_epp_info`: 1,
+/// labelled with the commit epp was built from and its version.
+pub(crate) fn register_info(registry: &mut Registry, generations: MetricGenerations) {
+    let family = Family::<InfoLabels, Gauge>::default();
+    family
+        .get_or_create(&InfoLabels {
+            commit: env!("EPP_BUILD_COMMIT").to_owned(),
+            build_ref: env!("EPP_BUILD_REF").to_owned(),
+        })
+        .set(1);
+    let help = "Build information: the commit and the version epp was built from";
+    if generations.reference() {
+        registry.register("inference_extension_info", help, family.clone());
+    }
+    if generations.llm_d {
+        registry.register("llm_d_epp_info", help, family);
     }
 }
 

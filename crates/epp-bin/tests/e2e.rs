@@ -12,6 +12,7 @@ mod e2e {
     mod kubernetes;
     mod latency;
     mod logs;
+    mod metric_names;
     mod metrics_auth;
     mod objectives;
     mod precise_prefix;

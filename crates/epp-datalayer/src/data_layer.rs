@@ -96,6 +96,8 @@ impl DataLayer {
             tls,
             scrapes: Family::default(),
             status: StatusTable::default(),
+            poll_errors: Family::default(),
+            extract_errors: Family::default(),
         });
         if !wired.is_empty() {
             // Listed in `status()` from the start, not once the tasks first run.
@@ -131,6 +133,23 @@ impl DataLayer {
         );
         registry.register_collector(Box::new(UpCollector(Arc::clone(&self.shared))));
         self.feed_metrics.register(registry);
+    }
+
+    /// Registers llm-d's data-layer error counters: failed scrapes per
+    /// source type (`llm_d_epp_datalayer_poll_errors_total{source_type}`)
+    /// and failed extractions per source and extractor type
+    /// (`llm_d_epp_datalayer_extract_errors_total{source_type,extractor_type}`).
+    pub fn register_llm_d_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "llm_d_epp_datalayer_poll_errors",
+            "Failed scrapes of model-server metrics, per data source type",
+            self.shared.poll_errors.clone(),
+        );
+        registry.register(
+            "llm_d_epp_datalayer_extract_errors",
+            "Failed extractions from scraped pages, per data source and extractor type",
+            self.shared.extract_errors.clone(),
+        );
     }
 
     /// Scrape counters and the current error of every endpoint.

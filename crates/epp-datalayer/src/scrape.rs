@@ -81,6 +81,23 @@ pub(crate) struct Shared {
     pub(crate) tls: Tls,
     pub(crate) scrapes: Family<ScrapeLabels, Counter>,
     pub(crate) status: StatusTable,
+    /// llm-d's `datalayer_poll_errors_total{source_type}`.
+    pub(crate) poll_errors: Family<SourceLabels, Counter>,
+    /// llm-d's `datalayer_extract_errors_total{source_type,extractor_type}`.
+    pub(crate) extract_errors: Family<ExtractLabels, Counter>,
+}
+
+/// `source_type`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SourceLabels {
+    source_type: String,
+}
+
+/// `source_type`, `extractor_type`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ExtractLabels {
+    source_type: String,
+    extractor_type: String,
 }
 
 /// Keeps one scraper per endpoint while the endpoint exists.
@@ -144,7 +161,8 @@ pub(crate) async fn supervise(
 enum Failure {
     Fetch(FetchError),
     Timeout,
-    Extract(String),
+    /// The message, and the type of the extractor that failed.
+    Extract(String, String),
 }
 
 impl Failure {
@@ -154,7 +172,7 @@ impl Failure {
             Self::Fetch(FetchError::Http(_)) => "http_error",
             Self::Fetch(FetchError::TooLarge) => "too_large",
             Self::Timeout => "timeout",
-            Self::Extract(_) => "extract_error",
+            Self::Extract(..) => "extract_error",
         }
     }
 }
@@ -164,7 +182,7 @@ impl std::fmt::Display for Failure {
         match self {
             Self::Fetch(e) => write!(f, "{e}"),
             Self::Timeout => f.write_str("timed out"),
-            Self::Extract(e) => f.write_str(e),
+            Self::Extract(e, _) => f.write_str(e),
         }
     }
 }
@@ -231,9 +249,12 @@ impl SourceRun {
         };
         for x in &self.wiring.extractors {
             if let Some(extractor) = x.plugin().as_extractor() {
-                extractor
-                    .extract(endpoint, &text, metrics)
-                    .map_err(|e| Failure::Extract(format!("{}: {e}", x.plugin().name())))?;
+                extractor.extract(endpoint, &text, metrics).map_err(|e| {
+                    Failure::Extract(
+                        format!("{}: {e}", x.plugin().name()),
+                        x.plugin().type_name().to_owned(),
+                    )
+                })?;
             }
         }
         Ok(())
@@ -317,8 +338,35 @@ async fn scrape_loop(
             &counters,
             &status,
         );
+        count_errors(&shared, &runs, &outcomes);
         if let Some(l) = &shared.opts.listener {
             l.metrics_updated();
+        }
+    }
+}
+
+/// Counts failed scrapes by source type, and failed extractions by source
+/// and extractor type (rare: a lookup per failure is fine).
+fn count_errors(shared: &Shared, runs: &[SourceRun], outcomes: &[Result<Instant, Failure>]) {
+    for (run, outcome) in runs.iter().zip(outcomes) {
+        let Err(f) = outcome else { continue };
+        let source_type = run.wiring.source.plugin().type_name().to_owned();
+        match f {
+            Failure::Extract(_, extractor_type) => {
+                shared
+                    .extract_errors
+                    .get_or_create(&ExtractLabels {
+                        source_type,
+                        extractor_type: extractor_type.clone(),
+                    })
+                    .inc();
+            }
+            _ => {
+                shared
+                    .poll_errors
+                    .get_or_create(&SourceLabels { source_type })
+                    .inc();
+            }
         }
     }
 }

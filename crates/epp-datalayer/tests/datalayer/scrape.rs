@@ -165,6 +165,24 @@ async fn failures_keep_values_age_and_recover() {
         "{}",
         logs.text()
     );
+    // llm-d's error series: extraction failures by source and extractor
+    // type, every other failure as a poll error of the source type.
+    let page = encoded(&dl);
+    let value = |prefix: &str| {
+        page.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    assert!(
+        value(
+            "llm_d_epp_datalayer_extract_errors_total{source_type=\"metrics-data-source\",extractor_type=\"core-metrics-extractor\"} "
+        ) >= 3,
+        "{page}"
+    );
+    assert!(
+        value("llm_d_epp_datalayer_poll_errors_total{source_type=\"metrics-data-source\"} ") >= 15,
+        "{page}"
+    );
     server.set(Mode::Page(vllm_page(42, 0, 0.0)));
     eventually("recovery", || async {
         metrics_of(&store, &server).waiting == 42
@@ -305,6 +323,7 @@ async fn a_server_that_stops_answering_stops_being_picked() {
 fn encoded(dl: &DataLayer) -> String {
     let mut registry = prometheus_client::registry::Registry::default();
     dl.register_metrics(&mut registry);
+    dl.register_llm_d_metrics(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     text
