@@ -15,6 +15,7 @@ mod e2e {
     mod metric_names;
     mod metrics_auth;
     mod objectives;
+    mod observability;
     mod precise_prefix;
     mod prefix;
     mod process;

@@ -53,6 +53,7 @@ pub mod kube;
 pub mod otelcol;
 pub mod plugins;
 pub mod process;
+pub mod prometheus;
 pub mod reference;
 pub mod stats;
 pub mod tokenizer;
