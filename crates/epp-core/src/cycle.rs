@@ -166,6 +166,11 @@ pub struct CycleState {
     pub prefix: PrefixMatch,
     /// Latency predictions, when a latency predictor ran.
     pub latency: LatencyPredictions,
+    /// The endpoint an earlier profile of this cycle picked, left by the
+    /// profile handler for plugins of a later profile to compare against
+    /// (P/D: the decode pick, when the prefill profile runs; llm-d's
+    /// peer-endpoint attribute).
+    pub peer: Option<Arc<Endpoint>>,
 }
 
 impl CycleState {
@@ -174,6 +179,7 @@ impl CycleState {
         self.tokens.reset();
         self.prefix.reset();
         self.latency.reset();
+        self.peer = None;
     }
 }
 

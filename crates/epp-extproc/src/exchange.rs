@@ -70,6 +70,8 @@ struct Routed {
     /// Kicks flow control once the response is done (last: after the
     /// dispatch's counters are released).
     flow_kick: Option<FlowKick>,
+    /// Targets are reached on this port instead of their own.
+    forward_port: Option<u16>,
 }
 
 /// State of one ext_proc stream.
@@ -354,6 +356,7 @@ impl Exchange {
             restore_model,
             series,
             flow_kick,
+            forward_port,
             ..
         } = route;
         let metadata = proto::metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, targets);
@@ -370,6 +373,7 @@ impl Exchange {
             usage: None,
             restorer: None,
             flow_kick,
+            forward_port,
         });
 
         let decision = proto::common(Some(mutation), true);
@@ -436,7 +440,7 @@ impl Exchange {
             && let Some(dispatch) = r.dispatch.as_mut()
         {
             if let Some(served) = served {
-                self.decider.served_by(dispatch, served);
+                self.decider.served_by(dispatch, served, r.forward_port);
             }
             r.status = Some(status);
             r.sse = sse;
