@@ -5,6 +5,7 @@
 mod args;
 mod health;
 mod kube;
+mod lora_syncer;
 mod metrics;
 mod metrics_auth;
 mod metrics_server;
@@ -36,6 +37,13 @@ use crate::args::Args;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // `epp lora-syncer ...`: the LoRA adapter syncer, a process of its own.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "lora-syncer")
+    {
+        return lora_syncer_main();
+    }
     let args = Args::parse();
     init_logging(&args);
     if args.check_config {
@@ -55,6 +63,33 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("epp: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn lora_syncer_main() -> ExitCode {
+    let args = lora_syncer::SyncerArgs::parse_from(std::env::args_os().skip(1));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("epp lora-syncer: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(lora_syncer::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("epp lora-syncer: {e:#}");
             ExitCode::FAILURE
         }
     }

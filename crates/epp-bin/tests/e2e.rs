@@ -13,6 +13,7 @@ mod e2e {
     mod kubernetes;
     mod latency;
     mod logs;
+    mod lora_syncer;
     mod metric_names;
     mod metrics_auth;
     mod objectives;

@@ -135,6 +135,18 @@ pub struct Knobs {
     pub stall: bool,
     /// Extra gauges printed on `/metrics`: series text → value.
     pub gauges: BTreeMap<String, f64>,
+    /// The next this many `/v1/load_lora_adapter` and
+    /// `/v1/unload_lora_adapter` calls answer 500 (a syncer's retries).
+    pub fail_lora_updates: u32,
+}
+
+/// Why a runtime LoRA update was refused (vLLM's answers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoraUpdateError {
+    /// Loading a name already served.
+    AlreadyLoaded,
+    /// Unloading a name that is not an adapter.
+    NotFound,
 }
 
 /// A failure the dice chose for one request.
@@ -634,6 +646,49 @@ impl Core {
             completion_tokens: r.generated,
             cached_tokens: r.cached_tokens.unwrap_or(0),
         }));
+    }
+
+    /// Loads adapter `name` at runtime (vLLM's `/v1/load_lora_adapter`).
+    ///
+    /// # Errors
+    /// [`LoraUpdateError::AlreadyLoaded`] when `name` is already served.
+    pub fn load_lora(&mut self, name: &str) -> Result<(), LoraUpdateError> {
+        if name.is_empty() || self.cfg.serves(name) {
+            return Err(LoraUpdateError::AlreadyLoaded);
+        }
+        // Appended (never reusing a slot): an adapter's tag, its position,
+        // stays what its cached blocks were stored under.
+        self.cfg.lora_modules.push(name.to_owned());
+        self.note_lora_change();
+        Ok(())
+    }
+
+    /// Unloads adapter `name` (vLLM's `/v1/unload_lora_adapter`); requests
+    /// already running finish.
+    ///
+    /// # Errors
+    /// [`LoraUpdateError::NotFound`] when `name` is not an adapter.
+    pub fn unload_lora(&mut self, name: &str) -> Result<(), LoraUpdateError> {
+        let slot = self
+            .cfg
+            .lora_modules
+            .iter_mut()
+            .find(|m| !name.is_empty() && *m == name)
+            .ok_or(LoraUpdateError::NotFound)?;
+        // Left empty rather than removed, so later adapters keep their tags.
+        slot.clear();
+        self.adapters.retain(|a| a.name != name);
+        self.note_lora_change();
+        Ok(())
+    }
+
+    /// The adapters served now (static `--lora-modules` and loaded ones).
+    pub fn lora_adapters(&self) -> impl Iterator<Item = &str> {
+        self.cfg
+            .lora_modules
+            .iter()
+            .map(String::as_str)
+            .filter(|m| !m.is_empty())
     }
 
     /// Records a new `vllm:lora_requests_info` label set when it changes.

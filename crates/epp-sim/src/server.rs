@@ -133,6 +133,8 @@ pub fn router(sim: Arc<Sim>) -> Router {
             }),
         )
         .route("/v1/models", get(models))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/health", get(health))
         .route("/readiness", get(health))
         .route("/ping", get(health))
@@ -180,8 +182,8 @@ async fn models(State(sim): State<Arc<Sim>>) -> Json<Value> {
     for name in &cfg.served_model_name {
         data.push(entry(name, &cfg.model, None));
     }
-    for lora in &cfg.lora_modules {
-        data.push(entry(lora, lora, Some(&cfg.model)));
+    for lora in sim.with_core(|c| c.lora_adapters().map(str::to_owned).collect::<Vec<_>>()) {
+        data.push(entry(&lora, &lora, Some(&cfg.model)));
     }
     Json(json!({"object": "list", "data": data}))
 }
@@ -350,6 +352,12 @@ async fn admin_state(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
                     .ok_or("hang, unhealthy, stall must be booleans")?;
             }
         }
+        if let Some(n) = v.get("fail_lora_updates") {
+            k.fail_lora_updates = n
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or("fail_lora_updates must be a non-negative integer")?;
+        }
         if let Some(gauges) = v.get("gauges") {
             let gauges = gauges.as_object().ok_or("gauges must be an object")?;
             for (series, value) in gauges {
@@ -372,6 +380,83 @@ async fn admin_state(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     }
 }
 
+/// The `lora_name` of a LoRA update body, or why it is refused (400):
+/// every field of `fields` is a required non-empty string.
+fn lora_request(body: &[u8], fields: &[&str]) -> Result<String, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    for f in fields {
+        if v.get(*f).and_then(Value::as_str).is_none_or(str::is_empty) {
+            return Err(format!("`{f}` is required"));
+        }
+    }
+    Ok(v["lora_name"].as_str().unwrap_or_default().to_owned())
+}
+
+/// Takes one injected failure of a LoRA update, if any is left.
+fn lora_update_fails(c: &mut crate::engine_core::Core) -> bool {
+    let left = &mut c.knobs.fail_lora_updates;
+    if *left > 0 {
+        *left -= 1;
+        true
+    } else {
+        false
+    }
+}
+
+/// `POST /v1/load_lora_adapter` (`{lora_name, lora_path, base_model_name?}`),
+/// answered as vLLM does: 200 with a text line, 400 when already loaded.
+async fn load_lora_adapter(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    let name = match lora_request(&body, &["lora_name", "lora_path"]) {
+        Ok(n) => n,
+        Err(why) => return bad(&why),
+    };
+    let result = sim.with_core(|c| {
+        if lora_update_fails(c) {
+            return Err(None);
+        }
+        c.load_lora(&name).map_err(Some)
+    });
+    match result {
+        Ok(()) => format!("Success: LoRA adapter '{name}' added successfully.").into_response(),
+        Err(None) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "injected failure (fail_lora_updates)",
+        ),
+        Err(Some(_)) => bad(&format!(
+            "The lora adapter '{name}' has already been loaded."
+        )),
+    }
+}
+
+/// `POST /v1/unload_lora_adapter` (`{lora_name}`): 200, or 404 when no such
+/// adapter is loaded.
+async fn unload_lora_adapter(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    let name = match lora_request(&body, &["lora_name"]) {
+        Ok(n) => n,
+        Err(why) => return bad(&why),
+    };
+    let result = sim.with_core(|c| {
+        if lora_update_fails(c) {
+            return Err(None);
+        }
+        c.unload_lora(&name).map_err(Some)
+    });
+    match result {
+        Ok(()) => format!("Success: LoRA adapter '{name}' removed successfully.").into_response(),
+        Err(None) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "injected failure (fail_lora_updates)",
+        ),
+        Err(Some(_)) => error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            format!("The lora adapter '{name}' cannot be found."),
+        ),
+    }
+}
+
 /// `GET /admin/state`: the current knobs and engine state.
 async fn admin_view(State(sim): State<Arc<Sim>>) -> Json<Value> {
     Json(sim.with_core(|c| {
@@ -388,7 +473,8 @@ async fn admin_view(State(sim): State<Arc<Sim>>) -> Json<Value> {
 fn knobs_json(k: &crate::engine_core::Knobs) -> Value {
     json!({"ok": true, "extra_waiting": k.extra_waiting, "error_rate": k.error_rate,
            "hang_rate": k.hang_rate, "hang": k.hang, "slow_metrics_ms": k.slow_metrics_ms,
-           "unhealthy": k.unhealthy, "stall": k.stall, "gauges": k.gauges})
+           "unhealthy": k.unhealthy, "stall": k.stall, "gauges": k.gauges,
+           "fail_lora_updates": k.fail_lora_updates})
 }
 
 fn bad(msg: &str) -> Response {

@@ -451,3 +451,59 @@ fn kv_transfer_params_exchange_and_roles() {
     assert_eq!(r.status, 400);
     assert!(r.body.contains("kv_producer"), "{}", r.body);
 }
+
+#[test]
+fn lora_adapters_load_and_unload_at_runtime_as_vllm_answers() {
+    let s = start(&["--max-loras", "2"]);
+    let ids = |s: &Server| -> Vec<String> {
+        get(s.port, "/v1/models").json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let ask = json!({"model": "sql-lora", "prompt": "x", "max_tokens": 1});
+    assert_eq!(post(s.port, "/v1/completions", &ask).status, 404);
+
+    let load =
+        json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql", "base_model_name": MODEL});
+    let r = post(s.port, "/v1/load_lora_adapter", &load);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.body,
+        "Success: LoRA adapter 'sql-lora' added successfully."
+    );
+    assert_eq!(ids(&s), [MODEL, "sql-lora"]);
+    let r = post(s.port, "/v1/completions", &ask);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        get(s.port, "/metrics")
+            .body
+            .contains("vllm:lora_requests_info"),
+        "the adapter is reported"
+    );
+    // Twice: vLLM's 400.
+    let r = post(s.port, "/v1/load_lora_adapter", &load);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("has already been loaded"), "{}", r.body);
+    // A path is required.
+    assert_eq!(
+        post(s.port, "/v1/load_lora_adapter", &json!({"lora_name": "x"})).status,
+        400
+    );
+
+    let unload = json!({"lora_name": "sql-lora"});
+    let r = post(s.port, "/v1/unload_lora_adapter", &unload);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(ids(&s), [MODEL]);
+    assert_eq!(post(s.port, "/v1/completions", &ask).status, 404);
+    let r = post(s.port, "/v1/unload_lora_adapter", &unload);
+    assert_eq!(r.status, 404, "{}", r.body);
+
+    // Injected failures: the next update answers 500, the one after works.
+    post(s.port, "/admin/state", &json!({"fail_lora_updates": 1}));
+    assert_eq!(post(s.port, "/v1/load_lora_adapter", &load).status, 500);
+    assert_eq!(post(s.port, "/v1/load_lora_adapter", &load).status, 200);
+    assert_eq!(ids(&s), [MODEL, "sql-lora"]);
+}

@@ -246,7 +246,10 @@ async fn metrics_carry_the_reference_names() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     for want in [
-        r#"inference_objective_request_total{model_name="m",target_model_name="m"} 1"#,
+        // The current reference counts requests per priority too; the first
+        // releases' name per model and target only.
+        r#"inference_objective_request_total{model_name="m",target_model_name="m",priority="0"} 1"#,
+        r#"inference_model_request_total{model_name="m",target_model_name="m"} 1"#,
         r#"inference_objective_request_error_total{model_name="",target_model_name="",error_code="BadRequest"} 1"#,
         r#"inference_objective_running_requests{model_name="m"} 0"#,
         r#"inference_objective_input_tokens_sum{model_name="m",target_model_name="m"} 3.0"#,

@@ -1,0 +1,159 @@
+//! `epp lora-syncer` end to end: it loads and unloads adapters on a
+//! simulator through vLLM's `/v1/load_lora_adapter` and
+//! `/v1/unload_lora_adapter` as its config file says, retries the updates
+//! the server refuses, follows edits of the file, and reports each
+//! adapter's state in `lora_syncer_adapter_status`; a loaded adapter is then
+//! served through Envoy and epp.
+
+use std::process::Command;
+
+use epp_test_support::{
+    http,
+    process::{BodyMode, Proc, Stack, workspace_bin},
+    wait::eventually,
+};
+
+const BASE: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+fn config(port: u16, exist: &[&str], not_exist: &[&str]) -> String {
+    let list = |ids: &[&str]| {
+        ids.iter()
+            .map(|id| format!("    - {{id: {id}, source: /adapters/{id}}}\n"))
+            .collect::<String>()
+    };
+    format!(
+        "vLLMLoRAConfig:\n  name: demo\n  host: 127.0.0.1\n  port: {port}\n  defaultBaseModel: {BASE}\n  ensureExist:\n    models:\n{}  ensureNotExist:\n    models:\n{}",
+        list(exist),
+        list(not_exist)
+    )
+}
+
+/// The ids the simulator lists on `/v1/models`.
+fn served(port: u16) -> Vec<String> {
+    let (status, body) = http::get_blocking(port, "/v1/models").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    doc["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// `lora_syncer_adapter_status` samples, `adapter=value` sorted.
+fn status(port: u16) -> Vec<String> {
+    let (code, page) = http::get_blocking(port, "/metrics").unwrap();
+    assert_eq!(code, 200, "{page}");
+    let mut out: Vec<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("lora_syncer_adapter_status{adapter_name=\""))
+        .map(|l| l.replace("\"} ", "="))
+        .collect();
+    out.sort();
+    out
+}
+
+async fn post(port: u16, path: &str, body: &serde_json::Value) -> u16 {
+    http::post_json(port, path, body).await.unwrap().status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_syncer_loads_and_unloads_adapters_as_its_config_says() {
+    let stack = Stack::start(
+        "lora-syncer",
+        1,
+        &["--max-loras", "4"],
+        &[],
+        BodyMode::Streamed,
+    );
+    let sim = stack.sims[0].port;
+    // Already on the server, and unwanted: the syncer unloads it.
+    let old = serde_json::json!({"lora_name": "old-lora", "lora_path": "/adapters/old"});
+    assert_eq!(post(sim, "/v1/load_lora_adapter", &old).await, 200);
+    // The next four updates fail: the first adapter's three attempts and the
+    // second's first; the first is loaded at the next reconcile.
+    let fail = serde_json::json!({"fail_lora_updates": 4});
+    assert_eq!(post(sim, "/admin/state", &fail).await, 200);
+
+    let file = stack.dir.join("lora-config.yaml");
+    std::fs::write(
+        &file,
+        config(sim, &["sql-lora", "chat-lora"], &["old-lora"]),
+    )
+    .unwrap();
+    let mut cmd = Command::new(workspace_bin("epp"));
+    cmd.args([
+        "lora-syncer",
+        "--metrics-port",
+        "0",
+        "--bind-address",
+        "127.0.0.1",
+    ])
+    .args([
+        "--reconcile-trigger",
+        "1s",
+        "--health-check-interval",
+        "100ms",
+    ])
+    .arg("--config")
+    .arg(&file);
+    let (syncer, line) = Proc::spawn(
+        "lora-syncer",
+        cmd,
+        "lora-syncer listening",
+        stack.dir.join("lora-syncer.log"),
+    );
+    let metrics: u16 = line
+        .split("metrics=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no metrics port in {line:?}"));
+
+    let want = ["chat-lora=1", "old-lora=0", "sql-lora=1"];
+    eventually(
+        "both adapters loaded, the unwanted one unloaded",
+        || async { status(metrics) == want },
+    )
+    .await;
+    let mut ids = served(sim);
+    ids.sort();
+    assert_eq!(ids, ["chat-lora", BASE, "sql-lora"]);
+    let log = std::fs::read_to_string(stack.dir.join("lora-syncer.stderr")).unwrap_or_default();
+    assert!(
+        log.contains("cannot load; retried at the next reconcile"),
+        "the refused updates were logged:\n{log}"
+    );
+
+    // A loaded adapter is served through Envoy and epp.
+    let ask = serde_json::json!({"model": "sql-lora", "prompt": "select", "max_tokens": 2});
+    let r = http::post_json(stack.envoy.port, "/v1/completions", &ask)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // An edit: chat-lora is no longer wanted.
+    std::fs::write(
+        &file,
+        config(sim, &["sql-lora"], &["old-lora", "chat-lora"]),
+    )
+    .unwrap();
+    eventually("chat-lora unloaded", || async {
+        status(metrics) == ["chat-lora=0", "old-lora=0", "sql-lora=1"]
+    })
+    .await;
+    assert!(!served(sim).contains(&"chat-lora".to_owned()));
+
+    // An adapter the server lost (a restart) is loaded again by the periodic
+    // reconcile, without any edit.
+    let unload = serde_json::json!({"lora_name": "sql-lora"});
+    assert_eq!(post(sim, "/v1/unload_lora_adapter", &unload).await, 200);
+    eventually("sql-lora loaded again", || async {
+        served(sim).contains(&"sql-lora".to_owned())
+            && status(metrics).contains(&"sql-lora=1".to_owned())
+    })
+    .await;
+    drop(syncer);
+}
