@@ -16,8 +16,8 @@ use std::sync::{
 };
 
 use epp_core::{
-    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Plugin, PreRequest,
-    SchedulingResult,
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, MetricFamily, MetricSink,
+    Plugin, PluginMetrics, PreRequest, SchedulingResult,
 };
 
 use crate::{Builtin, PrefixIndex};
@@ -339,6 +339,29 @@ impl ApproxPrefixCacheProducer {
     }
 }
 
+/// The reference's `inference_extension_prefix_indexer_size`, per index.
+const INDEXER_SIZE: MetricFamily = MetricFamily {
+    name: "inference_extension_prefix_indexer_size",
+    help: "(block, endpoint) entries the approximate prefix index holds, per plugin",
+};
+
+impl ApproxPrefixCacheProducer {
+    /// Reports the index's size under `plugin` (read at scrape time).
+    pub(crate) fn report_size(&self, plugin: &str, out: &mut dyn MetricSink) {
+        out.gauge(
+            INDEXER_SIZE,
+            &[("plugin_name", plugin)],
+            self.index.entries() as f64,
+        );
+    }
+}
+
+impl PluginMetrics for ApproxPrefixCacheProducer {
+    fn report(&self, out: &mut dyn MetricSink) {
+        self.report_size(&self.name, out);
+    }
+}
+
 impl Plugin for ApproxPrefixCacheProducer {
     fn type_name(&self) -> &str {
         Self::TYPE
@@ -350,6 +373,9 @@ impl Plugin for ApproxPrefixCacheProducer {
         Some(self)
     }
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
+        Some(self)
+    }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         Some(self)
     }
 }

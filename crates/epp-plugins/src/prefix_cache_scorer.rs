@@ -13,8 +13,8 @@
 //! unchanged.
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, Plugin, PreRequest,
-    SchedulingResult, Scorer,
+    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, MetricSink, Plugin,
+    PluginMetrics, PreRequest, SchedulingResult, Scorer,
 };
 
 use crate::{ApproxPrefixCacheProducer, Builtin, PrefixCacheParams, PrefixIndex, invalid};
@@ -192,6 +192,16 @@ impl Plugin for PrefixCacheScorer {
     }
     fn prefix_match_source(&self) -> Option<&str> {
         Some(self.source.as_deref().unwrap_or(DEFAULT_PREFIX_PRODUCER))
+    }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
+        // Its own index is used only when it reads no other producer's.
+        self.source.is_none().then_some(self as &dyn PluginMetrics)
+    }
+}
+
+impl PluginMetrics for PrefixCacheScorer {
+    fn report(&self, out: &mut dyn MetricSink) {
+        self.own.report_size(&self.name, out);
     }
 }
 

@@ -66,6 +66,8 @@ const LLM_D: &[(&str, bool)] = &[
     ("inference_objective_prompt_cached_tokens_count", true),
     ("inference_extension_scheduler_attempts_total", true),
     ("inference_extension_prefix_indexer_hit_ratio_count", true),
+    ("inference_extension_prefix_indexer_hit_bytes_count", true),
+    ("inference_extension_prefix_indexer_size", true),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
