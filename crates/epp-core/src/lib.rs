@@ -97,7 +97,7 @@ pub use observe::{
 pub use plugin::{
     Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, Filter, Picker, Plugin, PluginRef,
     PreRequest, ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, RouteEdits,
-    SaturationDetector, Scorer,
+    SaturationDetector, Scorer, Topology, TopologyLevel,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};

@@ -95,6 +95,9 @@ mod soft_reflective_ceiling_policy;
 mod static_usage_limit_policy;
 mod token_load_scorer;
 mod token_producer;
+mod topology_affinity_filter;
+mod topology_affinity_scorer;
+mod topology_extractor;
 mod utilization_detector;
 mod utilization_filter;
 mod weighted_random_picker;
@@ -162,6 +165,9 @@ pub use soft_reflective_ceiling_policy::SoftReflectiveCeilingPolicy;
 pub use static_usage_limit_policy::{StaticUsageLimitParams, StaticUsageLimitPolicy};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use token_producer::{LocalTokenizerParams, TokenProducer, TokenProducerParams};
+pub use topology_affinity_filter::{TopologyAffinityFilter, TopologyFilterParams};
+pub use topology_affinity_scorer::{TopologyAffinityScorer, TopologyScorerParams, proximity};
+pub use topology_extractor::{TopologyExtractor, TopologyLabels};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
 pub use utilization_filter::{
     UtilizationCondition, UtilizationFilter, UtilizationFilterParams, UtilizationMetric,
@@ -276,6 +282,9 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<WeightedRandomPicker>(registry);
     reg::<SingleProfileHandler>(registry);
     reg::<DisaggProfileHandler>(registry);
+    reg::<TopologyExtractor>(registry);
+    reg::<TopologyAffinityFilter>(registry);
+    reg::<TopologyAffinityScorer>(registry);
     reg::<DataParallelProfileHandler>(registry);
     reg::<PrefixBasedPdDecider>(registry);
     reg::<AlwaysDisaggPdDecider>(registry);
