@@ -75,7 +75,9 @@ async fn every_generation_of_names_is_served_with_data_after_traffic() {
     let stack = Stack::start(
         "metric-names",
         2,
-        &["--itl-ms", "2", "--ttft-ms", "5"],
+        // 10 ms between tokens: a streamed response reaches epp in several
+        // body chunks (inter-token latency), even on a loaded machine.
+        &["--itl-ms", "10", "--ttft-ms", "5"],
         &["--pool-name", "names-pool"],
         BodyMode::Streamed,
     );

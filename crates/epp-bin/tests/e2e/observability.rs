@@ -66,7 +66,8 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let stack = Stack::start(
         "dashboard",
         2,
-        &["--itl-ms", "2", "--ttft-ms", "5"],
+        // 10 ms between tokens: streamed responses come in several chunks.
+        &["--itl-ms", "10", "--ttft-ms", "5"],
         &["--pool-name", "demo-pool"],
         BodyMode::Streamed,
     );
