@@ -131,7 +131,11 @@ mod tests {
         };
         assert_eq!(scored(Some(peer)), vec![1.0, 0.05, 0.0]);
         assert_eq!(scored(None), vec![0.0; 3]);
-        assert_eq!(scored(Some(labelled(4, &[]))), vec![0.0; 3], "peer locality unknown");
+        assert_eq!(
+            scored(Some(labelled(4, &[]))),
+            vec![0.0; 3],
+            "peer locality unknown"
+        );
     }
 
     #[test]
@@ -159,7 +163,11 @@ mod tests {
         };
         let peer = labelled(0, &[(ZONE, "z1")]);
         assert_eq!(kept(peer.clone(), &["z1", "z2", "z1"]), vec![1, 3]);
-        assert_eq!(kept(peer, &["z2", "z3"]), vec![1, 2], "none close: all stay");
+        assert_eq!(
+            kept(peer, &["z2", "z3"]),
+            vec![1, 2],
+            "none close: all stay"
+        );
         assert!(
             TopologyAffinityFilter::build(
                 "f",

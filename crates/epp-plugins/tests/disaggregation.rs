@@ -256,10 +256,7 @@ fn topology_config_places_prefill_next_to_decode() {
     let host = "kubernetes.io/hostname";
     let rack = "topology.kubernetes.io/rack";
     let ep = |i: u32, role: &str, h: &str, r: &str| {
-        epp_test_support::endpoints::labelled(
-            i,
-            &[("llm-d.ai/role", role), (host, h), (rack, r)],
-        )
+        epp_test_support::endpoints::labelled(i, &[("llm-d.ai/role", role), (host, h), (rack, r)])
     };
     // One decode server (on h2, rack r1); prefill servers on h1 (r1), h2
     // (r1), h3 (r2).
@@ -270,9 +267,16 @@ fn topology_config_places_prefill_next_to_decode() {
         ep(3, "decode", "h2", "r1"),
     ]);
     for seed in 20..26 {
-        let r = built.scheduler.schedule(&prompt(4000, seed), &fleet).unwrap();
+        let r = built
+            .scheduler
+            .schedule(&prompt(4000, seed), &fleet)
+            .unwrap();
         assert_eq!(r.primary().unwrap().id(), fleet.endpoints()[3].id());
-        assert_eq!(r.prefill().unwrap().id(), fleet.endpoints()[1].id(), "same host");
+        assert_eq!(
+            r.prefill().unwrap().id(),
+            fleet.endpoints()[1].id(),
+            "same host"
+        );
     }
     // Without a prefill server on its host, the rack's wins over another rack's.
     let fleet = EndpointSnapshot::new(vec![
@@ -281,11 +285,21 @@ fn topology_config_places_prefill_next_to_decode() {
         ep(3, "decode", "h2", "r1"),
     ]);
     for seed in 30..36 {
-        let r = built.scheduler.schedule(&prompt(4000, seed), &fleet).unwrap();
-        assert_eq!(r.prefill().unwrap().id(), fleet.endpoints()[0].id(), "same rack");
+        let r = built
+            .scheduler
+            .schedule(&prompt(4000, seed), &fleet)
+            .unwrap();
+        assert_eq!(
+            r.prefill().unwrap().id(),
+            fleet.endpoints()[0].id(),
+            "same rack"
+        );
     }
     // No locality: still disaggregated, over every prefill server.
-    let r = built.scheduler.schedule(&prompt(4000, 40), &pd_fleet()).unwrap();
+    let r = built
+        .scheduler
+        .schedule(&prompt(4000, 40), &pd_fleet())
+        .unwrap();
     assert_eq!(role(r.prefill().unwrap()), "prefill");
 }
 
@@ -298,7 +312,10 @@ fn topology_source_must_exist() {
                 - type: queue-scorer\n\
                 schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: topology-affinity-scorer\n";
     let e = load(text).unwrap_err();
-    assert!(e.contains("topologyProducerName") && e.contains("\"where\""), "{e}");
+    assert!(
+        e.contains("topologyProducerName") && e.contains("\"where\""),
+        "{e}"
+    );
     let e = load(&text.replace("where", "queue-scorer")).unwrap_err();
     assert!(e.contains("does not produce endpoint topology"), "{e}");
 }
