@@ -18,6 +18,7 @@ mod e2e {
     mod metrics_auth;
     mod objectives;
     mod observability;
+    mod parsers;
     mod precise_prefix;
     mod prefix;
     mod process;

@@ -98,6 +98,10 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_topology(&self) -> Option<&dyn Topology> {
         None
     }
+    /// As a request parser (which APIs' bodies are read).
+    fn as_request_parser(&self) -> Option<&dyn RequestParser> {
+        None
+    }
 
     /// Other plugins this one names in its parameters (llm-d's
     /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.
@@ -293,6 +297,15 @@ impl RouteEdits {
         self.prefill_run = None;
         self.owned_headers = &[];
     }
+}
+
+/// A request parser (llm-d's `requestHandler.parsers` entries): the APIs it
+/// reads. The ext_proc service reads every body itself; parsers decide which
+/// paths are read as which API ([`crate::RequestParsers`]).
+pub trait RequestParser: Plugin {
+    /// The kinds it claims; none: it is the fallback for paths no parser
+    /// claims (`passthrough-parser`).
+    fn claims(&self) -> &[crate::ApiKind];
 }
 
 /// How close two endpoints are, tightest first (llm-d's topology levels).

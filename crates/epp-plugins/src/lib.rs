@@ -78,7 +78,6 @@ mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
 mod no_hit_lru_scorer;
-mod openai_parser;
 mod precise_prefix_cache_producer;
 mod predicted_latency_producer;
 mod prefix_based_pd_decider;
@@ -87,6 +86,7 @@ mod prefix_cache_scorer;
 mod prefix_index;
 mod priority_holdback_policy;
 mod random_picker;
+mod request_parsers;
 mod round_robin_fairness_policy;
 mod session_affinity_scorer;
 mod slo_deadline_ordering_policy;
@@ -139,7 +139,6 @@ pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
-pub use openai_parser::OpenAiParser;
 pub use precise_prefix_cache_producer::{
     PrecisePrefixCacheProducer, PrecisePrefixParams, TokenProcessorConfig,
 };
@@ -154,6 +153,7 @@ pub use priority_holdback_policy::{
     HoldbackDomain, PriorityHoldbackParams, PriorityHoldbackPolicy,
 };
 pub use random_picker::RandomPicker;
+pub use request_parsers::{ApiParser, OTHER_PARSERS};
 pub use round_robin_fairness_policy::RoundRobinFairnessPolicy;
 pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
@@ -264,7 +264,7 @@ pub fn register_builtins(registry: &mut Registry) {
         .set_default(Role::Picker, MaxScorePicker::TYPE)
         .set_default(Role::ProfileHandler, SingleProfileHandler::TYPE)
         .set_default(Role::SaturationDetector, UtilizationDetector::TYPE)
-        .set_default(Role::Parser, OpenAiParser::TYPE)
+        .set_default(Role::Parser, ApiParser::TYPE)
         .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
         .set_default(Role::LatencyPredictor, PredictedLatencyProducer::TYPE)
         .set_default_config(DEFAULT_CONFIG);
@@ -299,12 +299,15 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<StaticUsageLimitPolicy>(registry);
     reg::<PriorityHoldbackPolicy>(registry);
     reg::<SoftReflectiveCeilingPolicy>(registry);
-    reg::<OpenAiParser>(registry);
-    add(
-        registry,
-        OpenAiParser::ANTHROPIC_TYPE,
-        |name, NoParams {}| Ok(OpenAiParser::anthropic(name)),
-    );
+    reg::<ApiParser>(registry);
+    for (type_name, _) in OTHER_PARSERS {
+        add(registry, type_name, move |name, NoParams {}| {
+            ApiParser::other(name, type_name).ok_or_else(|| BuildError::UnknownType {
+                type_name: type_name.to_owned(),
+                hint: String::new(),
+            })
+        });
+    }
     reg::<LoraAffinityScorer>(registry);
     reg::<TokenLoadScorer>(registry);
     reg::<LoadAwareScorer>(registry);
