@@ -235,6 +235,14 @@ impl Sim {
         f(&mut self.core.lock())
     }
 
+    /// Whether `name` is served now: the base model, a served name, or an
+    /// adapter (adapters change at runtime through `/v1/load_lora_adapter`,
+    /// so the engine's settings are asked, not the ones at start).
+    #[must_use]
+    pub fn serves(&self, name: &str) -> bool {
+        self.with_core(|c| c.cfg().serves(name))
+    }
+
     /// Rolls the failure-injection dice for one request.
     pub fn roll_failure(&self) -> Option<Injected> {
         self.core.lock().roll_failure()

@@ -40,7 +40,7 @@ fn token_ids(v: Option<&Value>) -> Option<Vec<u32>> {
 fn model_of(sim: &Sim, v: &Value) -> Result<String, ApiError> {
     match v.get("model").and_then(Value::as_str) {
         None => Ok(sim.cfg.model.clone()),
-        Some(m) if sim.cfg.serves(m) => Ok(m.to_owned()),
+        Some(m) if sim.serves(m) => Ok(m.to_owned()),
         Some(m) => Err(api_error(
             StatusCode::NOT_FOUND,
             "NotFoundError",
@@ -177,7 +177,7 @@ pub(crate) async fn kserve_infer(
             .ok_or_else(|| bad("the `text_input` input tensor (BYTES) is required"))?
             .to_owned();
         let max = input(&v, "max_tokens").and_then(Value::as_u64);
-        if !sim.cfg.serves(&model) {
+        if !sim.serves(&model) {
             return Err(api_error(
                 StatusCode::NOT_FOUND,
                 "NotFoundError",

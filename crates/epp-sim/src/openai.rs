@@ -115,9 +115,7 @@ pub(crate) fn json_and_model(sim: &Sim, body: &[u8]) -> Result<(Value, String), 
             )
         })?
         .to_owned();
-    // Adapters change at runtime (`/v1/load_lora_adapter`): the engine's
-    // settings are the current ones.
-    if !sim.with_core(|c| c.cfg().serves(&model)) {
+    if !sim.serves(&model) {
         return Err(api_error(
             StatusCode::NOT_FOUND,
             "NotFoundError",
