@@ -74,7 +74,9 @@ mod registry;
 mod request;
 mod scheduler;
 
-pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape, TokenizedPrompt};
+pub use cycle::{
+    Candidate, CycleContext, CycleState, PrefixMatch, PrefixSlot, SinceScrape, TokenizedPrompt,
+};
 pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,

@@ -100,6 +100,15 @@ pub trait Plugin: Send + Sync + Debug {
         None
     }
 
+    /// Binds a prefix-match reader or producer to the cycle's prefix-match
+    /// set `slot` ([`crate::CycleState::prefix_at`]; called with `slot ≥ 1`
+    /// only, when readers name different producers). Returns whether the
+    /// plugin can use a set other than the first; config loading refuses a
+    /// config that needs one from a plugin that cannot.
+    fn bind_prefix_slot(&self, _slot: usize) -> bool {
+        false
+    }
+
     /// Whether this plugin reads latency predictions
     /// ([`crate::CycleState::latency`]). Config loading makes sure a plugin
     /// produces them ([`DataProducer::produces_latency_predictions`]),
@@ -226,10 +235,11 @@ pub trait PreRequest: Plugin {
 /// answered by the picker with 429 ([`crate::SchedulingError::NotAdmitted`]).
 pub trait Admitter: Plugin {
     /// `Err(reason)` refuses the request. Allocates only when refusing.
+    /// `cx` is mutable for its seedable RNG (a probabilistic admitter).
     ///
     /// # Errors
     /// Why the request is refused, for the client's error message.
-    fn admit(&self, cx: &CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String>;
+    fn admit(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String>;
 }
 
 /// What happened to a request at the end.

@@ -140,6 +140,22 @@ pub struct ProfilePicks {
     /// Whether any candidate this profile scored (after its filters) matched
     /// at least one prefix block in the cycle's prefix matches.
     pub prefix_hit: bool,
+    /// The same for every prefix-match set: bit `k` for slot `k`
+    /// ([`crate::CycleState::prefix_at`]; bit 0 is `prefix_hit`). Read it
+    /// with [`Self::prefix_hit_in`].
+    pub prefix_hits: u64,
+}
+
+impl ProfilePicks {
+    /// Whether a candidate this profile scored matched a block in the
+    /// cycle's prefix-match set `slot`.
+    #[must_use]
+    pub fn prefix_hit_in(&self, slot: usize) -> bool {
+        if slot == 0 {
+            return self.prefix_hit;
+        }
+        slot < 64 && self.prefix_hits & (1 << slot) != 0
+    }
 }
 
 /// The outcome of scheduling one request.
@@ -173,6 +189,7 @@ impl SchedulingResult {
             run.targets.clear();
             run.scores.clear();
             run.prefix_hit = false;
+            run.prefix_hits = 0;
         }
         self.primary = 0;
         self.primary_prefix_hit = 0.0;
@@ -719,7 +736,7 @@ impl Scheduler {
         let first_admitter = first_producer + self.producers.len();
         for (i, p) in self.admitters.iter().enumerate() {
             if let Some(admitter) = p.plugin().as_admitter() {
-                let admitted = admitter.admit(&cx, base);
+                let admitted = admitter.admit(&mut cx, base);
                 laps.lap(first_admitter + i);
                 if let Err(reason) = admitted {
                     return Err(SchedulingError::NotAdmitted {
@@ -780,8 +797,16 @@ impl Scheduler {
                     filtered: scored.len(),
                 });
             }
-            let prefix = &cx.state.prefix;
-            run.prefix_hit = prefix.any_hit() && scored.iter().any(|c| prefix.matched(c.id()) > 0);
+            let hit = |p: &crate::PrefixMatch| {
+                p.any_hit() && scored.iter().any(|c| p.matched(c.id()) > 0)
+            };
+            run.prefix_hit = hit(&cx.state.prefix);
+            run.prefix_hits = u64::from(run.prefix_hit);
+            for (k, p) in cx.state.more_prefix.iter().enumerate().take(63) {
+                if hit(p) {
+                    run.prefix_hits |= 1 << (k + 1);
+                }
+            }
             for &i in picks.iter() {
                 run.targets.push(Arc::clone(&scored[i].endpoint));
                 run.scores.push(totals[i]);

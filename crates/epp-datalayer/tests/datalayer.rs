@@ -1,5 +1,6 @@
 //! Integration tests of the data layer: scraping against a misbehaving
-//! server, discovery, engine fixtures, and simulator processes.
+//! server, discovery, engine fixtures, simulator processes, and llm-d's
+//! shipped configs with every plugin type this picker registers.
 
 #![expect(clippy::unwrap_used, reason = "test helpers panic on failure")]
 
@@ -9,6 +10,8 @@ mod common;
 mod discovery;
 #[path = "datalayer/fixtures.rs"]
 mod fixtures;
+#[path = "datalayer/llm_d_configs.rs"]
+mod llm_d_configs;
 #[path = "datalayer/scrape.rs"]
 mod scrape;
 #[path = "datalayer/sim.rs"]

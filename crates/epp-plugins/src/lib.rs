@@ -81,6 +81,7 @@ mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
 mod priority_holdback_policy;
+mod probabilistic_admitter;
 mod random_picker;
 mod round_robin_fairness_policy;
 mod session_affinity_scorer;
@@ -135,6 +136,7 @@ pub use prefix_index::PrefixIndex;
 pub use priority_holdback_policy::{
     HoldbackDomain, PriorityHoldbackParams, PriorityHoldbackPolicy,
 };
+pub use probabilistic_admitter::{ProbabilisticAdmitter, ProbabilisticAdmitterParams};
 pub use random_picker::RandomPicker;
 pub use round_robin_fairness_policy::RoundRobinFairnessPolicy;
 pub use session_affinity_scorer::{
@@ -290,6 +292,7 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<LatencyScorer>(registry);
     reg::<SloHeadroomTierFilter>(registry);
     reg::<LatencySloAdmitter>(registry);
+    reg::<ProbabilisticAdmitter>(registry);
     reg::<LabelSelectorFilter>(registry);
     reg::<HeaderBasedTestingFilter>(registry);
     add(registry, "decode-filter", |name, NoParams {}| {

@@ -440,7 +440,6 @@ fn unimplemented_reference_types_are_named_in_the_error() {
         ("prefix-based-pd-decider", "{nonCachedTokens: 16}"),
         ("data-parallel-profile-handler", "{}"),
         ("burst-prefix-cache-producer", "{windowDurationMs: 100}"),
-        ("probabilistic-admitter", "{}"),
     ] {
         let text = format!(
             "\

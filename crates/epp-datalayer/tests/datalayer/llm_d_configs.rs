@@ -1,0 +1,98 @@
+//! llm-d's shipped `EndpointPickerConfig` files (`shared/reference/llm-d-configs`,
+//! beside the checkout; read, never copied) loaded with every plugin type the
+//! `epp` binary registers, as `epp --check-config` loads them.
+
+use epp_core::{
+    EndpointId, EndpointSnapshot, InferenceRequest, Registry,
+    config::{BuiltConfig, EndpointPickerConfig},
+};
+use epp_test_support::endpoints::with_roles;
+
+/// The registry of the `epp` binary: scheduling built-ins and the data
+/// layer's types.
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    epp_plugins::register_builtins(&mut r);
+    epp_datalayer::register(&mut r);
+    r
+}
+
+fn text_of(file: &str) -> String {
+    let path = format!(
+        "{}/../../../shared/reference/llm-d-configs/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn load(file: &str) -> Result<BuiltConfig, String> {
+    EndpointPickerConfig::parse(&text_of(file), file)
+        .and_then(|c| c.build(&registry()))
+        .map_err(|e| e.to_string())
+}
+
+fn names(built: &BuiltConfig) -> Vec<&str> {
+    built.plugins.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+fn request(prompt: String) -> InferenceRequest {
+    InferenceRequest::builder("m").prompt(prompt).build()
+}
+
+// Blocks of the default 16 tokens are 64 characters.
+const BLOCK: usize = 64;
+
+/// The files whose every type and key this picker knows.
+const LOADING: &[&str] = &[
+    "sim-epp-no-hit-lru.yaml",
+    "probabilistic-admitter-epp-config.yaml",
+];
+
+#[test]
+fn llm_ds_shipped_configs_load() {
+    let failures: Vec<String> = LOADING
+        .iter()
+        .filter_map(|f| load(f).err().map(|e| format!("{f}: {e}")))
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// llm-d's `sim-epp-no-hit-lru.yaml`: `prefix-cache-scorer` reads the
+/// precise producer, `no-hit-lru-scorer` (no producer named) the default
+/// `approx-prefix-cache-producer`, which is created, as llm-d creates it,
+/// and fills a second set of matches. Cold or warm is judged on that set:
+/// the precise producer matches nothing here (no token-producer), yet a
+/// repeated prompt is warm for the LRU scorer and does not move its LRU.
+#[test]
+fn readers_of_different_producers_each_read_their_own() {
+    let built = load("sim-epp-no-hit-lru.yaml").unwrap();
+    assert!(
+        names(&built).contains(&"approx-prefix-cache-producer"),
+        "{:?}",
+        names(&built)
+    );
+    let snapshot = EndpointSnapshot::new(with_roles(&[Some("decode"); 3]));
+    let pick = |prompt: &str| {
+        built
+            .scheduler
+            .schedule(&request(prompt.to_owned()), &snapshot)
+            .unwrap()
+            .primary()
+            .unwrap()
+            .id()
+    };
+    let (p, q, r) = (
+        "p".repeat(4 * BLOCK),
+        "q".repeat(4 * BLOCK),
+        "r".repeat(4 * BLOCK),
+    );
+    // Cold: never-used endpoints first, in order.
+    assert_eq!(pick(&p), EndpointId(0));
+    assert_eq!(pick(&q), EndpointId(1));
+    // Warm on the approximate index (whatever it picks, the LRU stays)...
+    let _ = pick(&p);
+    // ...so the next cold request goes to the one never used. Judged on
+    // the precise producer's empty matches, `p` would have been cold, gone
+    // to endpoint 2, and `r` to endpoint 0.
+    assert_eq!(pick(&r), EndpointId(2));
+}
