@@ -83,7 +83,7 @@ pub use endpoint::{
     Extensions, InflightCounters, InflightSample, LoraInfo,
 };
 pub use error::{Result, SchedulingError};
-pub use extract::{ExtractError, Extractor, MetricsSource};
+pub use extract::{ExtractError, Extractor, MetricsSource, TlsFiles};
 pub use kv_events::{
     BlockStored, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
     PodDiscoveryConfig,

@@ -6,6 +6,8 @@
 
 mod common;
 
+#[path = "datalayer/dcgm.rs"]
+mod dcgm;
 #[path = "datalayer/discovery.rs"]
 mod discovery;
 #[path = "datalayer/fixtures.rs"]

@@ -59,6 +59,8 @@ mod active_request_scorer;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
 mod edf_ordering_policy;
+mod endpoint_attribute_filter;
+mod endpoint_attribute_scorer;
 mod fcfs_ordering_policy;
 mod global_strict_fairness_policy;
 mod header_based_testing_filter;
@@ -106,6 +108,14 @@ pub use approx_prefix_cache_producer::{
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use edf_ordering_policy::EdfOrderingPolicy;
+pub use endpoint_attribute_filter::{
+    EndpointAttributeFilter, EndpointAttributeFilterParams, FilterAlgorithm, OnMissing, Threshold,
+    ThresholdOperator,
+};
+pub use endpoint_attribute_scorer::{
+    AdaptiveRange, EndpointAttributeScorer, EndpointAttributeScorerParams, FixedRange,
+    Normalization, ScorerAlgorithm,
+};
 pub use fcfs_ordering_policy::FcfsOrderingPolicy;
 pub use global_strict_fairness_policy::GlobalStrictFairnessPolicy;
 pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
@@ -286,6 +296,8 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<NoHitLruScorer>(registry);
     reg::<MetricScorer>(registry);
     reg::<HeaderLabelAffinityScorer>(registry);
+    reg::<EndpointAttributeScorer>(registry);
+    reg::<EndpointAttributeFilter>(registry);
     reg::<UtilizationFilter>(registry);
     reg::<PrefixCacheAffinityFilter>(registry);
     reg::<PredictedLatencyProducer>(registry);

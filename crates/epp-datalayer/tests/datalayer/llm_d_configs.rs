@@ -46,6 +46,7 @@ const BLOCK: usize = 64;
 const LOADING: &[&str] = &[
     "sim-epp-no-hit-lru.yaml",
     "probabilistic-admitter-epp-config.yaml",
+    "sim-epp-gpu-config.yaml",
 ];
 
 #[test]
