@@ -84,6 +84,7 @@ mod prefix_cache_scorer;
 mod prefix_index;
 mod priority_holdback_policy;
 mod probabilistic_admitter;
+mod program_aware_fairness;
 mod random_picker;
 mod round_robin_fairness_policy;
 mod session_affinity_scorer;
@@ -147,6 +148,7 @@ pub use priority_holdback_policy::{
     HoldbackDomain, PriorityHoldbackParams, PriorityHoldbackPolicy,
 };
 pub use probabilistic_admitter::{ProbabilisticAdmitter, ProbabilisticAdmitterParams};
+pub use program_aware_fairness::{ProgramAwareFairness, ProgramAwareParams};
 pub use random_picker::RandomPicker;
 pub use round_robin_fairness_policy::RoundRobinFairnessPolicy;
 pub use session_affinity_scorer::{
@@ -276,6 +278,7 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<ConcurrencyDetector>(registry);
     reg::<GlobalStrictFairnessPolicy>(registry);
     reg::<RoundRobinFairnessPolicy>(registry);
+    reg::<ProgramAwareFairness>(registry);
     reg::<FcfsOrderingPolicy>(registry);
     reg::<EdfOrderingPolicy>(registry);
     reg::<SloDeadlineOrderingPolicy>(registry);

@@ -47,6 +47,7 @@ const LOADING: &[&str] = &[
     "sim-epp-no-hit-lru.yaml",
     "probabilistic-admitter-epp-config.yaml",
     "sim-epp-gpu-config.yaml",
+    "sim-program-aware-config.yaml",
 ];
 
 #[test]
