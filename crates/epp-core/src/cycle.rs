@@ -197,6 +197,40 @@ impl TokenizedPrompt {
     }
 }
 
+/// Which of the request's multimodal items (images, audio, video) each
+/// endpoint is expected to hold in its encoder cache, when a multimodal
+/// producer ran (`mm-embeddings-cache-producer`).
+#[derive(Debug, Clone, Default)]
+pub struct MultimodalMatch {
+    /// The request's distinct items, as 64-bit hashes.
+    pub items: Vec<u64>,
+    /// Items matched, per endpoint id.
+    matched: Vec<u32>,
+}
+
+impl MultimodalMatch {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn reset(&mut self) {
+        self.items.clear();
+        self.matched.clear();
+    }
+
+    /// Records how many of the items `id` holds.
+    pub fn set_matched(&mut self, id: EndpointId, items: u32) {
+        let i = id.index();
+        if self.matched.len() <= i {
+            self.matched.resize(i + 1, 0);
+        }
+        self.matched[i] = items;
+    }
+
+    /// Items `id` holds (0 if unknown).
+    #[must_use]
+    pub fn matched(&self, id: EndpointId) -> u32 {
+        self.matched.get(id.index()).copied().unwrap_or(0)
+    }
+}
+
 /// Per-request scratch state, reused across cycles so the hot path does not
 /// allocate. Data producers write here; filters and scorers read.
 #[derive(Debug, Default)]
@@ -211,6 +245,8 @@ pub struct CycleState {
     pub more_prefix: Vec<PrefixMatch>,
     /// Latency predictions, when a latency predictor ran.
     pub latency: LatencyPredictions,
+    /// Multimodal encoder-cache matches, when a multimodal producer ran.
+    pub multimodal: MultimodalMatch,
 }
 
 impl CycleState {
@@ -222,6 +258,7 @@ impl CycleState {
             p.reset();
         }
         self.latency.reset();
+        self.multimodal.reset();
     }
 
     /// The prefix matches in `slot` (0 is [`Self::prefix`]); none when no

@@ -75,7 +75,8 @@ mod request;
 mod scheduler;
 
 pub use cycle::{
-    Candidate, CycleContext, CycleState, PrefixMatch, PrefixSlot, SinceScrape, TokenizedPrompt,
+    Candidate, CycleContext, CycleState, MultimodalMatch, PrefixMatch, PrefixSlot, SinceScrape,
+    TokenizedPrompt,
 };
 pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{

@@ -118,7 +118,7 @@ impl Builtin for EndpointAttributeScorer {
             ));
         }
         if let Some(r) = n.fixed_range
-            && !(r.min < r.max)
+            && (r.min >= r.max || !r.min.is_finite() || !r.max.is_finite())
         {
             return Err(invalid(
                 Self::TYPE,

@@ -75,6 +75,8 @@ mod load_signal_scorer;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
+mod mm_embeddings_cache_producer;
+mod mm_embeddings_cache_scorer;
 mod no_hit_lru_scorer;
 mod openai_parser;
 mod precise_prefix_cache_producer;
@@ -133,6 +135,8 @@ pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
+pub use mm_embeddings_cache_producer::{MmEmbeddingsCacheProducer, MmEmbeddingsParams};
+pub use mm_embeddings_cache_scorer::MmEmbeddingsCacheScorer;
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
 pub use openai_parser::OpenAiParser;
 pub use precise_prefix_cache_producer::{
@@ -298,6 +302,8 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<SessionAffinityScorer>(registry);
     reg::<NoHitLruScorer>(registry);
     reg::<MetricScorer>(registry);
+    reg::<MmEmbeddingsCacheProducer>(registry);
+    reg::<MmEmbeddingsCacheScorer>(registry);
     reg::<HeaderLabelAffinityScorer>(registry);
     reg::<EndpointAttributeScorer>(registry);
     reg::<EndpointAttributeFilter>(registry);

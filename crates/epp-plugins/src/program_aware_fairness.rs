@@ -129,11 +129,11 @@ impl Builtin for ProgramAwareFairness {
             ("lasHalfLifeSeconds", p.las_half_life_seconds),
             ("evictionTtlSeconds", p.eviction_ttl_seconds),
         ] {
-            if !(v >= 0.0 && v.is_finite()) {
+            if v < 0.0 || !v.is_finite() {
                 return Err(invalid(Self::TYPE, field, v, "must be >= 0"));
             }
         }
-        if !(p.eviction_sweep_seconds > 0.0 && p.eviction_sweep_seconds.is_finite()) {
+        if p.eviction_sweep_seconds <= 0.0 || !p.eviction_sweep_seconds.is_finite() {
             return Err(invalid(
                 Self::TYPE,
                 "evictionSweepSeconds",
