@@ -109,6 +109,14 @@ pub trait Plugin: Send + Sync + Debug {
         false
     }
 
+    /// For a plugin keeping per-endpoint state that notices by itself when
+    /// an endpoint leaves the pool: llm-d wires such plugins as extractors
+    /// of `endpoint-notification-source` to hear of deletions; config
+    /// loading accepts that wiring (and delivers nothing to it).
+    fn follows_endpoint_lifecycle(&self) -> bool {
+        false
+    }
+
     /// Whether this plugin reads latency predictions
     /// ([`crate::CycleState::latency`]). Config loading makes sure a plugin
     /// produces them ([`DataProducer::produces_latency_predictions`]),

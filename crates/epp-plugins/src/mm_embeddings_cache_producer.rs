@@ -15,7 +15,9 @@
 //! writes into the prompt (`<image_url:…>`, `<input_audio:…>`, … — the URL or
 //! the inline data), hashed: the same image at the same URL (or inline) is
 //! the same item; the same image at two URLs is two. An endpoint that leaves
-//! the pool (or comes back as a new endpoint) starts empty.
+//! the pool (or comes back as a new endpoint) starts empty; llm-d's configs
+//! list this producer as an extractor of `endpoint-notification-source` to
+//! hear of deletions, which loads here and needs nothing delivered.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -168,6 +170,9 @@ impl Plugin for MmEmbeddingsCacheProducer {
     }
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
         Some(self)
+    }
+    fn follows_endpoint_lifecycle(&self) -> bool {
+        true
     }
 }
 

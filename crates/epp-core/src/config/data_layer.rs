@@ -46,12 +46,12 @@ impl EndpointPickerConfig {
             let (role, plays): (&str, fn(&dyn crate::Plugin) -> bool) = if events {
                 (
                     "a KV-event consumer (the source delivers engine events)",
-                    |p| p.as_kv_event_sink().is_some(),
+                    |p| p.as_kv_event_sink().is_some() || p.follows_endpoint_lifecycle(),
                 )
             } else {
                 ("an extractor", |p| p.as_extractor().is_some())
             };
-            let extractors = s
+            let extractors: Vec<crate::PluginRef> = s
                 .extractors
                 .iter()
                 .enumerate()
@@ -65,6 +65,12 @@ impl EndpointPickerConfig {
                     )
                 })
                 .collect::<Result<_, _>>()?;
+            // Endpoint-lifecycle listeners need nothing delivered: only the
+            // KV-event consumers are fed.
+            let extractors = extractors
+                .into_iter()
+                .filter(|p| !events || p.plugin().as_kv_event_sink().is_some())
+                .collect();
             data_layer.push(SourceWiring { source, extractors });
         }
         self.wire_kv_event_sinks(registry, wiring, &mut layer, &mut data_layer)?;

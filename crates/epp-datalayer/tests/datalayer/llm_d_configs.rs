@@ -98,3 +98,31 @@ fn readers_of_different_producers_each_read_their_own() {
     // to endpoint 2, and `r` to endpoint 0.
     assert_eq!(pick(&r), EndpointId(2));
 }
+
+/// `epp-mm-embeddings-cache-config.yaml` and `epp-burst-prefix-cache-config.yaml`
+/// also need `token-producer`'s vLLM `/render` backend, which epp does not
+/// have: with the token producer taken out, what remains must load (the
+/// multimodal producer listed as an endpoint-notification extractor
+/// included).
+#[test]
+fn the_multimodal_config_loads_without_its_vllm_token_producer() {
+    let text = text_of("epp-mm-embeddings-cache-config.yaml");
+    let start = text.find("  - type: token-producer").unwrap();
+    let end = start
+        + text[start..]
+            .find("  - type: endpoint-notification-source")
+            .unwrap();
+    let without = format!("{}{}", &text[..start], &text[end..]);
+    let built = EndpointPickerConfig::parse(&without, "mm.yaml")
+        .and_then(|c| c.build(&registry()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(names(&built).contains(&"mm-embeddings-cache-producer"));
+    // Only the KV-event consumer is fed by the notification source.
+    let fed: Vec<&str> = built
+        .data_layer
+        .iter()
+        .filter(|s| s.source.plugin().as_notification_source().is_some())
+        .flat_map(|s| s.extractors.iter().map(|e| e.plugin().name()))
+        .collect();
+    assert_eq!(fed, vec!["precise-prefix-cache-producer"]);
+}
