@@ -7,6 +7,8 @@
 #   scripts/reference-epp.sh version     print the module@version it is built from
 #   scripts/reference-epp.sh build-sim   build llm-d's inference simulator the same way
 #   scripts/reference-epp.sh sim-path    print the path of the built simulator
+#   scripts/reference-epp.sh build-sidecar  build llm-d's P/D routing sidecar the same way
+#   scripts/reference-epp.sh sidecar-path   print the path of the built sidecar
 #
 # Which version. The picker users switch from is the Gateway API Inference Extension's
 # reference EPP, which moved to llm-d/llm-d-router (module github.com/llm-d/llm-d-router from
@@ -31,6 +33,12 @@ REF_MODULE=${EPP_REFERENCE_MODULE:-sigs.k8s.io/gateway-api-inference-extension}
 REF_VERSION=${EPP_REFERENCE_VERSION:-v1.5.0}
 SIM_MODULE=${EPP_REFERENCE_SIM_MODULE:-github.com/llm-d/llm-d-inference-sim}
 SIM_VERSION=${EPP_REFERENCE_SIM_VERSION:-v0.10.2}
+# llm-d's routing sidecar (cmd/pd-sidecar), the peer that reads the P/D and data-parallel
+# headers epp sets. llm-d-router's module is not served (above); the last release of
+# llm-d-inference-scheduler served here, v0.7.1, has the sidecar, and building that one
+# package needs none of the modules the proxy refuses (llm-d-kv-cache is not imported by it).
+SIDECAR_MODULE=${EPP_REFERENCE_SIDECAR_MODULE:-github.com/llm-d/llm-d-inference-scheduler}
+SIDECAR_VERSION=${EPP_REFERENCE_SIDECAR_VERSION:-v0.7.1}
 CACHE_ROOT=${EPP_REFERENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/epp-rs/reference}
 # A module that asks for a newer Go than the installed one gets it from the module proxy.
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
@@ -40,6 +48,7 @@ die() { log "error: $*"; exit 1; }
 
 ref_bin() { echo "$CACHE_ROOT/$REF_VERSION/epp"; }
 sim_bin() { echo "$CACHE_ROOT/sim-$SIM_VERSION/llm-d-inference-sim"; }
+sidecar_bin() { echo "$CACHE_ROOT/sidecar-$SIDECAR_VERSION/pd-sidecar"; }
 
 # Go builds run niced with two parallel jobs: the machines have two cores shared with
 # the Rust build. The released module is built from a copy of its own tree (its go.mod and
@@ -85,6 +94,10 @@ cmd_build_sim() {
   build_cached "$(sim_bin)" "the simulator" "$SIM_MODULE" "$SIM_VERSION" ./cmd/llm-d-inference-sim
 }
 
+cmd_build_sidecar() {
+  build_cached "$(sidecar_bin)" "the routing sidecar" "$SIDECAR_MODULE" "$SIDECAR_VERSION" ./cmd/pd-sidecar
+}
+
 case "${1:-}" in
   build) cmd_build ;;
   path) ref_bin ;;
@@ -92,8 +105,11 @@ case "${1:-}" in
   build-sim) cmd_build_sim ;;
   sim-path) sim_bin ;;
   sim-version) echo "$SIM_MODULE@$SIM_VERSION" ;;
+  build-sidecar) cmd_build_sidecar ;;
+  sidecar-path) sidecar_bin ;;
+  sidecar-version) echo "$SIDECAR_MODULE@$SIDECAR_VERSION" ;;
   *)
-    echo "usage: $0 build | path | version | build-sim | sim-path | sim-version" >&2
+    echo "usage: $0 build | path | version | build-sim | sim-path | sim-version | build-sidecar | sidecar-path | sidecar-version" >&2
     exit 2
     ;;
 esac

@@ -19,6 +19,8 @@ echo "[test] building helm for the chart tests (cached after the first time)" >&
 scripts/helm.sh build
 echo "[test] building the OpenTelemetry Collector for the tracing tests (cached after the first time)" >&2
 scripts/otelcol.sh build
+echo "[test] building llm-d's routing sidecar for the P/D tests (cached after the first time)" >&2
+scripts/reference-epp.sh build-sidecar
 echo "[test] building binaries the end-to-end tests start" >&2
 cargo build --workspace --bins --quiet
 echo "[test] cargo test" >&2

@@ -247,6 +247,11 @@ pub struct CycleState {
     pub latency: LatencyPredictions,
     /// Multimodal encoder-cache matches, when a multimodal producer ran.
     pub multimodal: MultimodalMatch,
+    /// The endpoint an earlier profile of this cycle picked, left by the
+    /// profile handler for plugins of a later profile to compare against
+    /// (P/D: the decode pick, when the prefill profile runs; llm-d's
+    /// peer-endpoint attribute).
+    pub peer: Option<Arc<Endpoint>>,
 }
 
 impl CycleState {
@@ -259,6 +264,7 @@ impl CycleState {
         }
         self.latency.reset();
         self.multimodal.reset();
+        self.peer = None;
     }
 
     /// The prefix matches in `slot` (0 is [`Self::prefix`]); none when no

@@ -98,8 +98,9 @@ pub use observe::{
     SchedulerObserver,
 };
 pub use plugin::{
-    Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Filter, Picker, Plugin, PluginRef, PreRequest,
-    ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, SaturationDetector, Scorer,
+    Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, Filter, Picker, Plugin, PluginRef,
+    PreRequest, ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, RouteEdits,
+    SaturationDetector, Scorer,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};

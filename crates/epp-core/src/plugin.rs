@@ -89,6 +89,30 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_plugin_metrics(&self) -> Option<&dyn crate::PluginMetrics> {
         None
     }
+    /// As a disaggregation decider (whether a request runs an extra stage,
+    /// such as a separate prefill).
+    fn as_decider(&self) -> Option<&dyn Decider> {
+        None
+    }
+
+    /// Other plugins this one names in its parameters (llm-d's
+    /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.
+    /// `("deciders.prefill", "prefix-based-pd-decider")`. Config loading
+    /// resolves each name among the declared plugins (an unknown name is an
+    /// error at that parameter) and passes them to [`Self::bind_plugins`].
+    fn named_plugins(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+
+    /// Receives the plugins [`Self::named_plugins`] names, in the same
+    /// order. Called once, at load, before any request.
+    ///
+    /// # Errors
+    /// `(index, reason)` when the plugin at `index` cannot play the part it
+    /// was named for (e.g. it is not a decider).
+    fn bind_plugins(&self, _plugins: &[PluginRef]) -> Result<(), (usize, String)> {
+        Ok(())
+    }
 
     /// For a plugin that reads prefix-cache matches
     /// ([`crate::CycleState::prefix`]): the name of the plugin it reads them
@@ -217,18 +241,79 @@ pub trait DataProducer: Plugin {
 
 /// Decides which profiles run and how their results combine.
 pub trait ProfileHandler: Plugin {
+    /// Checks the declared profiles (by name, in order) suit this handler;
+    /// called once at load.
+    ///
+    /// # Errors
+    /// Why they do not (e.g. a required profile is missing).
+    fn check_profiles(&self, _names: &[&str]) -> Result<(), String> {
+        Ok(())
+    }
+
     /// The next profile (index into `profiles`) to run given the runs so far,
-    /// or `None` when done. Called repeatedly.
+    /// or `None` when done. Called repeatedly. A handler may leave data for
+    /// the next profile's plugins in `cx.state` (e.g. the endpoint an earlier
+    /// run picked, [`crate::CycleState::peer`]).
     fn next_profile(
         &self,
-        cx: &CycleContext<'_>,
+        cx: &mut CycleContext<'_>,
         profiles: &[SchedulingProfile],
         runs: &[ProfilePicks],
     ) -> Option<usize>;
 
     /// Which run holds the primary target (index into `runs`), or `None` if
     /// the request cannot be served.
-    fn primary(&self, runs: &[ProfilePicks]) -> Option<usize>;
+    fn primary(&self, profiles: &[SchedulingProfile], runs: &[ProfilePicks]) -> Option<usize>;
+
+    /// Once the primary is chosen: what the forwarded request carries besides
+    /// its destination (headers for the model server's sidecar, another port
+    /// on the target, which run picked a prefill endpoint). Does nothing by
+    /// default.
+    fn route(
+        &self,
+        _cx: &CycleContext<'_>,
+        _profiles: &[SchedulingProfile],
+        _runs: &[ProfilePicks],
+        _edits: &mut RouteEdits,
+    ) {
+    }
+}
+
+/// What a profile handler adds to a routed request ([`ProfileHandler::route`]).
+/// Kept in [`SchedulingResult::edits`]; cleared each cycle.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteEdits {
+    /// Request headers to set (llm-d's `x-prefiller-host-port`,
+    /// `x-data-parallel-host-port`, ...).
+    pub headers: Vec<(&'static str, String)>,
+    /// Forward to this port of each target's address instead of the
+    /// target's own port (data parallelism: the rank is named in a header
+    /// and the pod's primary port receives the request).
+    pub forward_port: Option<u16>,
+    /// Index into the runs of the run that picked a prefill endpoint (P/D
+    /// disaggregation), so hooks account for the work done there too.
+    pub prefill_run: Option<usize>,
+    /// Headers the handler owns: a client's own values are dropped before
+    /// [`Self::headers`] are set (a client must not name a prefill server).
+    pub owned_headers: &'static [&'static str],
+}
+
+impl RouteEdits {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn clear(&mut self) {
+        self.headers.clear();
+        self.forward_port = None;
+        self.prefill_run = None;
+        self.owned_headers = &[];
+    }
+}
+
+/// Decides whether a request runs an extra scheduling stage (llm-d's
+/// disaggregation deciders: a separate prefill, a separate encode).
+pub trait Decider: Plugin {
+    /// Whether the stage runs. `decode` is the endpoint the decode stage
+    /// picked when it ran first. Must not allocate.
+    fn disaggregate(&self, cx: &CycleContext<'_>, decode: Option<&Arc<Endpoint>>) -> bool;
 }
 
 /// Runs once a decision is made, before the request is forwarded (e.g. record

@@ -105,6 +105,9 @@ pub struct InferenceRequest {
     pub subset: Option<Vec<SocketAddr>>,
     /// Body size in bytes.
     pub body_len: usize,
+    /// Media parts in the messages (images, audio, video, files): a
+    /// multimodal request when not 0.
+    pub media_parts: u32,
 }
 
 impl InferenceRequest {
@@ -220,6 +223,13 @@ impl InferenceRequestBuilder {
     #[must_use]
     pub fn max_tokens(mut self, max_tokens: u64) -> Self {
         self.req.max_tokens = Some(max_tokens);
+        self
+    }
+
+    /// Sets the number of media parts (a multimodal request when not 0).
+    #[must_use]
+    pub fn media_parts(mut self, n: u32) -> Self {
+        self.req.media_parts = n;
         self
     }
 

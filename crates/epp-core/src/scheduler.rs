@@ -11,7 +11,7 @@ use rand::{SeedableRng, rngs::SmallRng};
 use crate::{
     Candidate, CycleContext, CycleState, DataProducer, Endpoint, EndpointSnapshot,
     InferenceRequest, Plugin, PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink,
-    ResponseTiming, Result, SchedulingError, Usage,
+    ResponseTiming, Result, RouteEdits, SchedulingError, Usage,
     observe::{CallSite, CycleRecorder, ExtensionPoint, Laps, ProfileRun, SchedulerObserver},
 };
 
@@ -168,6 +168,9 @@ pub struct SchedulingResult {
     /// Fraction of the prompt's prefix blocks the primary target holds by the
     /// cycle's prefix match, in `[0, 1]`; 0 when no prefix producer ran.
     pub primary_prefix_hit: f64,
+    /// What the profile handler adds to the forwarded request
+    /// ([`crate::ProfileHandler::route`]).
+    pub edits: RouteEdits,
 }
 
 impl SchedulingResult {
@@ -193,6 +196,13 @@ impl SchedulingResult {
         }
         self.primary = 0;
         self.primary_prefix_hit = 0.0;
+        self.edits.clear();
+    }
+
+    /// The endpoint a prefill stage picked (P/D disaggregation), if one ran.
+    #[must_use]
+    pub fn prefill(&self) -> Option<&Arc<Endpoint>> {
+        self.runs.get(self.edits.prefill_run?)?.targets.first()
     }
 }
 
@@ -753,7 +763,7 @@ impl Scheduler {
         let mut last_empty = None;
         loop {
             laps.restart();
-            let next = handler.next_profile(&cx, &self.profiles, &result.runs[..*used_runs]);
+            let next = handler.next_profile(&mut cx, &self.profiles, &result.runs[..*used_runs]);
             laps.lap(0);
             let Some(pi) = next else {
                 break;
@@ -821,12 +831,13 @@ impl Scheduler {
         }
         result.runs.truncate(*used_runs);
 
-        match handler.primary(&result.runs) {
+        match handler.primary(&self.profiles, &result.runs) {
             Some(p) if result.runs.get(p).is_some_and(|r| !r.targets.is_empty()) => {
                 result.primary = p;
                 if let Some(target) = result.primary() {
                     result.primary_prefix_hit = cx.state.prefix.ratio(target.id());
                 }
+                handler.route(&cx, &self.profiles, &result.runs, &mut result.edits);
             }
             _ => {
                 let profile = last_empty
@@ -1007,14 +1018,14 @@ impl Plugin for SingleProfileHandler {
 impl ProfileHandler for SingleProfileHandler {
     fn next_profile(
         &self,
-        _cx: &CycleContext<'_>,
+        _cx: &mut CycleContext<'_>,
         profiles: &[SchedulingProfile],
         runs: &[ProfilePicks],
     ) -> Option<usize> {
         (runs.is_empty() && !profiles.is_empty()).then_some(0)
     }
 
-    fn primary(&self, runs: &[ProfilePicks]) -> Option<usize> {
+    fn primary(&self, _profiles: &[SchedulingProfile], runs: &[ProfilePicks]) -> Option<usize> {
         (!runs.is_empty()).then_some(0)
     }
 }

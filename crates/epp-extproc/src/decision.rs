@@ -120,6 +120,11 @@ pub(crate) struct Route {
     /// The committed pick: holds the target's in-flight count until the
     /// response completes or the route is dropped.
     pub(crate) dispatch: Dispatch,
+    /// Where the gateway sends the request when not to the pick's own
+    /// address (`ip:forward_port`; data parallelism).
+    pub(crate) destination: Option<String>,
+    /// The port every target is reached on instead of its own.
+    pub(crate) forward_port: Option<u16>,
     /// Target then fallbacks, `ip:port` comma-separated (Envoy's
     /// `envoy.lb` metadata value).
     pub(crate) targets: String,
@@ -142,7 +147,11 @@ pub(crate) struct Route {
 impl Route {
     /// Every header to set: the destination first, then the extra ones.
     pub(crate) fn set_headers(&self) -> impl Iterator<Item = (&str, &str)> {
-        std::iter::once((DESTINATION_HEADER, self.dispatch.endpoint().addr_str()))
+        let destination = self
+            .destination
+            .as_deref()
+            .unwrap_or_else(|| self.dispatch.endpoint().addr_str());
+        std::iter::once((DESTINATION_HEADER, destination))
             .chain(self.extra_headers.iter().map(|(k, v)| (*k, v.as_str())))
     }
 }
@@ -364,6 +373,7 @@ impl Decider {
                 max_tokens: parsed.max_tokens,
                 subset: None,
                 body_len: body.map_or(0, <[u8]>::len),
+                media_parts: parsed.media_parts,
             },
             model_span: parsed.model_span,
             generated_id,
@@ -435,16 +445,27 @@ impl Decider {
                 return self.reject_request(err, &request);
             }
         };
+        let forward_port = result.edits.forward_port;
         let targets = result
             .primary_run()
-            .map(|run| {
-                run.targets
+            .map(|run| match forward_port {
+                None => run
+                    .targets
                     .iter()
                     .map(|e| e.addr_str())
                     .collect::<Vec<_>>()
-                    .join(",")
+                    .join(","),
+                Some(port) => run
+                    .targets
+                    .iter()
+                    .map(|e| SocketAddr::new(e.addr().ip(), port).to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
             })
             .unwrap_or_default();
+        let destination = forward_port.and_then(|port| {
+            Some(SocketAddr::new(result.primary()?.addr().ip(), port).to_string())
+        });
         tracing::debug!(
             request_id = %request.request_id,
             model = %request.model,
@@ -469,10 +490,13 @@ impl Decider {
             }
             _ => BodyEdit::Unchanged,
         };
+        let edits = &result.edits;
         let remove_headers = CONTROL_HEADERS
             .into_iter()
-            .filter(|h| request.header(h).is_some())
+            .chain(edits.owned_headers.iter().copied())
+            .filter(|h| request.header(h).is_some() && !edits.headers.iter().any(|(k, _)| k == h))
             .collect();
+        let handler_headers = edits.headers.clone();
         let labels = ModelLabels {
             model_name: request.model.clone(),
             target_model_name: request.target_model.clone(),
@@ -487,7 +511,7 @@ impl Decider {
                 return self.reject(e.into(), "", &labels.model_name, &labels.target_model_name);
             }
         };
-        let mut extra_headers = Vec::new();
+        let mut extra_headers = handler_headers;
         extra_headers.extend(request_id.map(|id| ("x-request-id", id)));
         if let Some(t) = trace {
             // The model server continues the trace under epp's span.
@@ -502,6 +526,8 @@ impl Decider {
         self.metrics.scheduled(&labels, body_len);
         Decision::Route(Box::new(Route {
             dispatch,
+            destination,
+            forward_port,
             targets,
             extra_headers,
             remove_headers,
@@ -516,12 +542,18 @@ impl Decider {
     /// request: when it is not the pick (a fallback after the primary
     /// failed), the dispatch's accounting moves there. An address epp does
     /// not know is logged and left alone.
-    pub(crate) fn served_by(&self, dispatch: &mut Dispatch, served: &str) {
+    pub(crate) fn served_by(
+        &self,
+        dispatch: &mut Dispatch,
+        served: &str,
+        forward_port: Option<u16>,
+    ) {
         let Ok(addr) = served.parse::<SocketAddr>() else {
             tracing::debug!(served, "served endpoint is not ip:port; ignored");
             return;
         };
-        if addr == dispatch.endpoint().addr() {
+        let picked = dispatch.endpoint().addr();
+        if addr == picked || (forward_port == Some(addr.port()) && addr.ip() == picked.ip()) {
             return;
         }
         let snapshot = self.endpoints.snapshot();

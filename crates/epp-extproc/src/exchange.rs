@@ -64,6 +64,8 @@ struct Routed {
     /// Kicks flow control once the response is done (last: after the
     /// dispatch's counters are released).
     flow_kick: Option<FlowKick>,
+    /// Targets are reached on this port instead of their own.
+    forward_port: Option<u16>,
 }
 
 /// State of one ext_proc stream.
@@ -348,6 +350,7 @@ impl Exchange {
             restore_model,
             labels,
             flow_kick,
+            forward_port,
             ..
         } = route;
         let metadata = proto::metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, targets);
@@ -361,6 +364,7 @@ impl Exchange {
             usage: None,
             restorer: None,
             flow_kick,
+            forward_port,
         });
 
         let decision = proto::common(Some(mutation), true);
@@ -427,7 +431,7 @@ impl Exchange {
             && let Some(dispatch) = r.dispatch.as_mut()
         {
             if let Some(served) = served {
-                self.decider.served_by(dispatch, served);
+                self.decider.served_by(dispatch, served, r.forward_port);
             }
             r.status = Some(status);
             r.sse = sse;

@@ -7,7 +7,10 @@
 //! `cycle-default+latency` adds the predictor and a weight-0 `latency-scorer`
 //! to the default profile: the same picks as `cycle`, so the difference is
 //! the latency plugins' own cost, without the prefix-index churn their
-//! different picks cause.
+//! different picks cause. `cycle-pd` is a P/D decision (decode pick, then a
+//! prefill pick for each prompt whose uncached part is long enough: here
+//! every prompt's unique quarter) on a fleet of 32 prefill and 32 decode
+//! servers; `cycle-decode-only` the same fleet and decode profile alone.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench cycle
@@ -57,6 +60,8 @@ fn cycle(c: &mut Criterion) {
         16,
         Profile::DefaultPlusLatency,
     );
+    bench_profile(c, "cycle-pd", 64, 16, Profile::Disaggregated);
+    bench_profile(c, "cycle-decode-only", 64, 16, Profile::DecodeOnly);
 }
 
 fn scaling(c: &mut Criterion) {

@@ -10,7 +10,10 @@
 //! first block (the reference can count non-contiguous blocks; a block after a
 //! gap is never cached by a real engine).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
 
 use epp_core::{
     BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Plugin, PreRequest,
@@ -332,6 +335,11 @@ impl ApproxPrefixCacheProducer {
         }
         let capacity = self.capacity_for(&Candidate::new(target));
         self.index.record_for(target, hashes, capacity);
+        // P/D: the prefill endpoint computed the prompt's KV too.
+        if let Some(prefill) = result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
+            let capacity = self.capacity_for(&Candidate::new(prefill));
+            self.index.record_for(prefill, hashes, capacity);
+        }
     }
 }
 

@@ -56,8 +56,12 @@ macro_rules! stateless_policy {
 }
 
 mod active_request_scorer;
+mod always_disagg_multimodal_decider;
+mod always_disagg_pd_decider;
 mod approx_prefix_cache_producer;
 mod concurrency_detector;
+mod data_parallel_profile_handler;
+mod disagg_profile_handler;
 mod edf_ordering_policy;
 mod endpoint_attribute_filter;
 mod endpoint_attribute_scorer;
@@ -81,6 +85,7 @@ mod no_hit_lru_scorer;
 mod openai_parser;
 mod precise_prefix_cache_producer;
 mod predicted_latency_producer;
+mod prefix_based_pd_decider;
 mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
@@ -106,10 +111,19 @@ use epp_core::{BuildError, Plugin, PluginSpec, Registry, Role, SingleProfileHand
 use serde::de::DeserializeOwned;
 
 pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
+pub use always_disagg_multimodal_decider::AlwaysDisaggMultimodalDecider;
+pub use always_disagg_pd_decider::AlwaysDisaggPdDecider;
 pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
+pub use data_parallel_profile_handler::{
+    DATA_PARALLEL_HEADER, DataParallelParams, DataParallelProfileHandler,
+};
+pub use disagg_profile_handler::{
+    DisaggParams, DisaggProfileHandler, ENCODERS_HEADER, PREFILL_HEADER, StageDeciders, StageOrder,
+    StageProfiles,
+};
 pub use edf_ordering_policy::EdfOrderingPolicy;
 pub use endpoint_attribute_filter::{
     EndpointAttributeFilter, EndpointAttributeFilterParams, FilterAlgorithm, OnMissing, Threshold,
@@ -143,6 +157,7 @@ pub use precise_prefix_cache_producer::{
     PrecisePrefixCacheProducer, PrecisePrefixParams, TokenProcessorConfig,
 };
 pub use predicted_latency_producer::{Predicted, PredictedLatencyParams, PredictedLatencyProducer};
+pub use prefix_based_pd_decider::{PrefixBasedPdDecider, PrefixPdParams};
 pub use prefix_cache_affinity_filter::{
     PrefixAffinityParams, PrefixCacheAffinityFilter, TtftSource,
 };
@@ -278,6 +293,11 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<RandomPicker>(registry);
     reg::<WeightedRandomPicker>(registry);
     reg::<SingleProfileHandler>(registry);
+    reg::<DisaggProfileHandler>(registry);
+    reg::<DataParallelProfileHandler>(registry);
+    reg::<PrefixBasedPdDecider>(registry);
+    reg::<AlwaysDisaggPdDecider>(registry);
+    reg::<AlwaysDisaggMultimodalDecider>(registry);
     reg::<UtilizationDetector>(registry);
     reg::<ConcurrencyDetector>(registry);
     reg::<GlobalStrictFairnessPolicy>(registry);

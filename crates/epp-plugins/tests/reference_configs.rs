@@ -436,10 +436,8 @@ schedulingProfiles:
 #[test]
 fn unimplemented_reference_types_are_named_in_the_error() {
     for (ty, params) in [
-        ("disagg-profile-handler", "{deciders: {prefill: d}}"),
-        ("prefix-based-pd-decider", "{nonCachedTokens: 16}"),
-        ("data-parallel-profile-handler", "{}"),
         ("burst-prefix-cache-producer", "{windowDurationMs: 100}"),
+        ("k8s-notification-source", "{kind: Pod}"),
     ] {
         let text = format!(
             "\

@@ -21,6 +21,23 @@ pub enum Engine {
     Triton,
 }
 
+/// The server's part in disaggregated serving (vLLM's `kv_role` of its KV
+/// transfer config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum KvRole {
+    /// Prefills for others and takes prefilled requests (and serves whole
+    /// requests too).
+    #[default]
+    #[value(name = "kv_both")]
+    Both,
+    /// A prefill server: refuses requests whose KV was prefilled elsewhere.
+    #[value(name = "kv_producer")]
+    Producer,
+    /// A decode server: refuses to prefill for another server.
+    #[value(name = "kv_consumer")]
+    Consumer,
+}
+
 /// A simulated model server. Every flag has a default that behaves like a
 /// small vLLM deployment; see docs/simulator.md for the model.
 #[derive(Debug, Clone, Parser)]
@@ -127,6 +144,17 @@ pub struct SimConfig {
     /// unsigned integers.
     #[arg(long)]
     pub kv_events_hash_bytes: bool,
+    /// Role in P/D disaggregation (`kv_transfer_params` in requests): a
+    /// request with `do_remote_decode` is prefilled here and answered with
+    /// the parameters a decode server needs; one with `do_remote_prefill`
+    /// takes its prompt's KV from the prefill server instead of computing it.
+    #[arg(long, value_enum, default_value_t = KvRole::Both)]
+    pub kv_role: KvRole,
+    /// Time to pull one prompt token's KV from the prefill server,
+    /// microseconds (an 8B model's ~128 KiB per token at ~25 GB/s is ~5 µs).
+    /// The pull does not use the engine's compute.
+    #[arg(long, default_value_t = 5.0)]
+    pub kv_transfer_us_per_token: f64,
 }
 
 impl SimConfig {

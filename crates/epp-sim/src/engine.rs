@@ -69,6 +69,11 @@ pub struct NewRequest {
     /// The request's `cache_salt`: blocks are only shared with requests of
     /// the same salt.
     pub cache_salt: Option<String>,
+    /// The prompt's KV was computed by a prefill server and transferred here
+    /// (P/D, `kv_transfer_params.do_remote_prefill`): its blocks are taken
+    /// at admission and only the last prompt token is computed, as vLLM's
+    /// KV connectors do.
+    pub remote_prefill: bool,
 }
 
 /// Why a request was refused before it was queued.

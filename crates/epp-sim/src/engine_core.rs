@@ -48,6 +48,8 @@ struct Req {
     /// Unhashed blocks held in the pool.
     held_private: usize,
     cached_tokens: Option<u64>,
+    /// The prompt's KV came from a prefill server.
+    remote_prefill: bool,
     arrival: Instant,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
@@ -344,6 +346,7 @@ impl Core {
             held_hashed: 0,
             held_private: 0,
             cached_tokens: None,
+            remote_prefill: req.remote_prefill,
             arrival: now,
             admitted: None,
             first_token: None,
@@ -496,6 +499,18 @@ impl Core {
         }
         r.held_hashed = hits;
         r.computed = hits as u64 * bs;
+        r.cached_tokens.get_or_insert(r.computed);
+        if r.remote_prefill && r.generated == 0 {
+            // P/D: the rest of the prompt's KV arrived from the prefill
+            // server. Its blocks are taken (and cached when released); only
+            // the last prompt token runs here, for its logits.
+            if !grow(&mut self.pool, r, r.prompt_tokens, bs) {
+                r.release(&mut self.pool);
+                r.computed = 0;
+                return None;
+            }
+            r.computed = r.computed.max(r.prompt_tokens - 1);
+        }
         let n = (r.num_tokens() - r.computed).min(budget);
         if !grow(&mut self.pool, r, r.computed + n, bs) {
             r.release(&mut self.pool);
@@ -503,8 +518,7 @@ impl Core {
             return None;
         }
         self.stats.prefix_queries += r.num_tokens();
-        self.stats.prefix_hits += r.computed;
-        r.cached_tokens.get_or_insert(r.computed);
+        self.stats.prefix_hits += r.cached_tokens.unwrap_or(0);
         Some(n)
     }
 

@@ -1,7 +1,7 @@
 //! The OpenAI-compatible generation endpoints: `/v1/completions` and
 //! `/v1/chat/completions`, plain JSON or SSE streaming.
 
-use std::{convert::Infallible, sync::Arc};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use axum::{
     Json,
@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{
+    config::KvRole,
     engine::{Event, Generation, NewRequest, Outcome, Sim, count_tokens},
     engine_core::Injected,
 };
@@ -66,6 +67,18 @@ struct Ask {
     max_tokens: u64,
     stream: bool,
     include_usage: bool,
+    transfer: Transfer,
+}
+
+/// The request's part in a P/D exchange (its `kv_transfer_params`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transfer {
+    /// A whole request.
+    None,
+    /// `do_remote_decode`: prefill here, a decode server continues.
+    Produce,
+    /// `do_remote_prefill`: the prompt's KV comes from a prefill server.
+    Consume,
 }
 
 pub(crate) fn text_of_content(content: &Value, out: &mut String) {
@@ -205,6 +218,7 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let transfer = transfer_of(sim, v.get("kv_transfer_params"))?;
     Ok(Ask {
         model,
         prompt,
@@ -214,6 +228,64 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
         max_tokens,
         stream,
         include_usage,
+        transfer,
+    })
+}
+
+/// Reads `kv_transfer_params` as vLLM's KV connectors do: `do_remote_decode`
+/// asks this server to prefill for another, `do_remote_prefill` says the
+/// prompt's KV was prefilled elsewhere. A role that cannot play the part
+/// refuses with 400.
+fn transfer_of(sim: &Sim, params: Option<&Value>) -> Result<Transfer, ApiError> {
+    let flag = |key: &str| {
+        params
+            .and_then(|p| p.get(key))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    };
+    let transfer = match (flag("do_remote_decode"), flag("do_remote_prefill")) {
+        (true, true) => {
+            return Err(api_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                "kv_transfer_params: do_remote_decode and do_remote_prefill are both set",
+            ));
+        }
+        (true, false) => Transfer::Produce,
+        (false, true) => Transfer::Consume,
+        (false, false) => Transfer::None,
+    };
+    let refused = match (transfer, sim.cfg.kv_role) {
+        (Transfer::Produce, KvRole::Consumer) => {
+            Some("kv_consumer: it does not prefill for others")
+        }
+        (Transfer::Consume, KvRole::Producer) => {
+            Some("kv_producer: it does not take KV prefilled elsewhere")
+        }
+        _ => None,
+    };
+    match refused {
+        Some(why) => Err(api_error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            format!("kv_transfer_params refused: this server is {why}"),
+        )),
+        None => Ok(transfer),
+    }
+}
+
+/// What a prefill server answers in `kv_transfer_params` (the fields of
+/// vLLM's NIXL connector): where the decode server pulls the blocks from.
+fn produced_params(sim: &Sim, prompt_tokens: u64) -> Value {
+    let blocks = prompt_tokens.div_ceil(sim.cfg.block_size.max(1) as u64);
+    json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_block_ids": (0..blocks).collect::<Vec<u64>>(),
+        "remote_engine_id": sim.cfg.pod_name,
+        "remote_host": sim.cfg.host,
+        "remote_port": sim.cfg.port,
+        "tp_size": 1,
     })
 }
 
@@ -301,7 +373,15 @@ async fn generate(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
         max_tokens: ask.max_tokens,
         token_ids: ask.token_ids.take(),
         cache_salt: ask.cache_salt.take(),
+        remote_prefill: ask.transfer == Transfer::Consume,
     };
+    if ask.transfer == Transfer::Consume {
+        // Pull the prompt's KV from the prefill server (no engine compute).
+        let us = ask.prompt_tokens as f64 * sim.cfg.kv_transfer_us_per_token;
+        if us.is_finite() && us > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(us / 1e6)).await;
+        }
+    }
     let g = match submit(&sim, request).await {
         Ok(g) => g,
         Err(e) => return e,
@@ -319,15 +399,18 @@ async fn generate(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
     } else {
         json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
     };
-    Json(json!({
+    let mut body = json!({
         "id": id,
         "object": if chat { "chat.completion" } else { "text_completion" },
         "created": unix_secs(),
         "model": ask.model,
         "choices": [choice],
         "usage": usage(&outcome),
-    }))
-    .into_response()
+    });
+    if ask.transfer == Transfer::Produce {
+        body["kv_transfer_params"] = produced_params(&sim, outcome.prompt_tokens);
+    }
+    Json(body).into_response()
 }
 
 fn sse(v: &Value) -> Bytes {

@@ -381,3 +381,29 @@ async fn a_stalled_engine_queues_requests_until_it_resumes() {
     s.poke();
     assert_eq!(t.await.unwrap().1.completion_tokens, 2);
 }
+
+/// P/D: a request whose prompt was prefilled elsewhere computes only its last
+/// prompt token here, and the transferred blocks stay cached for the next
+/// request with that prefix.
+#[tokio::test(start_paused = true)]
+async fn a_remotely_prefilled_request_skips_its_prefill_and_keeps_the_blocks() {
+    let s = sim(&["--ttft-ms", "1", "--prefill-us-per-token", "1000"]);
+    let prompt = "x".repeat(4 * 400); // 400 tokens: 400 ms to prefill here
+    let remote = NewRequest {
+        remote_prefill: true,
+        ..req(MODEL, &prompt, 2)
+    };
+    let (_, o, ttft) = run(&s, remote).await;
+    // One step: 1 ms fixed + the last token's 1 ms.
+    assert_near(ttft, ms(2));
+    assert_eq!(o.cached_tokens, 0, "nothing was cached here before");
+    let (_, warm, ttft) = run(&s, req(MODEL, &prompt, 2)).await;
+    assert_eq!(
+        warm.cached_tokens, 384,
+        "24 full blocks kept from the transfer"
+    );
+    assert_near(ttft, ms(1 + 16));
+    let (_, cold, ttft) = run(&s, req(MODEL, &"y".repeat(4 * 400), 2)).await;
+    assert_eq!(cold.cached_tokens, 0);
+    assert_near(ttft, ms(1 + 400));
+}

@@ -413,3 +413,41 @@ fn responses_messages_and_embeddings_run_through_the_engine() {
         assert!(r.json()["error"]["message"].is_string());
     }
 }
+
+/// P/D through HTTP as vLLM's KV connectors speak it: a prefill request
+/// (`do_remote_decode`) is answered with the parameters a decode server
+/// pulls the KV with; a decode request carrying them (`do_remote_prefill`)
+/// is served; a role that cannot play the part refuses with 400.
+#[test]
+fn kv_transfer_params_exchange_and_roles() {
+    let prefill = start(&["--kv-role", "kv_producer"]);
+    let decode = start(&["--kv-role", "kv_consumer"]);
+    let prompt = "p".repeat(400);
+    let produce = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1, "stream": false,
+        "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
+            "remote_engine_id": null, "remote_block_ids": null,
+            "remote_host": null, "remote_port": null}});
+    let r = post(prefill.port, "/v1/completions", &produce);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let params = &v["kv_transfer_params"];
+    assert_eq!(params["do_remote_prefill"], json!(true));
+    assert_eq!(params["remote_engine_id"], json!("pod-a"));
+    // 100 prompt tokens in 16-token blocks.
+    assert_eq!(params["remote_block_ids"].as_array().unwrap().len(), 7);
+
+    let consume = json!({"model": MODEL, "prompt": prompt, "max_tokens": 3,
+        "kv_transfer_params": params});
+    let r = post(decode.port, "/v1/completions", &consume);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], json!(3));
+    assert!(v.get("kv_transfer_params").is_none());
+
+    let r = post(decode.port, "/v1/completions", &produce);
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("kv_consumer"), "{}", r.body);
+    let r = post(prefill.port, "/v1/completions", &consume);
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("kv_producer"), "{}", r.body);
+}

@@ -103,3 +103,46 @@ pub fn start_reference(
         metrics_port: metrics,
     }
 }
+
+/// llm-d's routing sidecar (`pd-sidecar`), built once per process when not
+/// cached (`scripts/reference-epp.sh build-sidecar`).
+pub fn sidecar_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        run_script("build-sidecar");
+        PathBuf::from(run_script("sidecar-path"))
+    })
+}
+
+/// Starts llm-d's routing sidecar as a decode pod runs it: listening on
+/// `port` (every address), in front of its model server at
+/// `localhost:vllm_port`, plaintext both ways, NIXL v2 connector (vLLM's
+/// `kv_transfer_params`), then `extra` flags. `pod_ip` is its `POD_IP` (its
+/// data-parallel ranks are addressed as `POD_IP:port+i`). Returns once its
+/// first listener is up.
+pub fn start_sidecar(
+    dir: &Path,
+    name: &str,
+    port: u16,
+    vllm_port: u16,
+    pod_ip: &str,
+    extra: &[&str],
+) -> Proc {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1"])
+        .arg(sidecar_bin())
+        .args(["--port", &port.to_string()])
+        .args(["--vllm-port", &vllm_port.to_string()])
+        .args(["--secure-proxy=false", "--kv-connector", "nixlv2"])
+        .args(extra)
+        .env("POD_IP", pod_ip)
+        // Its tracing would export to localhost:4317; nothing listens there.
+        .env("OTEL_SDK_DISABLED", "true");
+    let (proc, _) = Proc::spawn(
+        name,
+        cmd,
+        "\"msg\":\"starting\"",
+        dir.join(format!("{name}.log")),
+    );
+    proc
+}

@@ -22,7 +22,7 @@ use epp_core::{
 };
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
-use crate::endpoints::endpoints;
+use crate::endpoints::{endpoints, labelled};
 
 /// Prefix groups.
 pub const GROUPS: usize = 256;
@@ -104,6 +104,68 @@ pub enum Profile {
     /// of weight 0: the default profile's picks, with the latency plugins'
     /// work done on every cycle (their cost alone, index churn aside).
     DefaultPlusLatency,
+    /// P/D: half the endpoints `llm-d.ai/role: prefill`, half `decode`;
+    /// `disagg-profile-handler` with a `prefix-based-pd-decider`
+    /// (`nonCachedTokens: 16`) runs a decode profile (`decode-filter` then
+    /// the default profile's scorers and picker) and, for every prompt whose
+    /// uncached part is long enough, a prefill profile (`prefill-filter`,
+    /// the same scorers): two picks per request.
+    Disaggregated,
+    /// The same fleet and decode profile alone (one pick): the baseline of
+    /// [`Profile::Disaggregated`].
+    DecodeOnly,
+}
+
+/// A profile named `name`: `filter` (built by `registry`), then the default
+/// profile's scorers with `prefix`, and `max-score-picker`.
+fn filtered_default(
+    registry: &Registry,
+    name: &str,
+    filter: &str,
+    prefix: PluginRef,
+) -> SchedulingProfile {
+    let build = |type_name: &str| {
+        let plugin = registry
+            .build(&PluginSpec::new(type_name))
+            .unwrap_or_else(|e| panic!("{type_name}: {e}"));
+        PluginRef::new(plugin)
+    };
+    SchedulingProfile::new(name)
+        .with_filter(build(filter))
+        .with_scorer(build("queue-scorer"), 2.0)
+        .with_scorer(build("kv-cache-utilization-scorer"), 2.0)
+        .with_scorer(prefix, 3.0)
+        .with_picker(build("max-score-picker"))
+}
+
+/// [`Profile::Disaggregated`] (`disaggregated`) or [`Profile::DecodeOnly`].
+fn pd_scheduler(registry: &Registry, prefix: PluginRef, disaggregated: bool) -> Scheduler {
+    let decode = filtered_default(registry, "decode", "decode-filter", prefix.clone());
+    if !disaggregated {
+        return Scheduler::new(vec![decode], Arc::new(SingleProfileHandler::default()))
+            .expect("a valid profile")
+            .with_hooks([prefix]);
+    }
+    let prefill = filtered_default(registry, "prefill", "prefill-filter", prefix.clone());
+    let yaml = |text: &str| serde_yaml_ng::from_str(text).expect("valid YAML");
+    let decider = registry
+        .build(
+            &PluginSpec::new("prefix-based-pd-decider")
+                .with_parameters(yaml("{nonCachedTokens: 16}")),
+        )
+        .expect("a decider");
+    let handler = registry
+        .build(
+            &PluginSpec::new("disagg-profile-handler")
+                .with_parameters(yaml("{deciders: {prefill: prefix-based-pd-decider}}")),
+        )
+        .expect("a handler");
+    handler
+        .bind_plugins(&[PluginRef::new(decider)])
+        .expect("a decider binds");
+    Scheduler::new(vec![prefill, decode], handler)
+        .expect("valid profiles")
+        .with_hooks([prefix])
 }
 
 /// One benchmark setup: the scheduler, the endpoints and the reused buffers.
@@ -227,9 +289,24 @@ impl<P: Plugin + 'static> Workload<P> {
                 ..EndpointMetrics::fresh()
             })
             .collect();
-        let snapshot = EndpointSnapshot::new(endpoints(
-            (0..endpoints_n).map(|i| metrics[i % metrics.len()].clone()),
-        ));
+        let pd = matches!(profile, Profile::Disaggregated | Profile::DecodeOnly);
+        let snapshot = EndpointSnapshot::new(if pd {
+            (0..endpoints_n)
+                .map(|i| {
+                    let role = if i < endpoints_n / 2 {
+                        "prefill"
+                    } else {
+                        "decode"
+                    };
+                    let id = u32::try_from(i).expect("fewer than 2^32 endpoints");
+                    let e = labelled(id, &[("llm-d.ai/role", role)]);
+                    e.set_metrics(metrics[i % metrics.len()].clone());
+                    e
+                })
+                .collect()
+        } else {
+            endpoints((0..endpoints_n).map(|i| metrics[i % metrics.len()].clone()))
+        });
         let prompt = prompt_kib * 1024;
         let prefix_len = prompt * 3 / 4;
         let prefixes = (0..GROUPS)
@@ -251,6 +328,11 @@ impl<P: Plugin + 'static> Workload<P> {
                 train(&scheduler, &snapshot, &mut rng);
                 scheduler
             }
+            Profile::Disaggregated | Profile::DecodeOnly => pd_scheduler(
+                registry,
+                PluginRef::new(prefix.clone()),
+                profile == Profile::Disaggregated,
+            ),
         };
         let mut request = InferenceRequest::builder(MODEL).build();
         request.prompt = String::with_capacity(prompt);

@@ -209,6 +209,7 @@ fn understand(
         stream: parsed.stream,
         max_tokens: parsed.max_tokens,
         body_len: body.len(),
+        media_parts: parsed.media_parts,
         ..InferenceRequest::default()
     })
 }

@@ -231,6 +231,7 @@ impl EndpointPickerConfig {
             .map_err(|(field, message)| self.err(field, message))?;
 
         let mut wiring = self.build_plugins(registry)?;
+        self.bind_named_plugins(&wiring)?;
         self.wire_latency_predictions(registry, &mut wiring)?;
         let prefix_sources = self.wire_prefix_matches(registry, &mut wiring)?;
         let handler = self.profile_handler(registry, &mut wiring)?;
@@ -302,6 +303,28 @@ impl Wiring {
 }
 
 impl EndpointPickerConfig {
+    /// Hands every declared plugin the plugins its parameters name
+    /// ([`Plugin::named_plugins`]); an unknown name, or a plugin that cannot
+    /// play the part, is an error at that parameter.
+    fn bind_named_plugins(&self, wiring: &Wiring) -> Result<(), ConfigError> {
+        for (i, (_, p)) in wiring.plugins.iter().enumerate() {
+            let named = p.plugin().named_plugins();
+            if named.is_empty() {
+                continue;
+            }
+            let field = |path: &str| format!("plugins[{i}].parameters.{path}");
+            let refs = named
+                .iter()
+                .map(|(path, name)| self.referenced(wiring, &field(path), name))
+                .collect::<Result<Vec<_>, _>>()?;
+            p.plugin().bind_plugins(&refs).map_err(|(at, reason)| {
+                let path = named.get(at).map_or("", |(path, _)| path);
+                self.err(field(path), reason)
+            })?;
+        }
+        Ok(())
+    }
+
     /// The plugin a reference at `field` names.
     fn referenced(
         &self,

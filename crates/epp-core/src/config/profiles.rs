@@ -70,6 +70,24 @@ impl EndpointPickerConfig {
                 ),
             ));
         }
+        if let Some(h) = handler.as_profile_handler() {
+            let names: Vec<&str> = profile_decls.iter().map(|p| p.name.as_str()).collect();
+            if let Err(reason) = h.check_profiles(&names) {
+                let at = wiring
+                    .plugins
+                    .iter()
+                    .position(|(_, p)| Arc::ptr_eq(&p.0, handler))
+                    .filter(|&i| i < self.raw.plugins.len())
+                    .map_or_else(
+                        || "schedulingProfiles".to_owned(),
+                        |i| format!("plugins[{i}]"),
+                    );
+                return Err(self.err(
+                    at,
+                    format!("{} {:?}: {reason}", handler.type_name(), handler.name()),
+                ));
+            }
+        }
         let mut profiles = Vec::new();
         let mut seen_profiles = HashMap::new();
         for (pi, pd) in profile_decls.iter().enumerate() {

@@ -39,13 +39,13 @@ impl Picker for Test {
 impl ProfileHandler for Test {
     fn next_profile(
         &self,
-        _: &CycleContext<'_>,
+        _: &mut CycleContext<'_>,
         _: &[SchedulingProfile],
         runs: &[ProfilePicks],
     ) -> Option<usize> {
         runs.is_empty().then_some(0)
     }
-    fn primary(&self, _: &[ProfilePicks]) -> Option<usize> {
+    fn primary(&self, _: &[SchedulingProfile], _: &[ProfilePicks]) -> Option<usize> {
         Some(0)
     }
 }

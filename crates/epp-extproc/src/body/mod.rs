@@ -35,6 +35,9 @@ pub struct ParsedBody {
     pub cache_salt: Option<String>,
     /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
     pub max_tokens: Option<u64>,
+    /// Media parts in the messages (`image_url`, `video_url`, `input_audio`,
+    /// ...): a multimodal request when not 0.
+    pub media_parts: u32,
 }
 
 /// The top-level fields we look at, borrowed from the body text. Unknown keys
@@ -105,7 +108,10 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedBody> {
         items: top.items,
         system: top.system,
     };
-    let prompt = prompt::render(api, &fields);
+    let prompt::Rendered {
+        text: prompt,
+        media_parts,
+    } = prompt::render(api, &fields);
 
     let cache_salt = top
         .cache_salt
@@ -126,6 +132,7 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedBody> {
         stream: top.stream.is_some_and(|raw| raw.get() == "true"),
         cache_salt,
         max_tokens,
+        media_parts,
     })
 }
 

@@ -25,9 +25,26 @@ pub(super) struct PromptFields<'a> {
     pub(super) system: Option<&'a RawValue>,
 }
 
+/// A rendered prompt: its text, and how many media parts (images, audio,
+/// video, files) the messages hold, which stand in the text as markers.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Rendered {
+    pub(super) text: String,
+    pub(super) media_parts: u32,
+}
+
+impl Rendered {
+    fn push_str(&mut self, s: &str) {
+        self.text.push_str(s);
+    }
+    fn push(&mut self, c: char) {
+        self.text.push(c);
+    }
+}
+
 /// Renders the prompt text of a request.
-pub(super) fn render(api: ApiKind, f: &PromptFields<'_>) -> String {
-    let mut out = String::new();
+pub(super) fn render(api: ApiKind, f: &PromptFields<'_>) -> Rendered {
+    let mut out = Rendered::default();
     match api {
         ApiKind::Completions => {
             prompt_like_raw(f.prompt, &mut out);
@@ -78,7 +95,7 @@ fn value(raw: Option<&RawValue>) -> Option<Value> {
 
 /// [`prompt_like`] of a field as it is in the body: a plain string (the usual
 /// long prompt) is copied out once, without building a `Value` first.
-fn prompt_like_raw(raw: Option<&RawValue>, out: &mut String) {
+fn prompt_like_raw(raw: Option<&RawValue>, out: &mut Rendered) {
     if let Some(r) = raw
         && r.get().starts_with('"')
         && let Some(text) = json_str(r)
@@ -91,7 +108,7 @@ fn prompt_like_raw(raw: Option<&RawValue>, out: &mut String) {
 
 /// `prompt` / `input` of completions and embeddings: a string, strings, token
 /// ids, or lists of token ids. Several prompts are joined with `\n`.
-fn prompt_like(v: &Value, out: &mut String) {
+fn prompt_like(v: &Value, out: &mut Rendered) {
     match v {
         Value::String(s) => out.push_str(s),
         Value::Array(items) if items.iter().all(Value::is_number) => tokens(items, out),
@@ -113,7 +130,7 @@ fn prompt_like(v: &Value, out: &mut String) {
 
 /// Token ids, each as exactly [`CHARS_PER_TOKEN`] characters, so one hashed
 /// block of `N × 4` characters is exactly `N` tokens.
-fn tokens(ids: &[Value], out: &mut String) {
+fn tokens(ids: &[Value], out: &mut Rendered) {
     const DIGITS: &[u8; 64] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+/";
     for id in ids {
         let n = id.as_u64().unwrap_or(0);
@@ -126,7 +143,7 @@ fn tokens(ids: &[Value], out: &mut String) {
 
 /// `tools` first (they precede the conversation in chat templates), as
 /// canonical JSON.
-fn tools(raw: Option<&RawValue>, out: &mut String) {
+fn tools(raw: Option<&RawValue>, out: &mut Rendered) {
     if let Some(v) = value(raw) {
         out.push_str("tools:\n");
         canonical_line(&v, out);
@@ -137,7 +154,7 @@ fn tools(raw: Option<&RawValue>, out: &mut String) {
 /// messages were read in the body's one pass (see `messages.rs`); string
 /// content — nearly all of a long prompt — is taken straight from the body
 /// (borrowed unless it has escapes) instead of through a `Value`.
-fn messages(list: Option<&Messages<'_>>, out: &mut String) {
+fn messages(list: Option<&Messages<'_>>, out: &mut Rendered) {
     if let Some(Messages::List(items)) = list {
         for m in items {
             fast_message(m, out);
@@ -157,7 +174,7 @@ fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
 }
 
 /// Renders `m` as [`message`] renders the same message read into a `Value`.
-fn fast_message(m: &Message<'_>, out: &mut String) {
+fn fast_message(m: &Message<'_>, out: &mut Rendered) {
     // A role that is missing, null or not a string reads as "user".
     let role: Cow<'_, str> = m
         .role
@@ -193,7 +210,7 @@ fn fast_message(m: &Message<'_>, out: &mut String) {
 }
 
 /// One chat / Anthropic message: `role:\n<content>\n`, then tool calls.
-fn message(m: &Value, out: &mut String) {
+fn message(m: &Value, out: &mut Rendered) {
     let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
     match m.get("content") {
         Some(content) => turn(role, content, out),
@@ -209,7 +226,7 @@ fn message(m: &Value, out: &mut String) {
 
 /// A Responses / Conversations item: a message when it has a role, otherwise
 /// (function calls, outputs, reasoning) its canonical JSON.
-fn item(i: &Value, out: &mut String) {
+fn item(i: &Value, out: &mut Rendered) {
     if i.get("role").is_some() {
         message(i, out);
     } else {
@@ -217,7 +234,7 @@ fn item(i: &Value, out: &mut String) {
     }
 }
 
-fn turn(role: &str, content: &Value, out: &mut String) {
+fn turn(role: &str, content: &Value, out: &mut Rendered) {
     out.push_str(role);
     out.push_str(":\n");
     content_text(content, out);
@@ -226,7 +243,7 @@ fn turn(role: &str, content: &Value, out: &mut String) {
 
 /// Message content: a string, or parts whose texts are joined with `\n`
 /// (as chat templates do), media as `<kind:reference>` markers.
-fn content_text(content: &Value, out: &mut String) {
+fn content_text(content: &Value, out: &mut Rendered) {
     match content {
         Value::String(s) => out.push_str(s),
         Value::Array(parts) => {
@@ -242,7 +259,7 @@ fn content_text(content: &Value, out: &mut String) {
     }
 }
 
-fn part_text(part: &Value, out: &mut String) {
+fn part_text(part: &Value, out: &mut Rendered) {
     let Some(obj) = part.as_object() else {
         if let Some(s) = part.as_str() {
             out.push_str(s);
@@ -262,6 +279,7 @@ fn part_text(part: &Value, out: &mut String) {
         }
         "image_url" | "input_image" | "video_url" | "input_audio" | "image" | "document"
         | "audio_url" | "input_file" => {
+            out.media_parts = out.media_parts.saturating_add(1);
             out.push('<');
             out.push_str(kind);
             out.push(':');
@@ -289,14 +307,14 @@ fn part_text(part: &Value, out: &mut String) {
     }
 }
 
-fn canonical_line(v: &Value, out: &mut String) {
+fn canonical_line(v: &Value, out: &mut Rendered) {
     canonical(v, out);
     out.push('\n');
 }
 
 /// JSON with object keys sorted and no insignificant whitespace, so that key
 /// order and formatting do not change the hashed text.
-fn canonical(v: &Value, out: &mut String) {
+fn canonical(v: &Value, out: &mut Rendered) {
     match v {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
@@ -362,9 +380,9 @@ mod tests {
         for case in cases {
             let raw: &RawValue = serde_json::from_str(case).unwrap();
             let list: Messages<'_> = serde_json::from_str(case).unwrap();
-            let mut fast = String::new();
+            let mut fast = Rendered::default();
             messages(Some(&list), &mut fast);
-            let mut slow = String::new();
+            let mut slow = Rendered::default();
             if let Some(Value::Array(msgs)) = value(Some(raw)) {
                 for m in &msgs {
                     message(m, &mut slow);
