@@ -14,6 +14,8 @@ mod discovery;
 mod fixtures;
 #[path = "datalayer/llm_d_configs.rs"]
 mod llm_d_configs;
+#[path = "datalayer/mtls.rs"]
+mod mtls;
 #[path = "datalayer/scrape.rs"]
 mod scrape;
 #[path = "datalayer/sim.rs"]
