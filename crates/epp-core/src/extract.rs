@@ -98,3 +98,11 @@ impl fmt::Display for ExtractError {
 }
 
 impl std::error::Error for ExtractError {}
+
+/// Where endpoints come from when a config names a discovery plugin
+/// (llm-d's `dataLayer.discovery`): it replaces Kubernetes discovery. The
+/// binary starts the discovery the plugin describes.
+pub trait EndpointDiscovery: Plugin {
+    /// The endpoints file to read and follow (llm-d's `file-discovery`).
+    fn endpoints_file(&self) -> Option<&std::path::Path>;
+}

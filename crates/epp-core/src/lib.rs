@@ -84,7 +84,7 @@ pub use endpoint::{
     Extensions, InflightCounters, InflightSample, LoraInfo,
 };
 pub use error::{Result, SchedulingError};
-pub use extract::{ExtractError, Extractor, MetricsSource, TlsFiles};
+pub use extract::{EndpointDiscovery, ExtractError, Extractor, MetricsSource, TlsFiles};
 pub use kv_events::{
     BlockStored, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
     PodDiscoveryConfig,

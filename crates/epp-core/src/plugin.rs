@@ -64,6 +64,10 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_extractor(&self) -> Option<&dyn crate::Extractor> {
         None
     }
+    /// As an endpoint-discovery plugin (llm-d's `dataLayer.discovery`).
+    fn as_endpoint_discovery(&self) -> Option<&dyn crate::EndpointDiscovery> {
+        None
+    }
     /// As an event-stream source (`endpoint-notification-source`).
     fn as_notification_source(&self) -> Option<&dyn crate::NotificationSource> {
         None

@@ -55,6 +55,7 @@ mod data_layer;
 mod dcgm;
 mod discovery;
 mod error;
+mod file_discovery_plugin;
 pub mod kubernetes;
 pub mod kv_events;
 mod prometheus_metric;
@@ -77,6 +78,7 @@ pub use dcgm::{
 };
 pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_file};
 pub use error::{Error, Result};
+pub use file_discovery_plugin::{FileDiscoveryParams, FileDiscoveryPlugin};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
 pub use scrape::DataLayerOptions;
 pub use source::{MetricsDataSource, MetricsDataSourceParams};
@@ -85,7 +87,7 @@ pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
 
 /// Registers the data layer's plugin types: `metrics-data-source`,
 /// `core-metrics-extractor`, `prometheus-metric`, `dcgm-data-source`,
-/// `dcgm-extractor`, `endpoint-notification-source`; the first two are the
+/// `dcgm-extractor`, `file-discovery`, `endpoint-notification-source`; the first two are the
 /// defaults for [`Role::MetricsSource`] and [`Role::MetricsExtractor`] (the
 /// data layer a config gets when it names none).
 pub fn register(registry: &mut Registry) {
@@ -122,6 +124,12 @@ pub fn register(registry: &mut Registry) {
             )))
         },
     );
+    registry.register(FileDiscoveryPlugin::TYPE, |spec: &PluginSpec| {
+        Ok(Arc::new(FileDiscoveryPlugin::new(
+            spec.name.clone(),
+            spec.params()?,
+        )?))
+    });
     registry.register(DcgmDataSource::TYPE, |spec: &PluginSpec| {
         Ok(Arc::new(DcgmDataSource::new(
             spec.name.clone(),

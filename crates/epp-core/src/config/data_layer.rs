@@ -255,6 +255,15 @@ impl EndpointPickerConfig {
                 self.referenced(wiring, &format!("{key}.{field}"), name)?;
             }
         }
+        if let Some(d) = &layer.discovery {
+            self.referenced_as(
+                wiring,
+                &format!("{key}.discovery.pluginRef"),
+                &d.plugin_ref,
+                "an endpoint-discovery plugin",
+                |p| p.as_endpoint_discovery().is_some(),
+            )?;
+        }
         if let Some(d) = &layer.cross_replica_sync_interval
             && super::parse_duration(d).is_none()
         {
@@ -264,6 +273,13 @@ impl EndpointPickerConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The discovery plugin `dataLayer.discovery` names (checked by
+    /// [`Self::build_data_layer`]).
+    pub(super) fn discovery(&self, wiring: &Wiring) -> Option<crate::PluginRef> {
+        let layer = self.raw.data_layer.as_ref().or(self.raw.data.as_ref())?;
+        wiring.find(&layer.discovery.as_ref()?.plugin_ref)
     }
 
     /// The registry's default source feeding its default extractor.

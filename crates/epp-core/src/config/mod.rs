@@ -132,6 +132,9 @@ pub struct BuiltConfig {
     pub plugins: Vec<(String, PluginRef)>,
     /// Metrics sources and extractors for the data layer.
     pub data_layer: Vec<SourceWiring>,
+    /// The endpoint-discovery plugin `dataLayer.discovery` names: endpoints
+    /// come from it instead of Kubernetes (llm-d).
+    pub discovery: Option<PluginRef>,
     /// Enabled feature gates.
     pub feature_gates: Vec<String>,
     /// Flow-control settings, when given.
@@ -254,6 +257,7 @@ impl EndpointPickerConfig {
         }
         self.check_parsers(registry, &mut wiring)?;
         let data_layer = self.build_data_layer(registry, &mut wiring)?;
+        let discovery = self.discovery(&wiring);
         self.check_custom_metrics(&wiring, &data_layer)?;
 
         let Wiring { plugins, effective } = wiring;
@@ -267,6 +271,7 @@ impl EndpointPickerConfig {
             scheduler,
             plugins,
             data_layer,
+            discovery,
             feature_gates,
             flow_control: raw.flow_control.clone(),
             flow_settings,

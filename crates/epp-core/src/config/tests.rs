@@ -367,7 +367,7 @@ fn feature_gates_take_llm_ds_name_equals_bool_form() {
 
 #[test]
 fn llm_ds_data_layer_keys_are_checked_and_misspellings_still_fail() {
-    let ok = "plugins:\n- type: s\ndataLayer:\n  injectDefaults: false\n  discovery: {pluginRef: s}\n  \
+    let ok = "plugins:\n- type: s\ndataLayer:\n  injectDefaults: false\n  \
               peerDiscovery: {pluginRef: s}\n  crossReplicaSyncerPluginRef: s\n  \
               crossReplicaSyncInterval: 2s\n";
     assert!(
@@ -382,6 +382,11 @@ fn llm_ds_data_layer_keys_are_checked_and_misspellings_still_fail() {
             .starts_with("f.yaml:2:15: dataLayer.discovery.pluginRef: no plugin named \"files\""),
         "{}",
         error(dangling)
+    );
+    assert!(
+        error("plugins:\n- type: s\ndataLayer:\n  discovery: {pluginRef: s}\n").contains(
+            "dataLayer.discovery.pluginRef: plugin \"s\" is not an endpoint-discovery plugin"
+        )
     );
     assert!(
         error("dataLayer:\n  crossReplicaSyncerPluginRef: x\n")

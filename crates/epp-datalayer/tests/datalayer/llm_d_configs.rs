@@ -140,3 +140,43 @@ fn the_multimodal_config_loads_without_its_vllm_token_producer() {
         .collect();
     assert_eq!(fed, vec!["precise-prefix-cache-producer"]);
 }
+
+/// llm-d's `dataLayer.discovery` naming a `file-discovery` plugin: the built
+/// config carries the plugin, which names the file the binary watches in
+/// place of Kubernetes discovery; a plugin of another kind is refused.
+#[test]
+fn data_layer_discovery_names_a_file_discovery_plugin() {
+    let text = "\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: file-discovery
+  name: files
+  parameters: {path: /etc/epp/endpoints.yaml, watchFile: true}
+- type: queue-scorer
+dataLayer:
+  discovery: {pluginRef: files}
+";
+    let built = EndpointPickerConfig::parse(text, "d.yaml")
+        .and_then(|c| c.build(&registry()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let file = built
+        .discovery
+        .as_ref()
+        .and_then(|d| d.plugin().as_endpoint_discovery())
+        .and_then(|d| d.endpoints_file())
+        .map(|p| p.display().to_string());
+    assert_eq!(file.as_deref(), Some("/etc/epp/endpoints.yaml"));
+    let wrong = text.replace("{pluginRef: files}", "{pluginRef: queue-scorer}");
+    let err = EndpointPickerConfig::parse(&wrong, "d.yaml")
+        .and_then(|c| c.build(&registry()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not an endpoint-discovery plugin"), "{err}");
+    let no_path = text.replace("path: /etc/epp/endpoints.yaml, ", "");
+    assert!(
+        EndpointPickerConfig::parse(&no_path, "d.yaml")
+            .and_then(|c| c.build(&registry()))
+            .is_err()
+    );
+}
