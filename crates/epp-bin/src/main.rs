@@ -146,8 +146,7 @@ fn discoveries(
             epp_datalayer::FileDiscovery::new(file.clone()).with_poll_interval(poll),
         ));
     }
-    let configured =
-        discovery.and_then(|d| d.plugin().as_endpoint_discovery()?.endpoints_file());
+    let configured = discovery.and_then(|d| d.plugin().as_endpoint_discovery()?.endpoints_file());
     if let Some(file) = configured {
         let poll = args.refresh_metrics_interval.min(Duration::from_millis(50));
         out.push(Box::new(
