@@ -164,6 +164,7 @@ fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOpti
         max_body_bytes: args.max_request_body_bytes,
         objectives: built.objectives.clone(),
         model_rewrite,
+        parsers: built.parsers.clone(),
         ..epp_extproc::ExtProcOptions::default()
     }
 }

@@ -16,6 +16,7 @@ mod e2e {
     mod logs;
     mod metrics_auth;
     mod objectives;
+    mod parsers;
     mod precise_prefix;
     mod prefix;
     mod process;

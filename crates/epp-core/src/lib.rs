@@ -99,11 +99,14 @@ pub use observe::{
 };
 pub use plugin::{
     Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, Filter, Picker, Plugin, PluginRef,
-    PreRequest, ProfileHandler, RequestOutcome, ResponseHeaderSink, ResponseHooks, RouteEdits,
-    SaturationDetector, Scorer,
+    PreRequest, ProfileHandler, RequestOutcome, RequestParser, ResponseHeaderSink, ResponseHooks,
+    RouteEdits, SaturationDetector, Scorer, Topology, TopologyLevel,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
-pub use request::{ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, Usage};
+pub use request::{
+    ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, OPENAI_KINDS,
+    RequestParsers, Usage,
+};
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,
     WeightedScorer,

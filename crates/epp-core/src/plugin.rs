@@ -98,6 +98,14 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_decider(&self) -> Option<&dyn Decider> {
         None
     }
+    /// As a source of endpoint locality (host, rack, zone, region).
+    fn as_topology(&self) -> Option<&dyn Topology> {
+        None
+    }
+    /// As a request parser (which APIs' bodies are read).
+    fn as_request_parser(&self) -> Option<&dyn RequestParser> {
+        None
+    }
 
     /// Other plugins this one names in its parameters (llm-d's
     /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.
@@ -310,6 +318,39 @@ impl RouteEdits {
         self.prefill_run = None;
         self.owned_headers = &[];
     }
+}
+
+/// A request parser (llm-d's `requestHandler.parsers` entries): the APIs it
+/// reads. The ext_proc service reads every body itself; parsers decide which
+/// paths are read as which API ([`crate::RequestParsers`]).
+pub trait RequestParser: Plugin {
+    /// The kinds it claims; none: it is the fallback for paths no parser
+    /// claims (`passthrough-parser`).
+    fn claims(&self) -> &[crate::ApiKind];
+}
+
+/// How close two endpoints are, tightest first (llm-d's topology levels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TopologyLevel {
+    /// The same host (NVLink-class KV transfer).
+    Host,
+    /// The same rack (one switch).
+    Rack,
+    /// The same zone (several switch hops).
+    Zone,
+    /// The same region (between data centres).
+    Region,
+    /// Nothing in common, or unknown.
+    None,
+}
+
+/// Where endpoints sit (llm-d's `Topology` attribute and its
+/// `topology-extractor`), for plugins that place one pick near another.
+pub trait Topology: Plugin {
+    /// Whether `e`'s locality is known at all.
+    fn known(&self, e: &Endpoint) -> bool;
+    /// How close `candidate` is to `peer`; a missing value never matches.
+    fn level(&self, peer: &Endpoint, candidate: &Endpoint) -> TopologyLevel;
 }
 
 /// Decides whether a request runs an extra scheduling stage (llm-d's

@@ -23,37 +23,156 @@ pub enum ApiKind {
     Embeddings,
     /// Anthropic `/v1/messages`.
     Messages,
+    /// OpenAI `/v1/images/generations`.
+    ImagesGenerations,
+    /// vLLM's `/inference/v1/generate` (token ids in, llm-d's `vllmhttp-parser`).
+    VllmGenerate,
+    /// SGLang's native `/generate` (`sglanghttp-parser`).
+    SglangGenerate,
+    /// vLLM's gRPC `vllm.grpc.engine.VllmEngine/Generate` (`vllmgrpc-parser`).
+    VllmGrpcGenerate,
+    /// Vertex AI's gRPC `PredictionService/ChatCompletions`, an OpenAI chat
+    /// body inside (`vertexai-parser`).
+    VertexChatCompletions,
+    /// Vertex AI's gRPC `PredictionService/RawPredict` and `StreamRawPredict`,
+    /// an OpenAI Responses body inside (`vertexai-parser`).
+    VertexRawPredict,
+    /// A body epp does not read (`passthrough-parser`): routed on load
+    /// signals alone and forwarded untouched.
+    Passthrough,
 }
+
+/// Path suffixes each kind claims (llm-d's parsers' claims), matched on whole
+/// path segments (gRPC methods also after the package's `.`); the longest
+/// match wins.
+const CLAIMS: &[(&str, ApiKind)] = &[
+    ("completions", ApiKind::Completions),
+    ("completions/render", ApiKind::Completions),
+    ("chat/completions", ApiKind::ChatCompletions),
+    ("chat/completions/render", ApiKind::ChatCompletions),
+    ("responses", ApiKind::Responses),
+    ("conversations", ApiKind::Conversations),
+    ("embeddings", ApiKind::Embeddings),
+    ("messages", ApiKind::Messages),
+    ("messages/count_tokens", ApiKind::Messages),
+    ("images/generations", ApiKind::ImagesGenerations),
+    ("inference/v1/generate", ApiKind::VllmGenerate),
+    ("generate", ApiKind::SglangGenerate),
+    (
+        "vllm.grpc.engine.VllmEngine/Generate",
+        ApiKind::VllmGrpcGenerate,
+    ),
+    (
+        "PredictionService/ChatCompletions",
+        ApiKind::VertexChatCompletions,
+    ),
+    ("PredictionService/RawPredict", ApiKind::VertexRawPredict),
+    (
+        "PredictionService/StreamRawPredict",
+        ApiKind::VertexRawPredict,
+    ),
+];
 
 impl ApiKind {
     /// Every kind, in declaration order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 13] = [
         Self::Completions,
         Self::ChatCompletions,
         Self::Responses,
         Self::Conversations,
         Self::Embeddings,
         Self::Messages,
+        Self::ImagesGenerations,
+        Self::VllmGenerate,
+        Self::SglangGenerate,
+        Self::VllmGrpcGenerate,
+        Self::VertexChatCompletions,
+        Self::VertexRawPredict,
+        Self::Passthrough,
     ];
 
     /// The API a request path names (query string ignored); completions when unknown.
     #[must_use]
     pub fn from_path(path: &str) -> Self {
+        Self::claiming(path, Self::ALL.as_slice()).unwrap_or(Self::Completions)
+    }
+
+    /// The kind among `kinds` whose claimed path suffix is the longest one
+    /// `path` ends with (on a segment boundary; query string and trailing
+    /// `/` ignored), if any. `/v1/chat/completions` is chat even when plain
+    /// completions are also claimed.
+    #[must_use]
+    pub fn claiming(path: &str, kinds: &[Self]) -> Option<Self> {
         let path = path.split(['?', '#']).next().unwrap_or(path);
         let path = path.trim_end_matches('/');
-        if path.ends_with("/chat/completions") {
-            Self::ChatCompletions
-        } else if path.ends_with("/responses") {
-            Self::Responses
-        } else if path.ends_with("/conversations") {
-            Self::Conversations
-        } else if path.ends_with("/embeddings") {
-            Self::Embeddings
-        } else if path.ends_with("/messages") {
-            Self::Messages
-        } else {
-            Self::Completions
+        CLAIMS
+            .iter()
+            .filter(|(suffix, kind)| {
+                let Some(before) = path.strip_suffix(suffix) else {
+                    return false;
+                };
+                let boundary = before.is_empty()
+                    || before.ends_with('/')
+                    || (kind.is_grpc() && before.ends_with('.'));
+                boundary && kinds.contains(kind)
+            })
+            .max_by_key(|(suffix, _)| suffix.len())
+            .map(|&(_, kind)| kind)
+    }
+
+    /// Whether requests of this kind arrive as gRPC messages.
+    #[must_use]
+    pub fn is_grpc(self) -> bool {
+        matches!(
+            self,
+            Self::VllmGrpcGenerate | Self::VertexChatCompletions | Self::VertexRawPredict
+        )
+    }
+}
+
+/// Which request APIs are read, and what becomes of a path none claims
+/// (llm-d's `requestHandler.parsers`: each parser claims path suffixes, the
+/// longest claim wins, and a parser that claims none is the fallback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestParsers {
+    /// The kinds the configured parsers claim.
+    pub kinds: Vec<ApiKind>,
+    /// A path none claims is passed through unread ([`ApiKind::Passthrough`])
+    /// rather than refused.
+    pub fallback: bool,
+}
+
+impl Default for RequestParsers {
+    /// llm-d's default list: `openai-parser`, `anthropic-parser`,
+    /// `vllmhttp-parser`, then `passthrough-parser`.
+    fn default() -> Self {
+        Self {
+            kinds: OPENAI_KINDS
+                .iter()
+                .copied()
+                .chain([ApiKind::Messages, ApiKind::VllmGenerate])
+                .collect(),
+            fallback: true,
         }
+    }
+}
+
+/// The kinds `openai-parser` claims.
+pub const OPENAI_KINDS: [ApiKind; 6] = [
+    ApiKind::Completions,
+    ApiKind::ChatCompletions,
+    ApiKind::Responses,
+    ApiKind::Conversations,
+    ApiKind::Embeddings,
+    ApiKind::ImagesGenerations,
+];
+
+impl RequestParsers {
+    /// The kind a request on `path` is read as: the longest claim, else
+    /// [`ApiKind::Passthrough`] with a fallback, else `None` (refused).
+    #[must_use]
+    pub fn route(&self, path: &str) -> Option<ApiKind> {
+        ApiKind::claiming(path, &self.kinds).or(self.fallback.then_some(ApiKind::Passthrough))
     }
 }
 
@@ -255,6 +374,38 @@ mod tests {
         assert_eq!(ApiKind::from_path("/v1/messages"), ApiKind::Messages);
         assert_eq!(ApiKind::from_path("/v1/embeddings"), ApiKind::Embeddings);
         assert_eq!(ApiKind::from_path("/whatever"), ApiKind::Completions);
+    }
+
+    #[test]
+    fn longest_claimed_suffix_among_the_configured_kinds() {
+        let all = ApiKind::ALL.as_slice();
+        let claim = |p| ApiKind::claiming(p, all);
+        assert_eq!(claim("/inference/v1/generate"), Some(ApiKind::VllmGenerate));
+        assert_eq!(claim("/generate"), Some(ApiKind::SglangGenerate));
+        assert_eq!(claim("generate"), Some(ApiKind::SglangGenerate));
+        assert_eq!(
+            claim("/v1/images/generations"),
+            Some(ApiKind::ImagesGenerations)
+        );
+        assert_eq!(claim("/v1/messages/count_tokens"), Some(ApiKind::Messages));
+        assert_eq!(
+            claim("/vllm.grpc.engine.VllmEngine/Generate"),
+            Some(ApiKind::VllmGrpcGenerate)
+        );
+        assert_eq!(
+            claim("/google.cloud.aiplatform.v1beta1.PredictionService/ChatCompletions"),
+            Some(ApiKind::VertexChatCompletions)
+        );
+        assert_eq!(claim("/v2/models/m/infer"), None);
+        assert_eq!(claim("/v1/xcompletions"), None, "segment boundary");
+        // Only the configured kinds claim: chat without the chat parser is
+        // nothing, not plain completions.
+        let openai_only = [ApiKind::Completions];
+        assert_eq!(
+            ApiKind::claiming("/v1/chat/completions", &openai_only),
+            Some(ApiKind::Completions)
+        );
+        assert_eq!(ApiKind::claiming("/generate", &openai_only), None);
     }
 
     #[test]

@@ -26,8 +26,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 use epp_core::{
-    ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler,
-    SchedulingError,
+    Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler, SchedulingError,
 };
 
 use crate::{
@@ -327,7 +326,12 @@ impl Decider {
         parts: &mut RequestParts,
         body: Option<&[u8]>,
     ) -> Result<Prepared, ExtProcError> {
-        let api = ApiKind::from_path(parts.path());
+        let api = options.parsers.route(parts.path()).ok_or_else(|| {
+            ExtProcError::BadBody(format!(
+                "no request parser of this picker reads path {:?}",
+                parts.path()
+            ))
+        })?;
         let parsed = match body {
             Some(b) => parse_body(api, b)?,
             None => ParsedBody::default(),
@@ -483,7 +487,8 @@ impl Decider {
         }
 
         // Body: byte for byte, unless the model is rewritten (splice only it).
-        let rewritten = has_body && request.target_model != request.model;
+        // Only a model epp found in the body can be replaced in it.
+        let rewritten = has_body && !model_span.is_empty() && request.target_model != request.model;
         let body = match body {
             Some(b) if rewritten => {
                 BodyEdit::Replace(splice_model(b, &model_span, &request.target_model))

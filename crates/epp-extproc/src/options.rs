@@ -86,6 +86,9 @@ pub struct ExtProcOptions {
     pub objective_priority: Option<Arc<dyn ObjectivePriority>>,
     /// Records sampled requests' spans (`None`: no tracing, no cost).
     pub tracer: Option<Arc<dyn crate::RequestTracer>>,
+    /// Which paths are read as which API, and whether an unclaimed path
+    /// passes through unread (default: llm-d's default parsers) or gets 400.
+    pub parsers: epp_core::RequestParsers,
 }
 
 impl Default for ExtProcOptions {
@@ -100,6 +103,7 @@ impl Default for ExtProcOptions {
             model_rewrite: None,
             objective_priority: None,
             tracer: None,
+            parsers: epp_core::RequestParsers::default(),
         }
     }
 }

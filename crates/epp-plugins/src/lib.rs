@@ -82,7 +82,6 @@ mod metric_scorer;
 mod mm_embeddings_cache_producer;
 mod mm_embeddings_cache_scorer;
 mod no_hit_lru_scorer;
-mod openai_parser;
 mod precise_prefix_cache_producer;
 mod predicted_latency_producer;
 mod prefix_based_pd_decider;
@@ -93,6 +92,7 @@ mod priority_holdback_policy;
 mod probabilistic_admitter;
 mod program_aware_fairness;
 mod random_picker;
+mod request_parsers;
 mod round_robin_fairness_policy;
 mod session_affinity_scorer;
 mod slo_deadline_ordering_policy;
@@ -101,6 +101,9 @@ mod soft_reflective_ceiling_policy;
 mod static_usage_limit_policy;
 mod token_load_scorer;
 mod token_producer;
+mod topology_affinity_filter;
+mod topology_affinity_scorer;
+mod topology_extractor;
 mod utilization_detector;
 mod utilization_filter;
 mod weighted_random_picker;
@@ -152,7 +155,6 @@ pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, Opt
 pub use mm_embeddings_cache_producer::{MmEmbeddingsCacheProducer, MmEmbeddingsParams};
 pub use mm_embeddings_cache_scorer::MmEmbeddingsCacheScorer;
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
-pub use openai_parser::OpenAiParser;
 pub use precise_prefix_cache_producer::{
     PrecisePrefixCacheProducer, PrecisePrefixParams, TokenProcessorConfig,
 };
@@ -169,6 +171,7 @@ pub use priority_holdback_policy::{
 pub use probabilistic_admitter::{ProbabilisticAdmitter, ProbabilisticAdmitterParams};
 pub use program_aware_fairness::{ProgramAwareFairness, ProgramAwareParams};
 pub use random_picker::RandomPicker;
+pub use request_parsers::{ApiParser, OTHER_PARSERS};
 pub use round_robin_fairness_policy::RoundRobinFairnessPolicy;
 pub use session_affinity_scorer::{
     EncodedEndpointHeaderConfig, SESSION_HEADER, SessionAffinityParams, SessionAffinityScorer,
@@ -180,6 +183,9 @@ pub use soft_reflective_ceiling_policy::SoftReflectiveCeilingPolicy;
 pub use static_usage_limit_policy::{StaticUsageLimitParams, StaticUsageLimitPolicy};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use token_producer::{LocalTokenizerParams, TokenProducer, TokenProducerParams};
+pub use topology_affinity_filter::{TopologyAffinityFilter, TopologyFilterParams};
+pub use topology_affinity_scorer::{TopologyAffinityScorer, TopologyScorerParams, proximity};
+pub use topology_extractor::{TopologyExtractor, TopologyLabels};
 pub use utilization_detector::{UtilizationDetector, UtilizationDetectorParams};
 pub use utilization_filter::{
     UtilizationCondition, UtilizationFilter, UtilizationFilterParams, UtilizationMetric,
@@ -276,7 +282,7 @@ pub fn register_builtins(registry: &mut Registry) {
         .set_default(Role::Picker, MaxScorePicker::TYPE)
         .set_default(Role::ProfileHandler, SingleProfileHandler::TYPE)
         .set_default(Role::SaturationDetector, UtilizationDetector::TYPE)
-        .set_default(Role::Parser, OpenAiParser::TYPE)
+        .set_default(Role::Parser, ApiParser::TYPE)
         .set_default(Role::PrefixProducer, ApproxPrefixCacheProducer::TYPE)
         .set_default(Role::LatencyPredictor, PredictedLatencyProducer::TYPE)
         .set_default_config(DEFAULT_CONFIG);
@@ -294,6 +300,9 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<WeightedRandomPicker>(registry);
     reg::<SingleProfileHandler>(registry);
     reg::<DisaggProfileHandler>(registry);
+    reg::<TopologyExtractor>(registry);
+    reg::<TopologyAffinityFilter>(registry);
+    reg::<TopologyAffinityScorer>(registry);
     reg::<DataParallelProfileHandler>(registry);
     reg::<PrefixBasedPdDecider>(registry);
     reg::<AlwaysDisaggPdDecider>(registry);
@@ -309,12 +318,15 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<StaticUsageLimitPolicy>(registry);
     reg::<PriorityHoldbackPolicy>(registry);
     reg::<SoftReflectiveCeilingPolicy>(registry);
-    reg::<OpenAiParser>(registry);
-    add(
-        registry,
-        OpenAiParser::ANTHROPIC_TYPE,
-        |name, NoParams {}| Ok(OpenAiParser::anthropic(name)),
-    );
+    reg::<ApiParser>(registry);
+    for (type_name, _) in OTHER_PARSERS {
+        add(registry, type_name, move |name, NoParams {}| {
+            ApiParser::other(name, type_name).ok_or_else(|| BuildError::UnknownType {
+                type_name: type_name.to_owned(),
+                hint: String::new(),
+            })
+        });
+    }
     reg::<LoraAffinityScorer>(registry);
     reg::<TokenLoadScorer>(registry);
     reg::<LoadAwareScorer>(registry);

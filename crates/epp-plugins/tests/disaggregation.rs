@@ -245,3 +245,77 @@ fn wiring_errors_name_the_field() {
     let e = load(&base("    stageOrder: sideways\n", both)).unwrap_err();
     assert!(e.contains("stageOrder"), "{e}");
 }
+
+/// pd-topology-epp-config.yaml: the prefill pick is on the decode pick's host
+/// when a prefill server is there (filter at `host`, scorer's curve), on a
+/// server of its rack otherwise; with no locality known it is routed as
+/// without the plugins (fail open).
+#[test]
+fn topology_config_places_prefill_next_to_decode() {
+    let built = llm_d_config("pd-topology-epp-config.yaml");
+    let host = "kubernetes.io/hostname";
+    let rack = "topology.kubernetes.io/rack";
+    let ep = |i: u32, role: &str, h: &str, r: &str| {
+        epp_test_support::endpoints::labelled(i, &[("llm-d.ai/role", role), (host, h), (rack, r)])
+    };
+    // One decode server (on h2, rack r1); prefill servers on h1 (r1), h2
+    // (r1), h3 (r2).
+    let fleet = EndpointSnapshot::new(vec![
+        ep(0, "prefill", "h1", "r1"),
+        ep(1, "prefill", "h2", "r1"),
+        ep(2, "prefill", "h3", "r2"),
+        ep(3, "decode", "h2", "r1"),
+    ]);
+    for seed in 20..26 {
+        let r = built
+            .scheduler
+            .schedule(&prompt(4000, seed), &fleet)
+            .unwrap();
+        assert_eq!(r.primary().unwrap().id(), fleet.endpoints()[3].id());
+        assert_eq!(
+            r.prefill().unwrap().id(),
+            fleet.endpoints()[1].id(),
+            "same host"
+        );
+    }
+    // Without a prefill server on its host, the rack's wins over another rack's.
+    let fleet = EndpointSnapshot::new(vec![
+        ep(0, "prefill", "h1", "r1"),
+        ep(2, "prefill", "h3", "r2"),
+        ep(3, "decode", "h2", "r1"),
+    ]);
+    for seed in 30..36 {
+        let r = built
+            .scheduler
+            .schedule(&prompt(4000, seed), &fleet)
+            .unwrap();
+        assert_eq!(
+            r.prefill().unwrap().id(),
+            fleet.endpoints()[0].id(),
+            "same rack"
+        );
+    }
+    // No locality: still disaggregated, over every prefill server.
+    let r = built
+        .scheduler
+        .schedule(&prompt(4000, 40), &pd_fleet())
+        .unwrap();
+    assert_eq!(role(r.prefill().unwrap()), "prefill");
+}
+
+/// A topology plugin names its source; a missing or wrong one is a load
+/// error at that parameter.
+#[test]
+fn topology_source_must_exist() {
+    let text = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n\
+                - type: topology-affinity-scorer\n  parameters: {topologyProducerName: where}\n\
+                - type: queue-scorer\n\
+                schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: topology-affinity-scorer\n";
+    let e = load(text).unwrap_err();
+    assert!(
+        e.contains("topologyProducerName") && e.contains("\"where\""),
+        "{e}"
+    );
+    let e = load(&text.replace("where", "queue-scorer")).unwrap_err();
+    assert!(e.contains("does not produce endpoint topology"), "{e}");
+}

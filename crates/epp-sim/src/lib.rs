@@ -43,6 +43,7 @@ pub mod engine_core;
 pub mod error;
 pub mod kv_events;
 pub mod metrics;
+mod native;
 mod openai;
 pub mod server;
 pub mod stats;

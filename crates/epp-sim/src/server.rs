@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use crate::{
     apis,
     engine::{Sim, count_tokens},
+    native,
     openai::{chat_completions, completions, error},
 };
 
@@ -116,6 +117,9 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/v1/conversations", post(apis::conversations))
         .route("/v1/messages", post(apis::messages))
         .route("/v1/embeddings", post(apis::embeddings))
+        .route("/inference/v1/generate", post(native::vllm_generate))
+        .route("/generate", post(native::sglang_generate))
+        .route("/v2/models/{model}/infer", post(native::kserve_infer))
         .layer(axum::middleware::from_fn(trailer));
     if recorded.capacity > 0 {
         generation = generation.layer(axum::middleware::from_fn_with_state(

@@ -146,6 +146,8 @@ pub struct BuiltConfig {
     pub objectives: HashMap<String, i32>,
     /// Model rewrite rules (empty when none are declared).
     pub model_rewrites: ModelRewriteRules,
+    /// Which request APIs are read ([`crate::RequestParsers`]).
+    pub parsers: crate::RequestParsers,
     /// The effective config with every default filled in, as YAML.
     pub effective_yaml: String,
 }
@@ -255,7 +257,7 @@ impl EndpointPickerConfig {
                 .with_saturation_detector(detector)
                 .map_err(|e| self.err("saturationDetector", e.to_string()))?;
         }
-        self.check_parsers(registry, &mut wiring)?;
+        let parsers = self.check_parsers(registry, &mut wiring)?;
         let data_layer = self.build_data_layer(registry, &mut wiring)?;
         let discovery = self.discovery(&wiring);
         self.check_custom_metrics(&wiring, &data_layer)?;
@@ -277,6 +279,7 @@ impl EndpointPickerConfig {
             flow_settings,
             objectives,
             model_rewrites,
+            parsers,
             effective_yaml: header::render(effective),
         })
     }

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 mod chat;
+mod native;
 mod prompt;
 
 use chat::Messages;
@@ -74,12 +75,22 @@ struct Top<'a> {
     max_output_tokens: Option<&'a RawValue>,
 }
 
-/// Parses a request body of API `api`.
+/// Parses a request body of API `api` (a [`ApiKind::Passthrough`] body is
+/// not read: no model, no prompt).
 ///
 /// # Errors
 /// [`ExtProcError::BadBody`] when the body is not a UTF-8 JSON object,
 /// [`ExtProcError::MissingModel`] when `model` is absent, null or empty.
 pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedBody> {
+    match api {
+        ApiKind::Passthrough => return Ok(ParsedBody::default()),
+        ApiKind::VllmGenerate => return native::vllm_generate(body),
+        ApiKind::SglangGenerate => return native::sglang_generate(body),
+        ApiKind::VllmGrpcGenerate => return native::vllm_grpc_generate(body),
+        ApiKind::VertexChatCompletions => return native::vertex(body, ApiKind::ChatCompletions),
+        ApiKind::VertexRawPredict => return native::vertex(body, ApiKind::Responses),
+        _ => {}
+    }
     let text =
         std::str::from_utf8(body).map_err(|e| ExtProcError::BadBody(format!("not UTF-8: {e}")))?;
     // serde reads a struct from a JSON array too (`["m"]` as model "m"):

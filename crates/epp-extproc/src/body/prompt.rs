@@ -34,7 +34,7 @@ pub(super) struct Rendered {
 }
 
 impl Rendered {
-    fn push_str(&mut self, s: &str) {
+    pub(super) fn push_str(&mut self, s: &str) {
         self.text.push_str(s);
     }
     fn push(&mut self, c: char) {
@@ -51,6 +51,9 @@ pub(super) fn render(api: ApiKind, f: &PromptFields<'_>) -> Rendered {
         }
         ApiKind::Embeddings => {
             prompt_like_raw(f.input, &mut out);
+        }
+        ApiKind::ImagesGenerations => {
+            prompt_like_raw(f.prompt, &mut out);
         }
         ApiKind::ChatCompletions => {
             tools(f.tools, &mut out);
@@ -131,9 +134,13 @@ fn prompt_like(v: &Value, out: &mut Rendered) {
 /// Token ids, each as exactly [`CHARS_PER_TOKEN`] characters, so one hashed
 /// block of `N × 4` characters is exactly `N` tokens.
 fn tokens(ids: &[Value], out: &mut Rendered) {
+    token_text(ids.iter().map(|id| id.as_u64().unwrap_or(0)), out);
+}
+
+/// Token ids rendered as [`tokens`] renders them.
+pub(super) fn token_text(ids: impl Iterator<Item = u64>, out: &mut Rendered) {
     const DIGITS: &[u8; 64] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+/";
-    for id in ids {
-        let n = id.as_u64().unwrap_or(0);
+    for n in ids {
         for k in (0..CHARS_PER_TOKEN).rev() {
             let digit = (n >> (6 * k)) & 63;
             out.push(char::from(DIGITS[digit as usize]));
@@ -485,7 +492,12 @@ mod tests {
             r#"{"model":"m","prompt":{"a":[1,2]}}"#,
             r#"{"model":"m","input":[{"type":"function_call","name":"f"}]}"#,
         ] {
-            for api in ApiKind::ALL {
+            // The OpenAI-shaped kinds (the engines' native ones need their
+            // own fields and refuse these).
+            for api in epp_core::OPENAI_KINDS
+                .into_iter()
+                .chain([ApiKind::Messages, ApiKind::Passthrough])
+            {
                 let _ = prompt(api, body);
             }
         }
