@@ -42,9 +42,9 @@ fn request(prompt: String) -> InferenceRequest {
 // Blocks of the default 16 tokens are 64 characters.
 const BLOCK: usize = 64;
 
-/// The files whose every type and key this picker knows. The other six:
-/// `epp-burst-prefix-cache-config.yaml` (`burst-prefix-cache-producer`),
-/// `pd-topology-epp-config.yaml` (`topology-*`), and four whose
+/// The files whose every type and key this picker knows. The other five:
+/// `epp-burst-prefix-cache-config.yaml` (`burst-prefix-cache-producer`), and
+/// four whose
 /// `token-producer` uses vLLM's `/render` backend
 /// (`epp-mm-embeddings-cache-config.yaml`, `epp-precise-prefix-cache-config.yaml`,
 /// `sim-epp-kvcache-config.yaml`, `sim-epp-tokenizer-vllm-http-config.yaml`).
@@ -53,6 +53,7 @@ const LOADING: &[&str] = &[
     "epp-config.yaml",
     "epp-estimate-prefix-cache-config.yaml",
     "pd-epp-config.yaml",
+    "pd-topology-epp-config.yaml",
     "probabilistic-admitter-epp-config.yaml",
     "sim-e-p-d-epp-config.yaml",
     "sim-e-pd-epp-config.yaml",
