@@ -99,8 +99,8 @@ pub use observe::{
 };
 pub use plugin::{
     Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, Filter, Picker, Plugin, PluginRef,
-    PreRequest, ProfileHandler, RequestOutcome, RequestParser, ResponseHeaderSink, ResponseHooks,
-    RouteEdits, SaturationDetector, Scorer, Topology, TopologyLevel,
+    PreRequest, ProfileHandler, RequestHold, RequestOutcome, RequestParser, ResponseHeaderSink,
+    ResponseHooks, RouteEdits, SaturationDetector, Scorer, Topology, TopologyLevel,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{

@@ -48,6 +48,10 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
         None
     }
+    /// This plugin as a request hold (waits before scheduling).
+    fn as_request_hold(&self) -> Option<&dyn RequestHold> {
+        None
+    }
     /// This plugin as an admitter (admission after data producers).
     fn as_admitter(&self) -> Option<&dyn Admitter> {
         None
@@ -378,6 +382,20 @@ pub trait Admitter: Plugin {
     /// # Errors
     /// Why the request is refused, for the client's error message.
     fn admit(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String>;
+}
+
+/// Holds a request for a moment before it is scheduled, so that requests
+/// arriving together can be placed together (llm-d's
+/// `burst-prefix-cache-producer` waits for its batching window). The edge
+/// waits without blocking; a request whose stream ends meanwhile is dropped.
+pub trait RequestHold: Plugin {
+    /// When `request` may be scheduled: `None` at once, else the instant to
+    /// wait for. Called once per request, before scheduling.
+    fn hold(
+        &self,
+        request: &InferenceRequest,
+        now: std::time::Instant,
+    ) -> Option<std::time::Instant>;
 }
 
 /// What happened to a request at the end.

@@ -276,6 +276,7 @@ pub struct Scheduler {
     producers: Vec<PluginRef>,
     admitters: Vec<PluginRef>,
     pre_request: Vec<PluginRef>,
+    holds: Vec<PluginRef>,
     response: Vec<PluginRef>,
     saturation: Option<PluginRef>,
     staleness: Option<Duration>,
@@ -309,6 +310,7 @@ impl Scheduler {
             producers: Vec::new(),
             admitters: Vec::new(),
             pre_request: Vec::new(),
+            holds: Vec::new(),
             response: Vec::new(),
             saturation: None,
             staleness: None,
@@ -337,6 +339,9 @@ impl Scheduler {
             if p.plugin().as_admitter().is_some() {
                 self.admitters.push(p.clone());
             }
+            if p.plugin().as_request_hold().is_some() {
+                self.holds.push(p.clone());
+            }
             if p.plugin().as_pre_request().is_some() {
                 self.pre_request.push(p.clone());
             }
@@ -361,6 +366,23 @@ impl Scheduler {
             }
         });
         self
+    }
+
+    /// Whether a plugin may hold requests before scheduling
+    /// ([`crate::RequestHold`]).
+    #[must_use]
+    pub fn holds_requests(&self) -> bool {
+        !self.holds.is_empty()
+    }
+
+    /// The instant until which `request` must wait before it is scheduled
+    /// (the latest any [`crate::RequestHold`] asks for), or `None`.
+    #[must_use]
+    pub fn hold_until(&self, request: &InferenceRequest, now: Instant) -> Option<Instant> {
+        self.holds
+            .iter()
+            .filter_map(|p| p.plugin().as_request_hold()?.hold(request, now))
+            .max()
     }
 
     /// Sets the saturation detector: sheddable requests are refused with

@@ -222,7 +222,7 @@ fn content_hash(block: &[u8]) -> u64 {
 }
 
 /// Seed for a request: target model and cache salt.
-fn seed(model: &str, salt: Option<&str>) -> u64 {
+pub(crate) fn seed(model: &str, salt: Option<&str>) -> u64 {
     let mut h = chain(0x5eed, content_hash(model.as_bytes()));
     if let Some(salt) = salt {
         h = chain(h ^ 0x5a17, content_hash(salt.as_bytes()));

@@ -59,6 +59,7 @@ mod active_request_scorer;
 mod always_disagg_multimodal_decider;
 mod always_disagg_pd_decider;
 mod approx_prefix_cache_producer;
+mod burst_prefix_cache_producer;
 mod concurrency_detector;
 mod data_parallel_profile_handler;
 mod disagg_profile_handler;
@@ -119,6 +120,7 @@ pub use always_disagg_pd_decider::AlwaysDisaggPdDecider;
 pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
+pub use burst_prefix_cache_producer::{BurstPrefixCacheProducer, BurstPrefixParams};
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use data_parallel_profile_handler::{
     DATA_PARALLEL_HEADER, DataParallelParams, DataParallelProfileHandler,
@@ -293,6 +295,7 @@ pub fn register_builtins(registry: &mut Registry) {
     }
     reg::<PrefixCacheScorer>(registry);
     reg::<ApproxPrefixCacheProducer>(registry);
+    reg::<BurstPrefixCacheProducer>(registry);
     reg::<PrecisePrefixCacheProducer>(registry);
     reg::<TokenProducer>(registry);
     reg::<MaxScorePicker>(registry);

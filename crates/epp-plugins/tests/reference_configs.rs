@@ -436,8 +436,8 @@ schedulingProfiles:
 #[test]
 fn unimplemented_reference_types_are_named_in_the_error() {
     for (ty, params) in [
-        ("burst-prefix-cache-producer", "{windowDurationMs: 100}"),
         ("k8s-notification-source", "{kind: Pod}"),
+        ("local-syncer", "{}"),
     ] {
         let text = format!(
             "\

@@ -11,8 +11,8 @@ use std::{path::Path, time::Duration};
 use epp_test_support::{
     http,
     process::{
-        BodyMode, Sim, scratch_dir, shared_loopback_port, start_envoy, start_epp, start_sim_at,
-        workspace_root,
+        BodyMode, Sim, scratch_dir, shared_loopback_port, start_envoy, start_epp, start_sim,
+        start_sim_at, workspace_root,
     },
 };
 
@@ -159,4 +159,72 @@ async fn without_an_exporter_it_loads_routes_and_warns_once() {
         1,
         "one warning for the DCGM source:\n{log}"
     );
+}
+
+/// llm-d's `epp-burst-prefix-cache-config.yaml` (its vLLM `token-producer`
+/// taken out: epp has no `/render` backend) through Envoy: two bursts of
+/// identical prompts sent at once, each burst lands on one simulator, the
+/// two on different ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_one_prompt_is_served_by_one_replica() {
+    let dir = scratch_dir("llm-d-burst");
+    let sample = std::fs::read_to_string(
+        workspace_root()
+            .join("../shared/reference/llm-d-configs/epp-burst-prefix-cache-config.yaml"),
+    )
+    .unwrap();
+    let start = sample.find("  - type: token-producer").unwrap();
+    let end = start
+        + sample[start..]
+            .find("  - type: single-profile-handler")
+            .unwrap();
+    let config = dir.join("burst.yaml");
+    std::fs::write(&config, format!("{}{}", &sample[..start], &sample[end..])).unwrap();
+    let stack_sims: Vec<Sim> = (0..3).map(|i| start_sim(&dir, i, &[])).collect();
+    let endpoints = stack_sims
+        .iter()
+        .map(Sim::addr)
+        .collect::<Vec<_>>()
+        .join(",");
+    let epp = start_epp(
+        &dir,
+        &[
+            "--endpoints",
+            &endpoints,
+            "--config-file",
+            config.to_str().unwrap(),
+        ],
+    );
+    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Two prompts of 1,050 characters (4 blocks of 64 tokens), 4 copies
+    // each, sent at once.
+    let a = "rollout step A ".repeat(70);
+    let b = "rollout step B ".repeat(70);
+    let port = envoy.port;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8usize {
+        let prompt = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.spawn(async move {
+            let body = serde_json::json!({
+                "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "prompt": prompt,
+                "max_tokens": 1
+            });
+            let r = http::post_json(port, "/v1/completions", &body)
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            (i, r.header("x-inference-pod").unwrap().to_owned())
+        });
+    }
+    let mut pods = vec![String::new(); 8];
+    while let Some(done) = tasks.join_next().await {
+        let (i, pod) = done.unwrap();
+        pods[i] = pod;
+    }
+    let (on_a, on_b): (Vec<_>, Vec<_>) = pods.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    assert!(on_a.iter().all(|(_, p)| *p == on_a[0].1), "{pods:?}");
+    assert!(on_b.iter().all(|(_, p)| *p == on_b[0].1), "{pods:?}");
+    assert_ne!(on_a[0].1, on_b[0].1, "{pods:?}");
 }

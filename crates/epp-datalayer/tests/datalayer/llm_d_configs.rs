@@ -42,12 +42,11 @@ fn request(prompt: String) -> InferenceRequest {
 // Blocks of the default 16 tokens are 64 characters.
 const BLOCK: usize = 64;
 
-/// The files whose every type and key this picker knows. The other five:
-/// `epp-burst-prefix-cache-config.yaml` (`burst-prefix-cache-producer`), and
-/// four whose
-/// `token-producer` uses vLLM's `/render` backend
-/// (`epp-mm-embeddings-cache-config.yaml`, `epp-precise-prefix-cache-config.yaml`,
-/// `sim-epp-kvcache-config.yaml`, `sim-epp-tokenizer-vllm-http-config.yaml`).
+/// The files whose every type and key this picker knows. The other five
+/// each have a `token-producer` that uses vLLM's `/render` backend
+/// (`epp-burst-prefix-cache-config.yaml`, `epp-mm-embeddings-cache-config.yaml`,
+/// `epp-precise-prefix-cache-config.yaml`, `sim-epp-kvcache-config.yaml`,
+/// `sim-epp-tokenizer-vllm-http-config.yaml`).
 const LOADING: &[&str] = &[
     "dp-epp-config.yaml",
     "epp-config.yaml",
@@ -120,26 +119,39 @@ fn readers_of_different_producers_each_read_their_own() {
 /// multimodal producer listed as an endpoint-notification extractor
 /// included).
 #[test]
-fn the_multimodal_config_loads_without_its_vllm_token_producer() {
-    let text = text_of("epp-mm-embeddings-cache-config.yaml");
-    let start = text.find("  - type: token-producer").unwrap();
-    let end = start
-        + text[start..]
-            .find("  - type: endpoint-notification-source")
-            .unwrap();
-    let without = format!("{}{}", &text[..start], &text[end..]);
-    let built = EndpointPickerConfig::parse(&without, "mm.yaml")
-        .and_then(|c| c.build(&registry()))
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(names(&built).contains(&"mm-embeddings-cache-producer"));
-    // Only the KV-event consumer is fed by the notification source.
-    let fed: Vec<&str> = built
-        .data_layer
-        .iter()
-        .filter(|s| s.source.plugin().as_notification_source().is_some())
-        .flat_map(|s| s.extractors.iter().map(|e| e.plugin().name()))
-        .collect();
-    assert_eq!(fed, vec!["precise-prefix-cache-producer"]);
+fn the_multimodal_and_burst_configs_load_without_their_vllm_token_producer() {
+    for (file, next, wanted) in [
+        (
+            "epp-mm-embeddings-cache-config.yaml",
+            "  - type: endpoint-notification-source",
+            "mm-embeddings-cache-producer",
+        ),
+        (
+            "epp-burst-prefix-cache-config.yaml",
+            "  - type: single-profile-handler",
+            "burst-prefix-cache-producer",
+        ),
+    ] {
+        let text = text_of(file);
+        let start = text.find("  - type: token-producer").unwrap();
+        let end = start + text[start..].find(next).unwrap();
+        let without = format!("{}{}", &text[..start], &text[end..]);
+        let built = EndpointPickerConfig::parse(&without, file)
+            .and_then(|c| c.build(&registry()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(names(&built).contains(&wanted), "{file}");
+        // Only KV-event consumers are fed by a notification source.
+        let fed: Vec<&str> = built
+            .data_layer
+            .iter()
+            .filter(|s| s.source.plugin().as_notification_source().is_some())
+            .flat_map(|s| s.extractors.iter().map(|e| e.plugin().name()))
+            .collect();
+        assert!(
+            fed.iter().all(|n| *n == "precise-prefix-cache-producer"),
+            "{file}: {fed:?}"
+        );
+    }
 }
 
 /// llm-d's `dataLayer.discovery` naming a `file-discovery` plugin: the built
