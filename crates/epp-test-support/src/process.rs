@@ -594,3 +594,24 @@ pub fn recorded_header<'a>(req: &'a serde_json::Value, name: &str) -> Option<&'a
         .find(|h| h[0].as_str() == Some(name))
         .and_then(|h| h[1].as_str())
 }
+
+/// Waits until epp (metrics on `metrics_port`) has scraped every address in
+/// `addrs` (`epp_metrics_scrape_up{endpoint="ip:port"} 1`).
+///
+/// # Panics
+/// After 20 s.
+pub fn wait_scraped(metrics_port: u16, addrs: &[String]) {
+    for _ in 0..400 {
+        let page = http::get_blocking(metrics_port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        if addrs
+            .iter()
+            .all(|a| page.contains(&format!("epp_metrics_scrape_up{{endpoint=\"{a}\"}} 1")))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("epp did not scrape {addrs:?}");
+}

@@ -4,13 +4,13 @@
 //! reads epp's headers and runs the prefill / rank hop, our simulators speak
 //! vLLM's `kv_transfer_params`.
 
-use std::{path::Path, time::Duration};
+use std::path::Path;
 
 use epp_test_support::{
     http,
     process::{
         BodyMode, Sim, free_port_on, recorded_header, scratch_dir, sim_requests, start_envoy,
-        start_epp, start_sim, start_sim_at, workspace_root,
+        start_epp, start_sim, start_sim_at, wait_scraped, workspace_root,
     },
     reference::start_sidecar,
 };
@@ -28,21 +28,6 @@ fn llm_d_config(file: &str) -> String {
         path.display()
     );
     path.to_str().unwrap().to_owned()
-}
-
-/// Waits until epp has scraped every address in `addrs`.
-fn wait_scraped(metrics_port: u16, addrs: &[String]) {
-    for _ in 0..200 {
-        let page = http::get_blocking(metrics_port, "/metrics").unwrap().1;
-        if addrs
-            .iter()
-            .all(|a| page.contains(&format!("epp_metrics_scrape_up{{endpoint=\"{a}\"}} 1")))
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("epp did not scrape {addrs:?}");
 }
 
 fn write_endpoints(dir: &Path, entries: &[(String, u16, &str)]) -> String {
