@@ -222,7 +222,8 @@ impl Decider {
         received: Instant,
         trace: Option<&mut ActiveTrace>,
     ) -> Started {
-        if self.flow.current().is_none() {
+        let holds = self.scheduler.load().holds_requests();
+        if self.flow.current().is_none() && !holds {
             return Started::Decided(self.decide(options, parts, body, trace));
         }
         let prepared = match self.prepare(options, parts, body) {
@@ -231,6 +232,17 @@ impl Decider {
                 return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), "", ""));
             }
         };
+        // A plugin's hold (a batching window) comes first; with flow control
+        // on, requests are not held (they leave the queue one by one).
+        if holds
+            && self.flow.current().is_none()
+            && let Some(until) = self
+                .scheduler
+                .load()
+                .hold_until(&prepared.request, Instant::now())
+        {
+            return Started::Queued(Box::new(Waiting::held(prepared, until)));
+        }
         match self.admit(prepared, received) {
             Admitted::Now(p) => {
                 Started::Decided(self.route(p, parts.subset.as_deref(), body, trace))
@@ -256,6 +268,7 @@ impl Decider {
                 decision
             }
             Waited::Evicted(prepared, err) => self.reject_request(err, &prepared.request),
+            Waited::Held(prepared) => self.route(prepared, subset, body, trace),
         }
     }
 

@@ -113,12 +113,15 @@ impl Drop for FlowKick {
     }
 }
 
-/// A request waiting in flow control.
+/// A request waiting in flow control, or held by a plugin before it is
+/// scheduled ([`epp_core::RequestHold`]).
 pub(crate) struct Waiting {
     prepared: Option<Prepared>,
     ticket: Option<Ticket>,
     ttl: Option<Duration>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A plugin's hold: ready when it elapses.
+    hold: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl fmt::Debug for Waiting {
@@ -135,11 +138,37 @@ pub(crate) enum Waited {
     Released(Prepared, Release),
     /// Evicted (TTL): answer with the error.
     Evicted(Prepared, ExtProcError),
+    /// A plugin's hold elapsed: route it.
+    Held(Prepared),
 }
 
 impl Waiting {
-    /// Ready when the request is released or its TTL ran out.
+    /// `prepared`, held until `until` (outside flow control).
+    pub(crate) fn held(prepared: Prepared, until: Instant) -> Self {
+        Self {
+            prepared: Some(prepared),
+            ticket: None,
+            ttl: None,
+            timer: None,
+            hold: Some(Box::pin(tokio::time::sleep_until(
+                tokio::time::Instant::from_std(until),
+            ))),
+        }
+    }
+
+    /// Ready when the request is released or its TTL ran out (or, held,
+    /// when the hold elapsed).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Waited> {
+        if let Some(hold) = self.hold.as_mut() {
+            if hold.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.hold = None;
+            return match self.prepared.take() {
+                Some(prepared) => Poll::Ready(Waited::Held(prepared)),
+                None => Poll::Pending,
+            };
+        }
         let Some(ticket) = self.ticket.as_mut() else {
             return Poll::Pending;
         };
@@ -248,6 +277,7 @@ impl Decider {
                 ticket: Some(ticket),
                 ttl,
                 timer: None,
+                hold: None,
             }),
             Err(Rejected(outcome)) => {
                 Admitted::Refused(prepared, ExtProcError::FlowControl(outcome))
