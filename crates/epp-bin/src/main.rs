@@ -165,7 +165,24 @@ fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOpti
         objectives: built.objectives.clone(),
         model_rewrite,
         parsers: built.parsers.clone(),
+        renderer: renderer(built),
         ..epp_extproc::ExtProcOptions::default()
+    }
+}
+
+/// The render client a token producer asks for (`vllm` backend), if any.
+fn renderer(built: &BuiltConfig) -> Option<Arc<dyn epp_core::PromptRenderer>> {
+    let (name, service) = built
+        .plugins
+        .iter()
+        .find_map(|(name, p)| Some((name, p.plugin().render_service()?)))?;
+    match epp_datalayer::VllmRenderer::new(service) {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) => {
+            // The plugin checked the URL at load; a second refusal is a bug.
+            tracing::error!(plugin = %name, error = %e, "cannot create the render client");
+            None
+        }
     }
 }
 

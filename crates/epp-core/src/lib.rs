@@ -105,7 +105,7 @@ pub use plugin::{
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{
     ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, OPENAI_KINDS,
-    RequestParsers, Usage,
+    PromptRenderer, RenderFuture, RenderService, RequestParsers, Usage,
 };
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

@@ -110,6 +110,12 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_request_parser(&self) -> Option<&dyn RequestParser> {
         None
     }
+    /// The service this plugin wants prompts rendered by before scheduling
+    /// (a token producer's remote backend); the binary creates the
+    /// [`crate::PromptRenderer`] and the edge awaits it.
+    fn render_service(&self) -> Option<crate::RenderService> {
+        None
+    }
 
     /// Other plugins this one names in its parameters (llm-d's
     /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.

@@ -122,6 +122,8 @@ pub(crate) struct Waiting {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A plugin's hold: ready when it elapses.
     hold: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The prompt being rendered to token ids (first, before anything else).
+    render: Option<epp_core::RenderFuture>,
 }
 
 impl fmt::Debug for Waiting {
@@ -140,6 +142,9 @@ pub(crate) enum Waited {
     Evicted(Prepared, ExtProcError),
     /// A plugin's hold elapsed: route it.
     Held(Prepared),
+    /// Its prompt was rendered (or the render failed): it goes on to any
+    /// hold and flow control.
+    Rendered(Prepared),
 }
 
 impl Waiting {
@@ -153,12 +158,39 @@ impl Waiting {
             hold: Some(Box::pin(tokio::time::sleep_until(
                 tokio::time::Instant::from_std(until),
             ))),
+            render: None,
+        }
+    }
+
+    /// `prepared`, waiting for its prompt's token ids.
+    pub(crate) fn rendering(prepared: Prepared, render: epp_core::RenderFuture) -> Self {
+        Self {
+            prepared: Some(prepared),
+            ticket: None,
+            ttl: None,
+            timer: None,
+            hold: None,
+            render: Some(render),
         }
     }
 
     /// Ready when the request is released or its TTL ran out (or, held,
     /// when the hold elapsed).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Waited> {
+        if let Some(render) = self.render.as_mut() {
+            let Poll::Ready(rendered) = render.as_mut().poll(cx) else {
+                return Poll::Pending;
+            };
+            self.render = None;
+            let Some(mut prepared) = self.prepared.take() else {
+                return Poll::Pending;
+            };
+            match rendered {
+                Ok(ids) => prepared.request.prompt_token_ids = Some(ids),
+                Err(e) => render_failed(&prepared.request.request_id, &e),
+            }
+            return Poll::Ready(Waited::Rendered(prepared));
+        }
         if let Some(hold) = self.hold.as_mut() {
             if hold.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
@@ -205,6 +237,25 @@ impl Waiting {
             Ok(release) => Waited::Released(prepared, release),
             Err(outcome) => Waited::Evicted(prepared, ExtProcError::FlowControl(outcome)),
         })
+    }
+}
+
+/// Logs a failed render: each at debug, and a warning at most once a
+/// minute (a dead render service fails every request).
+fn render_failed(request_id: &str, error: &str) {
+    static LAST_WARNING: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    tracing::debug!(request_id, error, "the prompt could not be rendered");
+    let mut last = LAST_WARNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+        *last = Some(Instant::now());
+        tracing::warn!(
+            request_id,
+            error,
+            "the prompt could not be rendered; requests are scheduled without token ids \
+             (warned at most once a minute)"
+        );
     }
 }
 
@@ -278,6 +329,7 @@ impl Decider {
                 ttl,
                 timer: None,
                 hold: None,
+                render: None,
             }),
             Err(Rejected(outcome)) => {
                 Admitted::Refused(prepared, ExtProcError::FlowControl(outcome))

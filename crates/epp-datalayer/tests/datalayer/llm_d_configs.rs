@@ -42,15 +42,14 @@ fn request(prompt: String) -> InferenceRequest {
 // Blocks of the default 16 tokens are 64 characters.
 const BLOCK: usize = 64;
 
-/// The files whose every type and key this picker knows. The other five
-/// each have a `token-producer` that uses vLLM's `/render` backend
-/// (`epp-burst-prefix-cache-config.yaml`, `epp-mm-embeddings-cache-config.yaml`,
-/// `epp-precise-prefix-cache-config.yaml`, `sim-epp-kvcache-config.yaml`,
-/// `sim-epp-tokenizer-vllm-http-config.yaml`).
+/// All 19 files llm-d ships.
 const LOADING: &[&str] = &[
     "dp-epp-config.yaml",
+    "epp-burst-prefix-cache-config.yaml",
     "epp-config.yaml",
     "epp-estimate-prefix-cache-config.yaml",
+    "epp-mm-embeddings-cache-config.yaml",
+    "epp-precise-prefix-cache-config.yaml",
     "pd-epp-config.yaml",
     "pd-topology-epp-config.yaml",
     "probabilistic-admitter-epp-config.yaml",
@@ -58,7 +57,9 @@ const LOADING: &[&str] = &[
     "sim-e-pd-epp-config.yaml",
     "sim-epp-config.yaml",
     "sim-epp-gpu-config.yaml",
+    "sim-epp-kvcache-config.yaml",
     "sim-epp-no-hit-lru.yaml",
+    "sim-epp-tokenizer-vllm-http-config.yaml",
     "sim-pd-epp-config.yaml",
     "sim-program-aware-config.yaml",
     "soft-reflective-ceiling-epp-config.yaml",
@@ -66,6 +67,7 @@ const LOADING: &[&str] = &[
 
 #[test]
 fn llm_ds_shipped_configs_load() {
+    assert_eq!(LOADING.len(), 19);
     let failures: Vec<String> = LOADING
         .iter()
         .filter_map(|f| load(f).err().map(|e| format!("{f}: {e}")))
@@ -114,31 +116,28 @@ fn readers_of_different_producers_each_read_their_own() {
 }
 
 /// `epp-mm-embeddings-cache-config.yaml` and `epp-burst-prefix-cache-config.yaml`
-/// also need `token-producer`'s vLLM `/render` backend, which epp does not
-/// have: with the token producer taken out, what remains must load (the
-/// multimodal producer listed as an endpoint-notification extractor
-/// included).
+/// as shipped: their token producer asks the engine to render prompts
+/// (llm-d's `vllm` backend), and what they name loads (the multimodal
+/// producer listed as an endpoint-notification extractor included).
 #[test]
-fn the_multimodal_and_burst_configs_load_without_their_vllm_token_producer() {
-    for (file, next, wanted) in [
+fn the_multimodal_and_burst_configs_load_with_their_vllm_token_producer() {
+    for (file, wanted) in [
         (
             "epp-mm-embeddings-cache-config.yaml",
-            "  - type: endpoint-notification-source",
             "mm-embeddings-cache-producer",
         ),
         (
             "epp-burst-prefix-cache-config.yaml",
-            "  - type: single-profile-handler",
             "burst-prefix-cache-producer",
         ),
     ] {
-        let text = text_of(file);
-        let start = text.find("  - type: token-producer").unwrap();
-        let end = start + text[start..].find(next).unwrap();
-        let without = format!("{}{}", &text[..start], &text[end..]);
-        let built = EndpointPickerConfig::parse(&without, file)
-            .and_then(|c| c.build(&registry()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let built = load(file).unwrap_or_else(|e| panic!("{e}"));
+        let render = built
+            .plugins
+            .iter()
+            .find_map(|(_, p)| p.plugin().render_service())
+            .expect("the token producer asks for rendering");
+        assert_eq!(render.model, "hf-repo/model-name", "{file}");
         assert!(names(&built).contains(&wanted), "{file}");
         // Only KV-event consumers are fed by a notification source.
         let fed: Vec<&str> = built
