@@ -73,11 +73,23 @@ fn pd_config_text() -> String {
 }
 
 /// The decode profile of pd-epp-config.yaml, alone.
-const AGGREGATED: &str = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n\
-- type: approx-prefix-cache-producer\n  parameters: {maxPrefixTokensToMatch: 16384, lruCapacityPerServer: 31250}\n\
-- type: prefix-cache-scorer\n- type: queue-scorer\n- type: decode-filter\n- type: max-score-picker\n\
-schedulingProfiles:\n- name: decode\n  plugins:\n  - pluginRef: decode-filter\n  - pluginRef: max-score-picker\n\
-  - {pluginRef: prefix-cache-scorer, weight: 2}\n  - {pluginRef: queue-scorer, weight: 1}\n";
+const AGGREGATED: &str = r#"apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+  parameters: {maxPrefixTokensToMatch: 16384, lruCapacityPerServer: 31250}
+- type: prefix-cache-scorer
+- type: queue-scorer
+- type: decode-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 1}
+"#;
 
 fn aggregated() -> Fleet {
     let dir = scratch_dir("bench-pd-aggregated");

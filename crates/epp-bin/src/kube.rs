@@ -108,11 +108,15 @@ impl Kube {
     /// error (the process exits non-zero).
     pub(crate) async fn start(
         args: &crate::args::Args,
+        config_discovery: bool,
         store: &Arc<EndpointStore>,
         stop: &CancellationToken,
         prom: &mut prometheus_client::registry::Registry,
     ) -> Result<Self> {
-        let static_endpoints = !args.endpoints.is_empty() || args.endpoints_file.is_some();
+        // The config's `dataLayer.discovery` replaces the pool's discovery,
+        // as in llm-d, like static endpoints do.
+        let static_endpoints =
+            !args.endpoints.is_empty() || args.endpoints_file.is_some() || config_discovery;
         let Some(options) = options(
             &args.kube,
             args.pool_name.as_deref(),

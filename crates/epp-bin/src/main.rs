@@ -160,9 +160,14 @@ fn check_config(args: &Args) -> ExitCode {
 }
 
 /// Where endpoints come from: `--endpoints`, then `--endpoints-file`
-/// (checked every refresh interval, at most every 50 ms), each owning its
-/// part of the endpoint store. (Kubernetes discovery would be one more.)
-fn discoveries(args: &Args) -> Result<Vec<Box<dyn epp_datalayer::Discovery>>> {
+/// (checked every refresh interval, at most every 50 ms), then the file of
+/// the config's `dataLayer.discovery` plugin (llm-d's `file-discovery`,
+/// watched the same way), each owning its part of the endpoint store.
+/// (Kubernetes discovery would be one more.)
+fn discoveries(
+    args: &Args,
+    discovery: Option<&epp_core::PluginRef>,
+) -> Result<Vec<Box<dyn epp_datalayer::Discovery>>> {
     let mut out: Vec<Box<dyn epp_datalayer::Discovery>> = Vec::new();
     if !args.endpoints.is_empty() {
         let flag = epp_datalayer::StaticDiscovery::parse(&args.endpoints)
@@ -174,6 +179,13 @@ fn discoveries(args: &Args) -> Result<Vec<Box<dyn epp_datalayer::Discovery>>> {
         let poll = args.refresh_metrics_interval.min(Duration::from_millis(50));
         out.push(Box::new(
             epp_datalayer::FileDiscovery::new(file.clone()).with_poll_interval(poll),
+        ));
+    }
+    let configured = discovery.and_then(|d| d.plugin().as_endpoint_discovery()?.endpoints_file());
+    if let Some(file) = configured {
+        let poll = args.refresh_metrics_interval.min(Duration::from_millis(50));
+        out.push(Box::new(
+            epp_datalayer::FileDiscovery::new(file.to_path_buf()).with_poll_interval(poll),
         ));
     }
     Ok(out)
@@ -188,7 +200,24 @@ fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOpti
         objectives: built.objectives.clone(),
         model_rewrite,
         parsers: built.parsers.clone(),
+        renderer: renderer(built),
         ..epp_extproc::ExtProcOptions::default()
+    }
+}
+
+/// The render client a token producer asks for (`vllm` backend), if any.
+fn renderer(built: &BuiltConfig) -> Option<Arc<dyn epp_core::PromptRenderer>> {
+    let (name, service) = built
+        .plugins
+        .iter()
+        .find_map(|(name, p)| Some((name, p.plugin().render_service()?)))?;
+    match epp_datalayer::VllmRenderer::new(service) {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) => {
+            // The plugin checked the URL at load; a second refusal is a bug.
+            tracing::error!(plugin = %name, error = %e, "cannot create the render client");
+            None
+        }
     }
 }
 
@@ -220,7 +249,7 @@ async fn run(args: Args) -> Result<()> {
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 
-    for discovery in discoveries(&args)? {
+    for discovery in discoveries(&args, built.discovery.as_ref())? {
         discovery
             .start(Arc::clone(&store), shutdown.child_token())
             .with_context(|| {
@@ -231,7 +260,14 @@ async fn run(args: Args) -> Result<()> {
             })?;
         discovery.register_metrics(&mut prom);
     }
-    let kube = kube::Kube::start(&args, &store, &shutdown, &mut prom).await?;
+    let kube = kube::Kube::start(
+        &args,
+        built.discovery.is_some(),
+        &store,
+        &shutdown,
+        &mut prom,
+    )
+    .await?;
     let options = kube.with_cluster_directives(options, &shutdown).await?;
     // Every discovery published its first set before `start` returned;
     // Kubernetes' own state (sync, pool, permissions, leadership) is the gate.

@@ -12,6 +12,7 @@ mod e2e {
     mod flow_control;
     mod kubernetes;
     mod latency;
+    mod llm_d_keys;
     mod logs;
     mod lora_syncer;
     mod metric_names;

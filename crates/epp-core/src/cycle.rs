@@ -1,7 +1,13 @@
 //! What one scheduling cycle sees: the request, the candidates, and scratch
 //! state that data producers fill for filters and scorers.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
 
 use rand::rngs::SmallRng;
 
@@ -137,6 +143,41 @@ impl PrefixMatch {
     }
 }
 
+/// No prefix matches: what a reader of a set no producer filled sees.
+static NO_PREFIX: PrefixMatch = PrefixMatch {
+    hashes: Vec::new(),
+    matched: Vec::new(),
+    computed: false,
+    producer: 0,
+    block_size_tokens: 0,
+};
+
+/// Which of a cycle's prefix-match sets ([`CycleState::prefix_at`]) a
+/// plugin reads or fills: 0, [`CycleState::prefix`], unless config loading
+/// bound it to another ([`crate::Plugin::bind_prefix_slot`]), as when two
+/// readers name two producers (llm-d's `prefixMatchInfoProducerName`).
+#[derive(Debug, Default)]
+pub struct PrefixSlot(AtomicUsize);
+
+impl PrefixSlot {
+    /// The slot.
+    #[must_use]
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Binds the slot (at config loading, before any cycle).
+    pub fn set(&self, slot: usize) {
+        self.0.store(slot, Ordering::Relaxed);
+    }
+}
+
+impl Clone for PrefixSlot {
+    fn clone(&self) -> Self {
+        Self(AtomicUsize::new(self.get()))
+    }
+}
+
 /// The request's prompt as the model server's tokenizer sees it, when a
 /// token producer ran (`token-producer`).
 #[derive(Debug, Clone, Default)]
@@ -156,16 +197,56 @@ impl TokenizedPrompt {
     }
 }
 
+/// Which of the request's multimodal items (images, audio, video) each
+/// endpoint is expected to hold in its encoder cache, when a multimodal
+/// producer ran (`mm-embeddings-cache-producer`).
+#[derive(Debug, Clone, Default)]
+pub struct MultimodalMatch {
+    /// The request's distinct items, as 64-bit hashes.
+    pub items: Vec<u64>,
+    /// Items matched, per endpoint id.
+    matched: Vec<u32>,
+}
+
+impl MultimodalMatch {
+    /// Clears for a new cycle, keeping capacity.
+    pub fn reset(&mut self) {
+        self.items.clear();
+        self.matched.clear();
+    }
+
+    /// Records how many of the items `id` holds.
+    pub fn set_matched(&mut self, id: EndpointId, items: u32) {
+        let i = id.index();
+        if self.matched.len() <= i {
+            self.matched.resize(i + 1, 0);
+        }
+        self.matched[i] = items;
+    }
+
+    /// Items `id` holds (0 if unknown).
+    #[must_use]
+    pub fn matched(&self, id: EndpointId) -> u32 {
+        self.matched.get(id.index()).copied().unwrap_or(0)
+    }
+}
+
 /// Per-request scratch state, reused across cycles so the hot path does not
 /// allocate. Data producers write here; filters and scorers read.
 #[derive(Debug, Default)]
 pub struct CycleState {
     /// The tokenized prompt, when a token producer ran.
     pub tokens: TokenizedPrompt,
-    /// Prefix-cache match results.
+    /// Prefix-cache match results (slot 0: the producer the first reader
+    /// names).
     pub prefix: PrefixMatch,
+    /// Further producers' matches, slot `k` at index `k − 1`, when readers
+    /// name different producers.
+    pub more_prefix: Vec<PrefixMatch>,
     /// Latency predictions, when a latency predictor ran.
     pub latency: LatencyPredictions,
+    /// Multimodal encoder-cache matches, when a multimodal producer ran.
+    pub multimodal: MultimodalMatch,
     /// The endpoint an earlier profile of this cycle picked, left by the
     /// profile handler for plugins of a later profile to compare against
     /// (P/D: the decode pick, when the prefill profile runs; llm-d's
@@ -178,8 +259,40 @@ impl CycleState {
     pub fn reset(&mut self) {
         self.tokens.reset();
         self.prefix.reset();
+        for p in &mut self.more_prefix {
+            p.reset();
+        }
         self.latency.reset();
+        self.multimodal.reset();
         self.peer = None;
+    }
+
+    /// The prefix matches in `slot` (0 is [`Self::prefix`]); none when no
+    /// producer filled that slot.
+    #[must_use]
+    pub fn prefix_at(&self, slot: usize) -> &PrefixMatch {
+        match slot {
+            0 => &self.prefix,
+            k => self.more_prefix.get(k - 1).unwrap_or(&NO_PREFIX),
+        }
+    }
+
+    /// The prefix matches in `slot`, for its producer to fill (allocates a
+    /// slot the first time only; the state is reused across cycles).
+    pub fn prefix_at_mut(&mut self, slot: usize) -> &mut PrefixMatch {
+        self.tokens_and_prefix_mut(slot).1
+    }
+
+    /// The tokenized prompt and the prefix matches in `slot`, for a
+    /// producer that reads the one to fill the other.
+    pub fn tokens_and_prefix_mut(&mut self, slot: usize) -> (&TokenizedPrompt, &mut PrefixMatch) {
+        if slot == 0 {
+            return (&self.tokens, &mut self.prefix);
+        }
+        if self.more_prefix.len() < slot {
+            self.more_prefix.resize_with(slot, PrefixMatch::default);
+        }
+        (&self.tokens, &mut self.more_prefix[slot - 1])
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`EndpointMetrics`]. The data layer runs the I/O; these traits stay
 //! synchronous so extractors are easy to write and test.
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use crate::{Endpoint, EndpointMetrics, Plugin};
 
@@ -14,6 +14,45 @@ pub trait MetricsSource: Plugin {
     fn path(&self) -> &str;
     /// Accept any TLS certificate (self-signed model servers).
     fn insecure_skip_verify(&self) -> bool;
+
+    /// The port to scrape instead of the endpoint's own, for an exporter
+    /// beside the model server (DCGM's 9400). Default: the endpoint's port.
+    fn port(&self) -> Option<u16> {
+        None
+    }
+
+    /// How often to scrape this source, rounded to the nearest multiple of
+    /// the data layer's refresh interval (at least one), as llm-d rounds
+    /// it. Default: every refresh.
+    fn interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// PEM files for HTTPS: a CA bundle verifying the server, and a client
+    /// certificate and key (mutual TLS). Default: none (the system roots).
+    fn tls_files(&self) -> TlsFiles<'_> {
+        TlsFiles::default()
+    }
+
+    /// Whether the endpoint's metrics are fresh only when this source
+    /// succeeded. `false` for a hardware exporter beside the model server:
+    /// where it is absent (no GPU), the model server's own metrics must not
+    /// look stale. Default `true`.
+    fn counts_for_freshness(&self) -> bool {
+        true
+    }
+}
+
+/// PEM file paths of a metrics source's TLS settings
+/// ([`MetricsSource::tls_files`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TlsFiles<'a> {
+    /// CA bundle that verifies the server's certificate.
+    pub ca_cert: Option<&'a str>,
+    /// Client certificate chain presented to the server.
+    pub client_cert: Option<&'a str>,
+    /// The client certificate's private key.
+    pub client_key: Option<&'a str>,
 }
 
 /// Turns one scraped page into attributes of one endpoint.
@@ -59,3 +98,11 @@ impl fmt::Display for ExtractError {
 }
 
 impl std::error::Error for ExtractError {}
+
+/// Where endpoints come from when a config names a discovery plugin
+/// (llm-d's `dataLayer.discovery`): it replaces Kubernetes discovery. The
+/// binary starts the discovery the plugin describes.
+pub trait EndpointDiscovery: Plugin {
+    /// The endpoints file to read and follow (llm-d's `file-discovery`).
+    fn endpoints_file(&self) -> Option<&std::path::Path>;
+}

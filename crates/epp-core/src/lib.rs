@@ -74,14 +74,17 @@ mod registry;
 mod request;
 mod scheduler;
 
-pub use cycle::{Candidate, CycleContext, CycleState, PrefixMatch, SinceScrape, TokenizedPrompt};
+pub use cycle::{
+    Candidate, CycleContext, CycleState, MultimodalMatch, PrefixMatch, PrefixSlot, SinceScrape,
+    TokenizedPrompt,
+};
 pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
     Extensions, InflightCounters, InflightSample, LoraInfo,
 };
 pub use error::{Result, SchedulingError};
-pub use extract::{ExtractError, Extractor, MetricsSource};
+pub use extract::{EndpointDiscovery, ExtractError, Extractor, MetricsSource, TlsFiles};
 pub use kv_events::{
     BlockStored, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
     PodDiscoveryConfig,
@@ -96,13 +99,13 @@ pub use observe::{
 };
 pub use plugin::{
     Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, Filter, Picker, Plugin, PluginRef,
-    PreRequest, ProfileHandler, RequestOutcome, RequestParser, ResponseHeaderSink, ResponseHooks,
-    RouteEdits, SaturationDetector, Scorer, Topology, TopologyLevel,
+    PreRequest, ProfileHandler, RequestHold, RequestOutcome, RequestParser, ResponseHeaderSink,
+    ResponseHooks, RouteEdits, SaturationDetector, Scorer, Topology, TopologyLevel,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{
     ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, OPENAI_KINDS,
-    RequestParsers, Usage,
+    PromptRenderer, RenderFuture, RenderService, RequestParsers, Usage,
 };
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

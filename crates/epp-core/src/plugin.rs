@@ -48,6 +48,10 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
         None
     }
+    /// This plugin as a request hold (waits before scheduling).
+    fn as_request_hold(&self) -> Option<&dyn RequestHold> {
+        None
+    }
     /// This plugin as an admitter (admission after data producers).
     fn as_admitter(&self) -> Option<&dyn Admitter> {
         None
@@ -62,6 +66,10 @@ pub trait Plugin: Send + Sync + Debug {
     }
     /// This plugin as a metrics extractor (data layer).
     fn as_extractor(&self) -> Option<&dyn crate::Extractor> {
+        None
+    }
+    /// As an endpoint-discovery plugin (llm-d's `dataLayer.discovery`).
+    fn as_endpoint_discovery(&self) -> Option<&dyn crate::EndpointDiscovery> {
         None
     }
     /// As an event-stream source (`endpoint-notification-source`).
@@ -102,6 +110,12 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_request_parser(&self) -> Option<&dyn RequestParser> {
         None
     }
+    /// The service this plugin wants prompts rendered by before scheduling
+    /// (a token producer's remote backend); the binary creates the
+    /// [`crate::PromptRenderer`] and the edge awaits it.
+    fn render_service(&self) -> Option<crate::RenderService> {
+        None
+    }
 
     /// Other plugins this one names in its parameters (llm-d's
     /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.
@@ -130,6 +144,23 @@ pub trait Plugin: Send + Sync + Debug {
     /// them.
     fn prefix_match_source(&self) -> Option<&str> {
         None
+    }
+
+    /// Binds a prefix-match reader or producer to the cycle's prefix-match
+    /// set `slot` ([`crate::CycleState::prefix_at`]; called with `slot ≥ 1`
+    /// only, when readers name different producers). Returns whether the
+    /// plugin can use a set other than the first; config loading refuses a
+    /// config that needs one from a plugin that cannot.
+    fn bind_prefix_slot(&self, _slot: usize) -> bool {
+        false
+    }
+
+    /// For a plugin keeping per-endpoint state that notices by itself when
+    /// an endpoint leaves the pool: llm-d wires such plugins as extractors
+    /// of `endpoint-notification-source` to hear of deletions; config
+    /// loading accepts that wiring (and delivers nothing to it).
+    fn follows_endpoint_lifecycle(&self) -> bool {
+        false
     }
 
     /// Whether this plugin reads latency predictions
@@ -352,10 +383,25 @@ pub trait PreRequest: Plugin {
 /// answered by the picker with 429 ([`crate::SchedulingError::NotAdmitted`]).
 pub trait Admitter: Plugin {
     /// `Err(reason)` refuses the request. Allocates only when refusing.
+    /// `cx` is mutable for its seedable RNG (a probabilistic admitter).
     ///
     /// # Errors
     /// Why the request is refused, for the client's error message.
-    fn admit(&self, cx: &CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String>;
+    fn admit(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String>;
+}
+
+/// Holds a request for a moment before it is scheduled, so that requests
+/// arriving together can be placed together (llm-d's
+/// `burst-prefix-cache-producer` waits for its batching window). The edge
+/// waits without blocking; a request whose stream ends meanwhile is dropped.
+pub trait RequestHold: Plugin {
+    /// When `request` may be scheduled: `None` at once, else the instant to
+    /// wait for. Called once per request, before scheduling.
+    fn hold(
+        &self,
+        request: &InferenceRequest,
+        now: std::time::Instant,
+    ) -> Option<std::time::Instant>;
 }
 
 /// What happened to a request at the end.

@@ -227,6 +227,38 @@ pub struct InferenceRequest {
     /// Media parts in the messages (images, audio, video, files): a
     /// multimodal request when not 0.
     pub media_parts: u32,
+    /// The prompt's token ids as the model server renders them, when the
+    /// edge had them rendered before scheduling ([`PromptRenderer`]).
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// Where a token producer has prompts rendered (llm-d's `token-producer`
+/// `vllm` backend): a service the edge calls before scheduling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderService {
+    /// Base URL (`http://host:port`, no trailing slash).
+    pub url: String,
+    /// The base model sent in render requests.
+    pub model: String,
+    /// Timeout of a text-only request.
+    pub timeout: std::time::Duration,
+    /// Timeout of a request with media.
+    pub media_timeout: std::time::Duration,
+}
+
+/// A prompt rendered to token ids, or why not.
+pub type RenderFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u32>, String>> + Send>>;
+
+/// Renders a request's prompt to the model server's token ids through a
+/// service ([`RenderService`]); the edge awaits it before scheduling and
+/// stores the ids in [`InferenceRequest::prompt_token_ids`]. A failure is
+/// logged and the request scheduled without them.
+pub trait PromptRenderer: Send + Sync + std::fmt::Debug {
+    /// The rendering of a request of kind `api` with body `body`, or `None`
+    /// when this renderer does not render that kind. Does its synchronous
+    /// work (building the render request) before returning.
+    fn render(&self, api: ApiKind, body: &[u8], media_parts: u32) -> Option<RenderFuture>;
 }
 
 impl InferenceRequest {

@@ -140,6 +140,22 @@ pub struct ProfilePicks {
     /// Whether any candidate this profile scored (after its filters) matched
     /// at least one prefix block in the cycle's prefix matches.
     pub prefix_hit: bool,
+    /// The same for every prefix-match set: bit `k` for slot `k`
+    /// ([`crate::CycleState::prefix_at`]; bit 0 is `prefix_hit`). Read it
+    /// with [`Self::prefix_hit_in`].
+    pub prefix_hits: u64,
+}
+
+impl ProfilePicks {
+    /// Whether a candidate this profile scored matched a block in the
+    /// cycle's prefix-match set `slot`.
+    #[must_use]
+    pub fn prefix_hit_in(&self, slot: usize) -> bool {
+        if slot == 0 {
+            return self.prefix_hit;
+        }
+        slot < 64 && self.prefix_hits & (1 << slot) != 0
+    }
 }
 
 /// The outcome of scheduling one request.
@@ -176,6 +192,7 @@ impl SchedulingResult {
             run.targets.clear();
             run.scores.clear();
             run.prefix_hit = false;
+            run.prefix_hits = 0;
         }
         self.primary = 0;
         self.primary_prefix_hit = 0.0;
@@ -259,6 +276,7 @@ pub struct Scheduler {
     producers: Vec<PluginRef>,
     admitters: Vec<PluginRef>,
     pre_request: Vec<PluginRef>,
+    holds: Vec<PluginRef>,
     response: Vec<PluginRef>,
     saturation: Option<PluginRef>,
     staleness: Option<Duration>,
@@ -292,6 +310,7 @@ impl Scheduler {
             producers: Vec::new(),
             admitters: Vec::new(),
             pre_request: Vec::new(),
+            holds: Vec::new(),
             response: Vec::new(),
             saturation: None,
             staleness: None,
@@ -320,6 +339,9 @@ impl Scheduler {
             if p.plugin().as_admitter().is_some() {
                 self.admitters.push(p.clone());
             }
+            if p.plugin().as_request_hold().is_some() {
+                self.holds.push(p.clone());
+            }
             if p.plugin().as_pre_request().is_some() {
                 self.pre_request.push(p.clone());
             }
@@ -344,6 +366,23 @@ impl Scheduler {
             }
         });
         self
+    }
+
+    /// Whether a plugin may hold requests before scheduling
+    /// ([`crate::RequestHold`]).
+    #[must_use]
+    pub fn holds_requests(&self) -> bool {
+        !self.holds.is_empty()
+    }
+
+    /// The instant until which `request` must wait before it is scheduled
+    /// (the latest any [`crate::RequestHold`] asks for), or `None`.
+    #[must_use]
+    pub fn hold_until(&self, request: &InferenceRequest, now: Instant) -> Option<Instant> {
+        self.holds
+            .iter()
+            .filter_map(|p| p.plugin().as_request_hold()?.hold(request, now))
+            .max()
     }
 
     /// Sets the saturation detector: sheddable requests are refused with
@@ -729,7 +768,7 @@ impl Scheduler {
         let first_admitter = first_producer + self.producers.len();
         for (i, p) in self.admitters.iter().enumerate() {
             if let Some(admitter) = p.plugin().as_admitter() {
-                let admitted = admitter.admit(&cx, base);
+                let admitted = admitter.admit(&mut cx, base);
                 laps.lap(first_admitter + i);
                 if let Err(reason) = admitted {
                     return Err(SchedulingError::NotAdmitted {
@@ -790,8 +829,16 @@ impl Scheduler {
                     filtered: scored.len(),
                 });
             }
-            let prefix = &cx.state.prefix;
-            run.prefix_hit = prefix.any_hit() && scored.iter().any(|c| prefix.matched(c.id()) > 0);
+            let hit = |p: &crate::PrefixMatch| {
+                p.any_hit() && scored.iter().any(|c| p.matched(c.id()) > 0)
+            };
+            run.prefix_hit = hit(&cx.state.prefix);
+            run.prefix_hits = u64::from(run.prefix_hit);
+            for (k, p) in cx.state.more_prefix.iter().enumerate().take(63) {
+                if hit(p) {
+                    run.prefix_hits |= 1 << (k + 1);
+                }
+            }
             for &i in picks.iter() {
                 run.targets.push(Arc::clone(&scored[i].endpoint));
                 run.scores.push(totals[i]);

@@ -10,6 +10,7 @@
 use std::{fmt, net::SocketAddr, sync::Arc};
 
 use bytes::Bytes;
+use epp_core::TlsFiles;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -20,7 +21,7 @@ use tokio_rustls::{
         self, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
         client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
         crypto::{CryptoProvider, ring},
-        pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject},
+        pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
     },
 };
 
@@ -92,6 +93,78 @@ impl Tls {
             verified,
             unverified: TlsConnector::from(Arc::new(unverified)),
         }
+    }
+}
+
+impl Tls {
+    /// The connectors of a source with its own PEM files (llm-d's
+    /// `caCertPath`, `clientCertPath`, `clientKeyPath`): the CA bundle, when
+    /// given, replaces the system roots; the client certificate, when given,
+    /// is presented on both connectors.
+    ///
+    /// # Errors
+    /// A file that cannot be read or holds no certificate (or key), or only
+    /// one of the client certificate and key.
+    pub(crate) fn with_files(files: TlsFiles<'_>) -> Result<Self, String> {
+        let provider = Arc::new(ring::default_provider());
+        let client = match (files.client_cert, files.client_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => {
+                let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                    .map_err(|e| format!("clientCertPath {cert:?}: {e}"))?
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("clientCertPath {cert:?}: {e}"))?;
+                if chain.is_empty() {
+                    return Err(format!("clientCertPath {cert:?}: no certificate"));
+                }
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("clientKeyPath {key:?}: {e}"))?;
+                Some((chain, key))
+            }
+            _ => return Err("give clientCertPath and clientKeyPath together".to_owned()),
+        };
+        let roots = match files.ca_cert {
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                let certs = CertificateDer::pem_file_iter(ca)
+                    .map_err(|e| format!("caCertPath {ca:?}: {e}"))?;
+                let (added, _) = roots.add_parsable_certificates(certs.flatten());
+                if added == 0 {
+                    return Err(format!("caCertPath {ca:?}: no CA certificate"));
+                }
+                roots
+            }
+            None => system_roots(),
+        };
+        let builder = || {
+            ClientConfig::builder_with_provider(Arc::clone(&provider))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("TLS: {e}"))
+        };
+        let finish =
+            |b: rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>| match &client
+            {
+                Some((chain, key)) => b
+                    .with_client_auth_cert(chain.clone(), key.clone_key())
+                    .map_err(|e| format!("client certificate: {e}")),
+                None => Ok(b.with_no_client_auth()),
+            };
+        let verified = if roots.is_empty() {
+            None
+        } else {
+            Some(TlsConnector::from(Arc::new(finish(
+                builder()?.with_root_certificates(roots),
+            )?)))
+        };
+        let unverified = finish(
+            builder()?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCert(Arc::clone(&provider)))),
+        )?;
+        Ok(Self {
+            verified,
+            unverified: TlsConnector::from(Arc::new(unverified)),
+        })
     }
 }
 

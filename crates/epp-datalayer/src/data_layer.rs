@@ -18,7 +18,7 @@ use crate::{
     EndpointStore, Error, Result,
     client::{Target, Tls},
     kv_events::{FeedMetrics, SinkGroup, start_feeds},
-    scrape::{DataLayerOptions, Shared, supervise},
+    scrape::{DataLayerOptions, Shared, WiredSource, supervise},
     status::{ScrapeStatus, StatusTable},
 };
 
@@ -88,9 +88,35 @@ impl DataLayer {
                 "https" => true,
                 other => return Err(bad(format!("scheme {other:?} is not http or https"))),
             };
-            Target::new(probe, https, src.insecure_skip_verify(), src.path(), &tls).map_err(bad)?;
-            wired.push(Arc::new(s.clone()));
+            let files = src.tls_files();
+            let own = (files != epp_core::TlsFiles::default())
+                .then(|| Tls::with_files(files))
+                .transpose()
+                .map_err(bad)?;
+            Target::new(
+                probe,
+                https,
+                src.insecure_skip_verify(),
+                src.path(),
+                own.as_ref().unwrap_or(&tls),
+            )
+            .map_err(bad)?;
+            wired.push(WiredSource {
+                wiring: s.clone(),
+                tls: own,
+                every: WiredSource::every(src.interval(), opts.refresh_interval),
+                port: src.port(),
+                counts: src.counts_for_freshness(),
+            });
         }
+        // With no source that counts for freshness, every source does (else
+        // the endpoints would never be fresh).
+        if !wired.iter().any(|w| w.counts) {
+            for w in &mut wired {
+                w.counts = true;
+            }
+        }
+        let wired: Vec<Arc<WiredSource>> = wired.into_iter().map(Arc::new).collect();
         let shared = Arc::new(Shared {
             opts,
             tls,
@@ -98,6 +124,7 @@ impl DataLayer {
             status: StatusTable::default(),
             poll_errors: Family::default(),
             extract_errors: Family::default(),
+            warned: parking_lot::Mutex::default(),
         });
         if !wired.is_empty() {
             // Listed in `status()` from the start, not once the tasks first run.

@@ -26,13 +26,76 @@ struct FileEntry {
     labels: BTreeMap<String, String>,
 }
 
-/// Parses an endpoints file: a YAML list of `{address, port, labels}`.
+/// An entry of llm-d's `file-discovery` file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LlmdEntry {
+    #[serde(default)]
+    name: Option<String>,
+    /// Accepted; endpoints are named by `name` alone, as pods are.
+    #[serde(default, rename = "namespace")]
+    _namespace: Option<String>,
+    address: IpAddr,
+    port: LlmdPort,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// llm-d writes the port as a string; a number is accepted too.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum LlmdPort {
+    Number(u16),
+    Text(String),
+}
+
+/// llm-d's `file-discovery` file: `{endpoints: [...]}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LlmdFile {
+    #[serde(default)]
+    endpoints: Vec<LlmdEntry>,
+}
+
+/// Parses an endpoints file: a YAML list of `{address, port, labels}`, or
+/// llm-d's `file-discovery` shape `{endpoints: [{name, namespace, address,
+/// port, labels}]}` (port a string or a number; `name` names the endpoint).
 ///
 /// # Errors
-/// Unreadable YAML or entries, with the location serde reports.
+/// Unreadable YAML or entries, with the location serde reports; a port
+/// that is not a number from 1 to 65535.
 pub fn parse_endpoints_file(text: &str, path: &str) -> Result<Vec<EndpointSpec>> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
+    }
+    let looks_llmd =
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text).is_ok_and(|v| v.is_mapping());
+    if looks_llmd {
+        let file: LlmdFile = serde_yaml_ng::from_str(text).map_err(|e| Error::EndpointsFile {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        return file
+            .endpoints
+            .into_iter()
+            .map(|e| {
+                let port = match &e.port {
+                    LlmdPort::Number(p) => Some(*p),
+                    LlmdPort::Text(t) => t.trim().parse::<u16>().ok(),
+                }
+                .filter(|&p| p > 0)
+                .ok_or_else(|| Error::EndpointsFile {
+                    path: path.to_owned(),
+                    reason: format!("endpoint {:?}: port {:?} is not 1-65535", e.name, e.port),
+                })?;
+                let name = e.name.filter(|n| !n.is_empty()).map(Arc::<str>::from);
+                Ok(EndpointSpec {
+                    addr: (e.address, port).into(),
+                    labels: e.labels,
+                    name,
+                })
+            })
+            .collect();
     }
     let entries: Vec<FileEntry> = serde_yaml_ng::from_str(text).map_err(|e| {
         let reason = e.to_string();
@@ -361,5 +424,34 @@ mod tests {
             "the location is said once: {err}"
         );
         assert_eq!(parse_endpoints_file("[]", "e").unwrap(), Vec::new());
+    }
+
+    /// llm-d's `file-discovery` shape: `{endpoints: [...]}`, port a string.
+    #[test]
+    fn llm_d_file_format() {
+        let text = "endpoints:\n- name: vllm-0\n  namespace: ns\n  address: 10.0.0.1\n  port: \"8000\"\n  \
+                    labels: {llm-d.ai/role: decode}\n- {name: vllm-1, address: 10.0.0.2, port: 8001}\n";
+        let specs = parse_endpoints_file(text, "e.yaml").unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].addr.to_string(), "10.0.0.1:8000");
+        assert_eq!(specs[0].name.as_deref(), Some("vllm-0"));
+        assert_eq!(specs[0].labels["llm-d.ai/role"], "decode");
+        assert_eq!(specs[1].addr.to_string(), "10.0.0.2:8001");
+        let err = parse_endpoints_file(
+            "endpoints:\n- {address: 10.0.0.1, port: \"http\"}\n",
+            "e.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("is not 1-65535"), "{err}");
+        assert!(
+            parse_endpoints_file("endpoints:\n- {address: 10.0.0.1, port: 1, zone: a}\n", "e")
+                .is_err()
+        );
+        assert!(
+            parse_endpoints_file("endpoints: []\n", "e")
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -52,11 +52,14 @@
 mod client;
 mod core_metrics_extractor;
 mod data_layer;
+mod dcgm;
 mod discovery;
 mod error;
+mod file_discovery_plugin;
 pub mod kubernetes;
 pub mod kv_events;
 mod prometheus_metric;
+mod render;
 mod scrape;
 mod source;
 mod status;
@@ -71,16 +74,22 @@ pub use core_metrics_extractor::{
     builtin_engine,
 };
 pub use data_layer::DataLayer;
+pub use dcgm::{
+    DcgmDataSource, DcgmDataSourceParams, DcgmExtractor, GPU_UTIL_METRIC, GPU_UTILIZATION,
+};
 pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_file};
 pub use error::{Error, Result};
+pub use file_discovery_plugin::{FileDiscoveryParams, FileDiscoveryPlugin};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
+pub use render::VllmRenderer;
 pub use scrape::DataLayerOptions;
 pub use source::{MetricsDataSource, MetricsDataSourceParams};
 pub use status::ScrapeStatus;
 pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
 
 /// Registers the data layer's plugin types: `metrics-data-source`,
-/// `core-metrics-extractor`, `prometheus-metric`; the first two are the
+/// `core-metrics-extractor`, `prometheus-metric`, `dcgm-data-source`,
+/// `dcgm-extractor`, `file-discovery`, `endpoint-notification-source`; the first two are the
 /// defaults for [`Role::MetricsSource`] and [`Role::MetricsExtractor`] (the
 /// data layer a config gets when it names none).
 pub fn register(registry: &mut Registry) {
@@ -117,6 +126,26 @@ pub fn register(registry: &mut Registry) {
             )))
         },
     );
+    registry.register(FileDiscoveryPlugin::TYPE, |spec: &PluginSpec| {
+        Ok(Arc::new(FileDiscoveryPlugin::new(
+            spec.name.clone(),
+            spec.params()?,
+        )?))
+    });
+    registry.register(DcgmDataSource::TYPE, |spec: &PluginSpec| {
+        Ok(Arc::new(DcgmDataSource::new(
+            spec.name.clone(),
+            spec.params()?,
+        )?))
+    });
+    registry.register(DcgmExtractor::TYPE, |spec: &PluginSpec| {
+        /// No parameters.
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoParams {}
+        let NoParams {} = spec.params()?;
+        Ok(Arc::new(DcgmExtractor::new(spec.name.clone())))
+    });
     registry.register(PrometheusMetricExtractor::TYPE, |spec: &PluginSpec| {
         Ok(Arc::new(PrometheusMetricExtractor::new(
             spec.name.clone(),

@@ -85,6 +85,9 @@ pub(crate) struct Shared {
     pub(crate) poll_errors: Family<SourceLabels, Counter>,
     /// llm-d's `datalayer_extract_errors_total{source_type,extractor_type}`.
     pub(crate) extract_errors: Family<ExtractLabels, Counter>,
+    /// Auxiliary sources ([`WiredSource::counts`] false) whose failure was
+    /// logged: they warn once, not once per endpoint.
+    pub(crate) warned: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 /// `source_type`.
@@ -100,10 +103,34 @@ pub(crate) struct ExtractLabels {
     extractor_type: String,
 }
 
+/// A metrics source as the scrapers use it.
+#[derive(Debug)]
+pub(crate) struct WiredSource {
+    pub(crate) wiring: SourceWiring,
+    /// Its own TLS connectors (PEM files given), else the shared ones.
+    pub(crate) tls: Option<Tls>,
+    /// Scraped on every `every`-th refresh (at least 1).
+    pub(crate) every: u64,
+    /// The port scraped instead of the endpoint's.
+    pub(crate) port: Option<u16>,
+    /// Whether the endpoint's metrics are fresh only when it succeeded.
+    pub(crate) counts: bool,
+}
+
+impl WiredSource {
+    /// Scrapes of `source` happen every `interval` rounded to the nearest
+    /// multiple of `refresh` (at least one refresh), as llm-d rounds it.
+    pub(crate) fn every(interval: Option<Duration>, refresh: Duration) -> u64 {
+        let Some(i) = interval else { return 1 };
+        let refresh = refresh.as_secs_f64().max(1e-3);
+        (i.as_secs_f64() / refresh).round().max(1.0) as u64
+    }
+}
+
 /// Keeps one scraper per endpoint while the endpoint exists.
 pub(crate) async fn supervise(
     store: Arc<EndpointStore>,
-    sources: Vec<Arc<SourceWiring>>,
+    sources: Vec<Arc<WiredSource>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
@@ -189,7 +216,7 @@ impl std::fmt::Display for Failure {
 
 /// One source of one endpoint: its connection, buffer and last outcome.
 struct SourceRun {
-    wiring: Arc<SourceWiring>,
+    wiring: Arc<WiredSource>,
     target: Result<Target, String>,
     url: String,
     conn: Option<Conn>,
@@ -199,16 +226,22 @@ struct SourceRun {
 }
 
 impl SourceRun {
-    fn new(endpoint: &Endpoint, wiring: Arc<SourceWiring>, tls: &Tls) -> Self {
+    fn new(endpoint: &Endpoint, wiring: Arc<WiredSource>, tls: &Tls) -> Self {
         let (scheme, path, skip) = wiring
+            .wiring
             .source
             .plugin()
             .as_metrics_source()
             .map_or(("http", "/metrics", false), |s| {
                 (s.scheme(), s.path(), s.insecure_skip_verify())
             });
-        let url = format!("{scheme}://{}{path}", endpoint.addr_str());
-        let target = Target::new(endpoint.addr(), scheme == "https", skip, path, tls);
+        let mut addr = endpoint.addr();
+        if let Some(port) = wiring.port {
+            addr.set_port(port);
+        }
+        let url = format!("{scheme}://{addr}{path}");
+        let tls = wiring.tls.as_ref().unwrap_or(tls);
+        let target = Target::new(addr, scheme == "https", skip, path, tls);
         Self {
             wiring,
             target,
@@ -247,7 +280,7 @@ impl SourceRun {
             Ok(t) => Cow::Borrowed(t),
             Err(_) => String::from_utf8_lossy(&self.page),
         };
-        for x in &self.wiring.extractors {
+        for x in &self.wiring.wiring.extractors {
             if let Some(extractor) = x.plugin().as_extractor() {
                 extractor.extract(endpoint, &text, metrics).map_err(|e| {
                     Failure::Extract(
@@ -260,8 +293,14 @@ impl SourceRun {
         Ok(())
     }
 
-    /// Logs a change of outcome (not every failed scrape).
-    fn log_change(&mut self, endpoint: &Endpoint, outcome: &Result<Instant, Failure>) {
+    /// Logs a change of outcome (not every failed scrape); an auxiliary
+    /// source's failure once for all endpoints.
+    fn log_change(
+        &mut self,
+        endpoint: &Endpoint,
+        outcome: &Result<Instant, Failure>,
+        shared: &Shared,
+    ) {
         let kind = match outcome {
             Ok(_) => "ok",
             Err(f) => f.outcome(),
@@ -269,10 +308,21 @@ impl SourceRun {
         if self.last == Some(kind) {
             return;
         }
-        let source = self.wiring.source.plugin().name();
+        let source = self.wiring.wiring.source.plugin().name();
         match outcome {
             Ok(_) => {
                 tracing::info!(endpoint = endpoint.addr_str(), source, url = %self.url, "metrics scrape ok");
+            }
+            Err(f) if !self.wiring.counts => {
+                if shared.warned.lock().insert(source.to_owned()) {
+                    tracing::warn!(endpoint = endpoint.addr_str(), source, url = %self.url, error = %f,
+                        "auxiliary metrics source unavailable (e.g. no GPU exporter at this port); \
+                         endpoints stay fresh without it and plugins reading its metrics see none; \
+                         logged once for this source");
+                } else {
+                    tracing::debug!(endpoint = endpoint.addr_str(), source, url = %self.url, error = %f,
+                        "auxiliary metrics source unavailable");
+                }
             }
             Err(f) => {
                 tracing::warn!(endpoint = endpoint.addr_str(), source, url = %self.url, error = %f,
@@ -286,7 +336,7 @@ impl SourceRun {
 async fn scrape_loop(
     endpoint: Arc<Endpoint>,
     status: Arc<StatusCell>,
-    sources: Vec<Arc<SourceWiring>>,
+    sources: Vec<Arc<WiredSource>>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
@@ -313,7 +363,8 @@ async fn scrape_loop(
     }
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut outcomes: Vec<Result<Instant, Failure>> = Vec::with_capacity(runs.len());
+    let mut outcomes: Vec<Option<Result<Instant, Failure>>> = Vec::with_capacity(runs.len());
+    let mut n: u64 = 0;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -324,12 +375,26 @@ async fn scrape_loop(
         // values will include these, and scorers add what is dispatched later.
         let inflight = endpoint.inflight().sample();
         if let [run] = runs.as_mut_slice() {
-            outcomes.push(run.fetch(&shared.opts).await);
+            let due = n.is_multiple_of(run.wiring.every);
+            outcomes.push(if due {
+                Some(run.fetch(&shared.opts).await)
+            } else {
+                None
+            });
         } else {
             let opts = &shared.opts;
-            outcomes
-                .extend(futures::future::join_all(runs.iter_mut().map(|r| r.fetch(opts))).await);
+            outcomes.extend(
+                futures::future::join_all(runs.iter_mut().map(|r| async move {
+                    if n.is_multiple_of(r.wiring.every) {
+                        Some(r.fetch(opts).await)
+                    } else {
+                        None
+                    }
+                }))
+                .await,
+            );
         }
+        n = n.wrapping_add(1);
         apply(
             &endpoint,
             inflight,
@@ -337,6 +402,7 @@ async fn scrape_loop(
             &mut outcomes,
             &counters,
             &status,
+            &shared,
         );
         count_errors(&shared, &runs, &outcomes);
         if let Some(l) = &shared.opts.listener {
@@ -347,10 +413,14 @@ async fn scrape_loop(
 
 /// Counts failed scrapes by source type, and failed extractions by source
 /// and extractor type (rare: a lookup per failure is fine).
-fn count_errors(shared: &Shared, runs: &[SourceRun], outcomes: &[Result<Instant, Failure>]) {
+fn count_errors(
+    shared: &Shared,
+    runs: &[SourceRun],
+    outcomes: &[Option<Result<Instant, Failure>>],
+) {
     for (run, outcome) in runs.iter().zip(outcomes) {
-        let Err(f) = outcome else { continue };
-        let source_type = run.wiring.source.plugin().type_name().to_owned();
+        let Some(Err(f)) = outcome else { continue };
+        let source_type = run.wiring.wiring.source.plugin().type_name().to_owned();
         match f {
             Failure::Extract(_, extractor_type) => {
                 shared
@@ -371,27 +441,35 @@ fn count_errors(shared: &Shared, runs: &[SourceRun], outcomes: &[Result<Instant,
     }
 }
 
-/// Extracts what was fetched, publishes it, and counts and logs outcomes.
+/// Extracts what was fetched (sources not due this time have no outcome),
+/// publishes it, and counts and logs outcomes. The metrics' age moves only
+/// when every due source that counts for freshness succeeded.
 fn apply(
     endpoint: &Endpoint,
     inflight: InflightSample,
     runs: &mut [SourceRun],
-    outcomes: &mut [Result<Instant, Failure>],
+    outcomes: &mut [Option<Result<Instant, Failure>>],
     counters: &[Counter; OUTCOMES.len()],
     status: &StatusCell,
+    shared: &Shared,
 ) {
     let current = endpoint.metrics();
     let mut next: Option<EndpointMetrics> = None;
     let mut oldest_page: Option<Instant> = None;
     let mut first_failure: Option<usize> = None;
     for (i, (run, outcome)) in runs.iter_mut().zip(outcomes.iter_mut()).enumerate() {
+        let Some(outcome) = outcome else {
+            continue;
+        };
         if let Ok(at) = *outcome {
             // A failed extraction must not leave half-written values: work on a copy.
             let mut copy = next.as_ref().unwrap_or(&current).clone();
             match run.extract(endpoint, &mut copy) {
                 Ok(()) => {
                     next = Some(copy);
-                    oldest_page = Some(oldest_page.map_or(at, |o| o.min(at)));
+                    if run.wiring.counts {
+                        oldest_page = Some(oldest_page.map_or(at, |o| o.min(at)));
+                    }
                 }
                 Err(f) => *outcome = Err(f),
             }
@@ -399,27 +477,33 @@ fn apply(
         let label = match outcome {
             Ok(_) => "ok",
             Err(f) => {
-                first_failure.get_or_insert(i);
+                if run.wiring.counts {
+                    first_failure.get_or_insert(i);
+                }
                 f.outcome()
             }
         };
         if let Some(i) = OUTCOMES.iter().position(|o| *o == label) {
             counters[i].inc();
         }
-        run.log_change(endpoint, outcome);
+        run.log_change(endpoint, outcome, shared);
     }
     match first_failure {
-        None => status.record_ok(),
+        None if oldest_page.is_some() => status.record_ok(),
+        None => {}
         Some(i) => status.record_failure(|| match &outcomes[i] {
-            Err(f) => format!("{}: {f}", runs[i].url),
-            Ok(_) => String::new(),
+            Some(Err(f)) => format!("{}: {f}", runs[i].url),
+            _ => String::new(),
         }),
     }
     if let Some(mut m) = next {
-        if first_failure.is_none() {
+        if first_failure.is_none() && oldest_page.is_some() {
             m.updated_at = oldest_page;
         }
-        m.inflight_at_scrape = inflight;
+        if oldest_page.is_some() {
+            // The counts the model server's own numbers include.
+            m.inflight_at_scrape = inflight;
+        }
         endpoint.set_metrics(m);
     }
 }

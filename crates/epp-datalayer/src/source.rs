@@ -1,6 +1,8 @@
 //! `metrics-data-source`: where each endpoint's metrics page is.
 
-use epp_core::{BuildError, MetricsSource, Plugin};
+use std::time::Duration;
+
+use epp_core::{BuildError, MetricsSource, Plugin, TlsFiles};
 
 /// Parameters.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -15,6 +17,23 @@ pub struct MetricsDataSourceParams {
     /// Accept any TLS certificate.
     #[serde(default)]
     pub insecure_skip_verify: bool,
+    /// llm-d: scrape this port instead of the endpoint's (1–65535).
+    #[serde(default)]
+    pub port: Option<u32>,
+    /// llm-d: how often to scrape, a Go duration (`1s`), rounded to the
+    /// nearest multiple of `--refresh-metrics-interval`. Default: every
+    /// refresh.
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// llm-d: PEM CA bundle verifying the server (HTTPS).
+    #[serde(default)]
+    pub ca_cert_path: Option<String>,
+    /// llm-d: PEM client certificate for mutual TLS (with `clientKeyPath`).
+    #[serde(default)]
+    pub client_cert_path: Option<String>,
+    /// llm-d: PEM key of the client certificate (with `clientCertPath`).
+    #[serde(default)]
+    pub client_key_path: Option<String>,
 }
 
 fn default_scheme() -> String {
@@ -30,6 +49,11 @@ impl Default for MetricsDataSourceParams {
             scheme: default_scheme(),
             path: default_path(),
             insecure_skip_verify: false,
+            port: None,
+            interval: None,
+            ca_cert_path: None,
+            client_cert_path: None,
+            client_key_path: None,
         }
     }
 }
@@ -39,6 +63,51 @@ impl Default for MetricsDataSourceParams {
 pub struct MetricsDataSource {
     name: String,
     params: MetricsDataSourceParams,
+    port: Option<u16>,
+    interval: Option<Duration>,
+}
+
+/// Checks llm-d's `port`, `interval` and certificate paths of an HTTP
+/// source named `plugin`; returns the port and interval.
+pub(crate) fn http_options(
+    plugin: &str,
+    port: Option<u32>,
+    interval: Option<&str>,
+    client_cert: Option<&str>,
+    client_key: Option<&str>,
+) -> Result<(Option<u16>, Option<Duration>), BuildError> {
+    let bad = |field: &str, value: &str, reason: &str| BuildError::InvalidValue {
+        plugin: plugin.to_owned(),
+        field: field.into(),
+        value: value.into(),
+        reason: reason.into(),
+    };
+    let port = port
+        .map(|p| {
+            u16::try_from(p)
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| bad("port", &p.to_string(), "must be between 1 and 65535"))
+        })
+        .transpose()?;
+    let interval = interval
+        .filter(|i| !i.is_empty())
+        .map(|i| {
+            epp_core::config::parse_duration(i)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| bad("interval", i, "must be a positive Go duration, e.g. 1s"))
+        })
+        .transpose()?;
+    match (client_cert, client_key) {
+        (Some(_), None) => {
+            return Err(bad("clientKeyPath", "", "give it with clientCertPath"));
+        }
+        (None, Some(_)) => {
+            return Err(bad("clientCertPath", "", "give it with clientKeyPath"));
+        }
+        _ => {}
+    }
+    Ok((port, interval))
 }
 
 impl MetricsDataSource {
@@ -67,7 +136,32 @@ impl MetricsDataSource {
         if !params.path.starts_with('/') {
             return Err(bad("path", &params.path, "must start with /"));
         }
-        Ok(Self { name, params })
+        let (port, interval) = http_options(
+            &name,
+            params.port,
+            params.interval.as_deref(),
+            params.client_cert_path.as_deref(),
+            params.client_key_path.as_deref(),
+        )?;
+        let source = Self {
+            name: name.clone(),
+            params,
+            port,
+            interval,
+        };
+        // Read the PEM files now, so a bad path fails at load, naming it.
+        let files = source.tls_files();
+        if files != TlsFiles::default() {
+            crate::client::Tls::with_files(files).map_err(|e| {
+                let field = if e.starts_with("caCertPath") {
+                    "caCertPath"
+                } else {
+                    "clientCertPath"
+                };
+                bad(field, "", &e)
+            })?;
+        }
+        Ok(source)
     }
 }
 
@@ -77,6 +171,8 @@ impl MetricsDataSource {
         Self {
             name: name.to_owned(),
             params,
+            port: None,
+            interval: None,
         }
     }
 }
@@ -102,5 +198,18 @@ impl MetricsSource for MetricsDataSource {
     }
     fn insecure_skip_verify(&self) -> bool {
         self.params.insecure_skip_verify
+    }
+    fn port(&self) -> Option<u16> {
+        self.port
+    }
+    fn interval(&self) -> Option<Duration> {
+        self.interval
+    }
+    fn tls_files(&self) -> TlsFiles<'_> {
+        TlsFiles {
+            ca_cert: self.params.ca_cert_path.as_deref(),
+            client_cert: self.params.client_cert_path.as_deref(),
+            client_key: self.params.client_key_path.as_deref(),
+        }
     }
 }

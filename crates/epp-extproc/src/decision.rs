@@ -223,7 +223,8 @@ impl Decider {
         received: Instant,
         trace: Option<&mut ActiveTrace>,
     ) -> Started {
-        if self.flow.current().is_none() {
+        let holds = self.scheduler.load().holds_requests();
+        if self.flow.current().is_none() && !holds && options.renderer.is_none() {
             return Started::Decided(self.decide(options, parts, body, trace));
         }
         let prepared = match self.prepare(options, parts, body) {
@@ -232,10 +233,43 @@ impl Decider {
                 return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), None));
             }
         };
+        // The prompt's token ids first, when the engine renders them.
+        if let (Some(renderer), Some(b)) = (&options.renderer, body)
+            && let Some(render) =
+                renderer.render(prepared.request.api, b, prepared.request.media_parts)
+        {
+            return Started::Queued(Box::new(Waiting::rendering(prepared, render)));
+        }
+        self.resume(prepared, received, parts.subset.as_deref(), body, trace)
+    }
+
+    /// Takes a prepared request on from its render: any plugin hold, then
+    /// flow control, then routing.
+    pub(crate) fn resume(
+        &self,
+        prepared: Prepared,
+        received: Instant,
+        subset: Option<&[String]>,
+        body: Option<&[u8]>,
+        trace: Option<&mut ActiveTrace>,
+    ) -> Started {
+        let holds = self.scheduler.load().holds_requests();
+        // A plugin's hold (a batching window) comes first; with flow control
+        // on, requests are not held (they leave the queue one by one).
+        if holds
+            && self.flow.current().is_none()
+            && let Some(until) = self
+                .scheduler
+                .load()
+                .hold_until(&prepared.request, Instant::now())
+        {
+            return Started::Queued(Box::new(Waiting::held(prepared, until)));
+        }
+        if self.flow.current().is_none() {
+            return Started::Decided(self.route(prepared, subset, body, trace));
+        }
         match self.admit(prepared, received) {
-            Admitted::Now(p) => {
-                Started::Decided(self.route(p, parts.subset.as_deref(), body, trace))
-            }
+            Admitted::Now(p) => Started::Decided(self.route(p, subset, body, trace)),
             Admitted::Refused(p, e) => Started::Decided(self.reject_request(e, &p.request)),
             Admitted::Queued(w) => Started::Queued(Box::new(w)),
         }
@@ -257,6 +291,9 @@ impl Decider {
                 decision
             }
             Waited::Evicted(prepared, err) => self.reject_request(err, &prepared.request),
+            Waited::Held(prepared) => self.route(prepared, subset, body, trace),
+            // The exchange resumes a rendered request ([`Self::resume`]).
+            Waited::Rendered(prepared) => self.route(prepared, subset, body, trace),
         }
     }
 
@@ -391,6 +428,7 @@ impl Decider {
                 subset: None,
                 body_len: body.map_or(0, <[u8]>::len),
                 media_parts: parsed.media_parts,
+                prompt_token_ids: None,
             },
             model_span: parsed.model_span,
             generated_id,

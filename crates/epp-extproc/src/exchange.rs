@@ -21,7 +21,7 @@ use crate::{
         Route, SUBSET_KEY, SUBSET_NAMESPACE, Started,
     },
     error::ExtProcError,
-    flow::{FlowKick, Waiting},
+    flow::{FlowKick, Waited, Waiting},
     metrics::RequestSeries,
     options::{BodyMode, ExtProcOptions},
     proto,
@@ -128,27 +128,46 @@ impl Exchange {
         cx: &mut Context<'_>,
         out: &mut VecDeque<ProcessingResponse>,
     ) -> bool {
-        let Some((waiting, _, _)) = self.waiting.as_mut() else {
-            return false;
-        };
-        let Poll::Ready(waited) = waiting.poll(cx) else {
-            return false;
-        };
-        let Some((_, phase, deferred)) = self.waiting.take() else {
-            return false;
-        };
-        let joined = (phase != Phase::Headers).then(|| joined_body(&self.chunks, self.body_len));
-        let decision = self.decider.finish_wait(
-            waited,
-            self.parts.subset.as_deref(),
-            joined.as_deref(),
-            self.trace.as_deref_mut(),
-        );
-        self.answer(decision, phase, out);
-        for msg in deferred {
-            self.handle(msg, out);
+        loop {
+            let Some((waiting, _, _)) = self.waiting.as_mut() else {
+                return false;
+            };
+            let Poll::Ready(waited) = waiting.poll(cx) else {
+                return false;
+            };
+            let Some((_, phase, deferred)) = self.waiting.take() else {
+                return false;
+            };
+            let joined =
+                (phase != Phase::Headers).then(|| joined_body(&self.chunks, self.body_len));
+            let decision = match waited {
+                // Rendered: on to any hold and flow control, which may wait.
+                Waited::Rendered(prepared) => match self.decider.resume(
+                    prepared,
+                    self.started,
+                    self.parts.subset.as_deref(),
+                    joined.as_deref(),
+                    self.trace.as_deref_mut(),
+                ) {
+                    Started::Decided(decision) => decision,
+                    Started::Queued(w) => {
+                        self.waiting = Some((w, phase, deferred));
+                        continue;
+                    }
+                },
+                waited => self.decider.finish_wait(
+                    waited,
+                    self.parts.subset.as_deref(),
+                    joined.as_deref(),
+                    self.trace.as_deref_mut(),
+                ),
+            };
+            self.answer(decision, phase, out);
+            for msg in deferred {
+                self.handle(msg, out);
+            }
+            return true;
         }
-        true
     }
 
     /// Whether the exchange was answered locally: nothing more will be processed.

@@ -114,12 +114,17 @@ impl Drop for FlowKick {
     }
 }
 
-/// A request waiting in flow control.
+/// A request waiting in flow control, or held by a plugin before it is
+/// scheduled ([`epp_core::RequestHold`]).
 pub(crate) struct Waiting {
     prepared: Option<Prepared>,
     ticket: Option<Ticket>,
     ttl: Option<Duration>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A plugin's hold: ready when it elapses.
+    hold: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The prompt being rendered to token ids (first, before anything else).
+    render: Option<epp_core::RenderFuture>,
 }
 
 impl fmt::Debug for Waiting {
@@ -136,11 +141,67 @@ pub(crate) enum Waited {
     Released(Prepared, Release),
     /// Evicted (TTL): answer with the error.
     Evicted(Prepared, ExtProcError),
+    /// A plugin's hold elapsed: route it.
+    Held(Prepared),
+    /// Its prompt was rendered (or the render failed): it goes on to any
+    /// hold and flow control.
+    Rendered(Prepared),
 }
 
 impl Waiting {
-    /// Ready when the request is released or its TTL ran out.
+    /// `prepared`, held until `until` (outside flow control).
+    pub(crate) fn held(prepared: Prepared, until: Instant) -> Self {
+        Self {
+            prepared: Some(prepared),
+            ticket: None,
+            ttl: None,
+            timer: None,
+            hold: Some(Box::pin(tokio::time::sleep_until(
+                tokio::time::Instant::from_std(until),
+            ))),
+            render: None,
+        }
+    }
+
+    /// `prepared`, waiting for its prompt's token ids.
+    pub(crate) fn rendering(prepared: Prepared, render: epp_core::RenderFuture) -> Self {
+        Self {
+            prepared: Some(prepared),
+            ticket: None,
+            ttl: None,
+            timer: None,
+            hold: None,
+            render: Some(render),
+        }
+    }
+
+    /// Ready when the request is released or its TTL ran out (or, held,
+    /// when the hold elapsed).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Waited> {
+        if let Some(render) = self.render.as_mut() {
+            let Poll::Ready(rendered) = render.as_mut().poll(cx) else {
+                return Poll::Pending;
+            };
+            self.render = None;
+            let Some(mut prepared) = self.prepared.take() else {
+                return Poll::Pending;
+            };
+            match rendered {
+                Ok(ids) => prepared.request.prompt_token_ids = Some(ids),
+                Err(e) => render_failed(&prepared.request.request_id, &e),
+            }
+            return Poll::Ready(Waited::Rendered(prepared));
+        }
+        if let Some(hold) = self.hold.as_mut() {
+            if hold.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.hold = None;
+            return match self.prepared.take() {
+                Some(prepared) => Poll::Ready(Waited::Held(prepared)),
+                None => Poll::Pending,
+            };
+        }
         let Some(ticket) = self.ticket.as_mut() else {
             return Poll::Pending;
         };
@@ -177,6 +238,25 @@ impl Waiting {
             Ok(release) => Waited::Released(prepared, release),
             Err(outcome) => Waited::Evicted(prepared, ExtProcError::FlowControl(outcome)),
         })
+    }
+}
+
+/// Logs a failed render: each at debug, and a warning at most once a
+/// minute (a dead render service fails every request).
+fn render_failed(request_id: &str, error: &str) {
+    static LAST_WARNING: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    tracing::debug!(request_id, error, "the prompt could not be rendered");
+    let mut last = LAST_WARNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+        *last = Some(Instant::now());
+        tracing::warn!(
+            request_id,
+            error,
+            "the prompt could not be rendered; requests are scheduled without token ids \
+             (warned at most once a minute)"
+        );
     }
 }
 
@@ -249,6 +329,8 @@ impl Decider {
                 ticket: Some(ticket),
                 ttl,
                 timer: None,
+                hold: None,
+                render: None,
             }),
             Err(Rejected(outcome)) => {
                 Admitted::Refused(prepared, ExtProcError::FlowControl(outcome))

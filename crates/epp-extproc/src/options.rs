@@ -89,6 +89,9 @@ pub struct ExtProcOptions {
     /// Which paths are read as which API, and whether an unclaimed path
     /// passes through unread (default: llm-d's default parsers) or gets 400.
     pub parsers: epp_core::RequestParsers,
+    /// Renders prompts to the engine's token ids before scheduling (a
+    /// `token-producer` with the `vllm` backend); `None`: no render step.
+    pub renderer: Option<Arc<dyn epp_core::PromptRenderer>>,
 }
 
 impl Default for ExtProcOptions {
@@ -104,6 +107,7 @@ impl Default for ExtProcOptions {
             objective_priority: None,
             tracer: None,
             parsers: epp_core::RequestParsers::default(),
+            renderer: None,
         }
     }
 }

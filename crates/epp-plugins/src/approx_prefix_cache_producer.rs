@@ -17,7 +17,7 @@ use std::sync::{
 
 use epp_core::{
     BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, MetricFamily, MetricSink,
-    Plugin, PluginMetrics, PreRequest, SchedulingResult,
+    Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
 };
 
 use crate::{Builtin, PrefixIndex};
@@ -222,7 +222,7 @@ fn content_hash(block: &[u8]) -> u64 {
 }
 
 /// Seed for a request: target model and cache salt.
-fn seed(model: &str, salt: Option<&str>) -> u64 {
+pub(crate) fn seed(model: &str, salt: Option<&str>) -> u64 {
     let mut h = chain(0x5eed, content_hash(model.as_bytes()));
     if let Some(salt) = salt {
         h = chain(h ^ 0x5a17, content_hash(salt.as_bytes()));
@@ -241,6 +241,8 @@ pub struct ApproxPrefixCacheProducer {
     /// Tells this producer's matches from another's in `CycleState::prefix`.
     id: u64,
     index: PrefixIndex,
+    /// The cycle's prefix-match set this producer fills.
+    slot: PrefixSlot,
 }
 
 impl Builtin for ApproxPrefixCacheProducer {
@@ -265,6 +267,7 @@ impl ApproxPrefixCacheProducer {
             params,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             index: PrefixIndex::default(),
+            slot: PrefixSlot::default(),
         }
     }
 
@@ -297,11 +300,11 @@ impl ApproxPrefixCacheProducer {
 
     /// Hashes and matches the request unless a producer already did.
     pub(crate) fn produce_once(&self, cx: &mut CycleContext<'_>) {
-        let prefix = &mut cx.state.prefix;
+        let req = cx.request;
+        let prefix = cx.state.prefix_at_mut(self.slot.get());
         if prefix.computed {
             return;
         }
-        let req = cx.request;
         block_hashes(
             req.prompt.as_bytes(),
             self.params.block_size_tokens * CHARS_PER_TOKEN,
@@ -319,13 +322,14 @@ impl ApproxPrefixCacheProducer {
 
     /// Records the primary target's blocks, if this producer matched them.
     pub(crate) fn record_pick(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
-        if cx.state.prefix.producer != self.id {
+        let prefix = cx.state.prefix_at(self.slot.get());
+        if prefix.producer != self.id {
             return;
         }
         let Some(target) = result.primary() else {
             return;
         };
-        let hashes = &cx.state.prefix.hashes;
+        let hashes = &prefix.hashes;
         if hashes.is_empty() {
             return;
         }
@@ -377,6 +381,10 @@ impl Plugin for ApproxPrefixCacheProducer {
     }
     fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         Some(self)
+    }
+    fn bind_prefix_slot(&self, slot: usize) -> bool {
+        self.slot.set(slot);
+        true
     }
 }
 

@@ -35,6 +35,7 @@ mod tests {
             len,
             bytes: 0,
             head: (key, 0),
+            head_enqueued: std::time::Instant::now(),
         };
         let mut c = FairnessCursor::default();
         // The heavy flow "a" keeps winning while its head is earliest.

@@ -67,7 +67,7 @@ impl Plugin for LatencySloAdmitter {
 }
 
 impl Admitter for LatencySloAdmitter {
-    fn admit(&self, cx: &CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String> {
+    fn admit(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) -> Result<(), String> {
         let latency = &cx.state.latency;
         if !cx.request.is_sheddable() || !latency.slo.is_set() || !latency.any() {
             return Ok(());

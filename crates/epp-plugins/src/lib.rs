@@ -59,10 +59,13 @@ mod active_request_scorer;
 mod always_disagg_multimodal_decider;
 mod always_disagg_pd_decider;
 mod approx_prefix_cache_producer;
+mod burst_prefix_cache_producer;
 mod concurrency_detector;
 mod data_parallel_profile_handler;
 mod disagg_profile_handler;
 mod edf_ordering_policy;
+mod endpoint_attribute_filter;
+mod endpoint_attribute_scorer;
 mod fcfs_ordering_policy;
 mod global_strict_fairness_policy;
 mod header_based_testing_filter;
@@ -77,6 +80,8 @@ mod load_signal_scorer;
 mod lora_affinity_scorer;
 mod max_score_picker;
 mod metric_scorer;
+mod mm_embeddings_cache_producer;
+mod mm_embeddings_cache_scorer;
 mod no_hit_lru_scorer;
 mod precise_prefix_cache_producer;
 mod predicted_latency_producer;
@@ -85,6 +90,8 @@ mod prefix_cache_affinity_filter;
 mod prefix_cache_scorer;
 mod prefix_index;
 mod priority_holdback_policy;
+mod probabilistic_admitter;
+mod program_aware_fairness;
 mod random_picker;
 mod request_parsers;
 mod round_robin_fairness_policy;
@@ -113,6 +120,7 @@ pub use always_disagg_pd_decider::AlwaysDisaggPdDecider;
 pub use approx_prefix_cache_producer::{
     ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
 };
+pub use burst_prefix_cache_producer::{BurstPrefixCacheProducer, BurstPrefixParams};
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};
 pub use data_parallel_profile_handler::{
     DATA_PARALLEL_HEADER, DataParallelParams, DataParallelProfileHandler,
@@ -122,6 +130,14 @@ pub use disagg_profile_handler::{
     StageProfiles,
 };
 pub use edf_ordering_policy::EdfOrderingPolicy;
+pub use endpoint_attribute_filter::{
+    EndpointAttributeFilter, EndpointAttributeFilterParams, FilterAlgorithm, OnMissing, Threshold,
+    ThresholdOperator,
+};
+pub use endpoint_attribute_scorer::{
+    AdaptiveRange, EndpointAttributeScorer, EndpointAttributeScorerParams, FixedRange,
+    Normalization, ScorerAlgorithm,
+};
 pub use fcfs_ordering_policy::FcfsOrderingPolicy;
 pub use global_strict_fairness_policy::GlobalStrictFairnessPolicy;
 pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
@@ -138,6 +154,8 @@ pub use load_signal_scorer::{LoadSignalParams, LoadSignalScorer, Signal};
 pub use lora_affinity_scorer::LoraAffinityScorer;
 pub use max_score_picker::{MaxScorePicker, PickerParams};
 pub use metric_scorer::{MetricScorer, MetricScorerParams, NormalizationAlgo, OptimizationMode};
+pub use mm_embeddings_cache_producer::{MmEmbeddingsCacheProducer, MmEmbeddingsParams};
+pub use mm_embeddings_cache_scorer::MmEmbeddingsCacheScorer;
 pub use no_hit_lru_scorer::{NoHitLruParams, NoHitLruScorer};
 pub use precise_prefix_cache_producer::{
     PrecisePrefixCacheProducer, PrecisePrefixParams, TokenProcessorConfig,
@@ -152,6 +170,8 @@ pub use prefix_index::PrefixIndex;
 pub use priority_holdback_policy::{
     HoldbackDomain, PriorityHoldbackParams, PriorityHoldbackPolicy,
 };
+pub use probabilistic_admitter::{ProbabilisticAdmitter, ProbabilisticAdmitterParams};
+pub use program_aware_fairness::{ProgramAwareFairness, ProgramAwareParams};
 pub use random_picker::RandomPicker;
 pub use request_parsers::{ApiParser, OTHER_PARSERS};
 pub use round_robin_fairness_policy::RoundRobinFairnessPolicy;
@@ -275,6 +295,7 @@ pub fn register_builtins(registry: &mut Registry) {
     }
     reg::<PrefixCacheScorer>(registry);
     reg::<ApproxPrefixCacheProducer>(registry);
+    reg::<BurstPrefixCacheProducer>(registry);
     reg::<PrecisePrefixCacheProducer>(registry);
     reg::<TokenProducer>(registry);
     reg::<MaxScorePicker>(registry);
@@ -293,6 +314,7 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<ConcurrencyDetector>(registry);
     reg::<GlobalStrictFairnessPolicy>(registry);
     reg::<RoundRobinFairnessPolicy>(registry);
+    reg::<ProgramAwareFairness>(registry);
     reg::<FcfsOrderingPolicy>(registry);
     reg::<EdfOrderingPolicy>(registry);
     reg::<SloDeadlineOrderingPolicy>(registry);
@@ -315,13 +337,18 @@ pub fn register_builtins(registry: &mut Registry) {
     reg::<SessionAffinityScorer>(registry);
     reg::<NoHitLruScorer>(registry);
     reg::<MetricScorer>(registry);
+    reg::<MmEmbeddingsCacheProducer>(registry);
+    reg::<MmEmbeddingsCacheScorer>(registry);
     reg::<HeaderLabelAffinityScorer>(registry);
+    reg::<EndpointAttributeScorer>(registry);
+    reg::<EndpointAttributeFilter>(registry);
     reg::<UtilizationFilter>(registry);
     reg::<PrefixCacheAffinityFilter>(registry);
     reg::<PredictedLatencyProducer>(registry);
     reg::<LatencyScorer>(registry);
     reg::<SloHeadroomTierFilter>(registry);
     reg::<LatencySloAdmitter>(registry);
+    reg::<ProbabilisticAdmitter>(registry);
     reg::<LabelSelectorFilter>(registry);
     reg::<HeaderBasedTestingFilter>(registry);
     add(registry, "decode-filter", |name, NoParams {}| {

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use epp_core::{
     BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, EndpointId, Plugin, PreRequest,
-    SchedulingResult, Scorer,
+    PrefixSlot, SchedulingResult, Scorer,
 };
 use parking_lot::Mutex;
 
@@ -40,6 +40,14 @@ const DEFAULT_LRU: usize = 1024;
 /// max(0, 1 − rank / (n − 1)); a lone candidate scores 1. Requests with a
 /// prefix hit score 0.5 everywhere (neutral). After a cold request the
 /// chosen endpoint becomes the most recent entry.
+///
+/// Cold or not is judged on the matches of the producer
+/// `prefixMatchInfoProducerName` names, by default
+/// `approx-prefix-cache-producer` (created when not declared), as in llm-d —
+/// also when a `prefix-cache-scorer` of the same config reads another
+/// producer (llm-d's `sim-epp-no-hit-lru.yaml`: the scorer reads the precise
+/// index, this scorer the approximate one). Config loading then binds this
+/// scorer to that producer's set of matches ([`Plugin::bind_prefix_slot`]).
 #[derive(Debug)]
 pub struct NoHitLruScorer {
     name: String,
@@ -47,6 +55,8 @@ pub struct NoHitLruScorer {
     source: Option<String>,
     /// Endpoints that received cold requests, oldest first.
     recent: Mutex<VecDeque<EndpointId>>,
+    /// The cycle's prefix-match set `source` fills.
+    slot: PrefixSlot,
 }
 
 impl Builtin for NoHitLruScorer {
@@ -65,14 +75,15 @@ impl Builtin for NoHitLruScorer {
             size,
             source: p.prefix_match_info_producer_name.filter(|n| !n.is_empty()),
             recent: Mutex::new(VecDeque::new()),
+            slot: PrefixSlot::default(),
         })
     }
 }
 
 impl NoHitLruScorer {
     /// Cold: no candidate matched any block (or no matches were produced).
-    fn cold(cx: &CycleContext<'_>, candidates: &[Candidate]) -> bool {
-        let prefix = &cx.state.prefix;
+    fn cold(&self, cx: &CycleContext<'_>, candidates: &[Candidate]) -> bool {
+        let prefix = cx.state.prefix_at(self.slot.get());
         !candidates.iter().any(|c| prefix.matched(c.id()) > 0)
     }
 }
@@ -93,11 +104,15 @@ impl Plugin for NoHitLruScorer {
     fn prefix_match_source(&self) -> Option<&str> {
         Some(self.source.as_deref().unwrap_or(DEFAULT_PREFIX_PRODUCER))
     }
+    fn bind_prefix_slot(&self, slot: usize) -> bool {
+        self.slot.set(slot);
+        true
+    }
 }
 
 impl Scorer for NoHitLruScorer {
     fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
-        if !Self::cold(cx, candidates) {
+        if !self.cold(cx, candidates) {
             out.fill(0.5);
             return;
         }
@@ -133,7 +148,11 @@ impl PreRequest for NoHitLruScorer {
         };
         // Cold as judged when scoring: no candidate of the primary profile
         // matched a block (llm-d keeps the verdict from Score).
-        if result.primary_run().is_none_or(|run| run.prefix_hit) {
+        let slot = self.slot.get();
+        if result
+            .primary_run()
+            .is_none_or(|run| run.prefix_hit_in(slot))
+        {
             return;
         }
         let mut recent = self.recent.lock();
@@ -229,6 +248,7 @@ mod tests {
                 targets: vec![Arc::clone(&all[1].endpoint)],
                 scores: vec![1.0],
                 prefix_hit,
+                prefix_hits: u64::from(prefix_hit),
             }],
             primary: 0,
             ..Default::default()
@@ -245,6 +265,56 @@ mod tests {
                 s.recent.lock().iter().copied().collect::<Vec<_>>(),
                 vec![all[1].id()]
             );
+        });
+    }
+
+    #[test]
+    fn bound_to_another_set_it_judges_cold_on_that_set() {
+        // sim-epp-no-hit-lru.yaml: the first set (the precise producer, which
+        // prefix-cache-scorer reads) has a hit; this scorer's set has none.
+        let c = candidates(vec![EndpointMetrics::default(); 3]);
+        let s = NoHitLruScorer::build("n", NoHitLruParams::default()).unwrap();
+        assert!(s.bind_prefix_slot(1));
+        s.recent.lock().extend([c[0].id()]);
+        let req = InferenceRequest::builder("m").build();
+        let (cold, warm) = with_cx(&req, 0, |cx| {
+            cx.state.prefix.computed = true;
+            cx.state.prefix.hashes = vec![9];
+            cx.state.prefix.set_matched(c[0].id(), 1);
+            let mine = cx.state.prefix_at_mut(1);
+            mine.computed = true;
+            mine.hashes = vec![7];
+            let mut cold = vec![0.0; 3];
+            s.score(cx, &c, &mut cold);
+            cx.state.prefix_at_mut(1).set_matched(c[2].id(), 1);
+            let mut warm = vec![0.0; 3];
+            s.score(cx, &c, &mut warm);
+            (cold, warm)
+        });
+        assert_eq!(
+            cold,
+            vec![0.0, 1.0, 0.5],
+            "cold: c0 is the LRU's only entry"
+        );
+        assert_eq!(warm, vec![0.5; 3], "a hit in its own set");
+        // The pick is recorded when the primary run had no hit in slot 1,
+        // whatever slot 0 says.
+        let run = |hits: u64| SchedulingResult {
+            runs: vec![epp_core::ProfilePicks {
+                profile: 0,
+                targets: vec![Arc::clone(&c[1].endpoint)],
+                scores: vec![1.0],
+                prefix_hit: true,
+                prefix_hits: hits,
+            }],
+            primary: 0,
+            ..Default::default()
+        };
+        with_cx(&req, 0, |cx| {
+            s.pre_request(cx, &run(0b11));
+            assert_eq!(s.recent.lock().len(), 1, "slot 1 had a hit");
+            s.pre_request(cx, &run(0b01));
+            assert_eq!(s.recent.lock().back(), Some(&c[1].id()));
         });
     }
 

@@ -23,7 +23,7 @@ use std::{
 use epp_core::{
     BuildError, Candidate, CycleContext, DataProducer, Endpoint, EndpointId, KvEventBatch,
     KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics, PreRequest,
-    SchedulingResult,
+    PrefixSlot, SchedulingResult,
 };
 
 use serde::de::IgnoredAny;
@@ -127,6 +127,8 @@ pub struct PrecisePrefixCacheProducer {
     index: Arc<KvBlockIndex>,
     speculative: bool,
     warned_no_tokens: AtomicBool,
+    /// The cycle's prefix-match set this producer fills.
+    slot: PrefixSlot,
 }
 
 fn seed_of(s: &str) -> u64 {
@@ -206,6 +208,7 @@ impl Builtin for PrecisePrefixCacheProducer {
             ),
             speculative: p.speculative_indexing,
             warned_no_tokens: AtomicBool::new(false),
+            slot: PrefixSlot::default(),
             name,
         })
     }
@@ -235,6 +238,10 @@ impl Plugin for PrecisePrefixCacheProducer {
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
         self.speculative.then_some(self as &dyn PreRequest)
     }
+    fn bind_prefix_slot(&self, slot: usize) -> bool {
+        self.slot.set(slot);
+        true
+    }
     fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         Some(self)
     }
@@ -242,11 +249,10 @@ impl Plugin for PrecisePrefixCacheProducer {
 
 impl DataProducer for PrecisePrefixCacheProducer {
     fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
-        let prefix = &mut cx.state.prefix;
+        let (tokens, prefix) = cx.state.tokens_and_prefix_mut(self.slot.get());
         if prefix.computed {
             return;
         }
-        let tokens = &cx.state.tokens;
         if !tokens.computed {
             if !self.warned_no_tokens.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
@@ -285,7 +291,7 @@ impl DataProducer for PrecisePrefixCacheProducer {
 
 impl PreRequest for PrecisePrefixCacheProducer {
     fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
-        let prefix = &cx.state.prefix;
+        let prefix = cx.state.prefix_at(self.slot.get());
         if prefix.producer != self.id {
             return;
         }

@@ -195,7 +195,10 @@ impl Plugin for PrefixCacheScorer {
     }
     fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         // Its own index is used only when it reads no other producer's.
-        self.source.is_none().then_some(self as &dyn PluginMetrics)
+        self.source
+            .as_deref()
+            .is_none_or(|s| s == self.name)
+            .then_some(self as &dyn PluginMetrics)
     }
 }
 

@@ -45,6 +45,7 @@ mod tests {
             len: 1,
             bytes: 0,
             head: (0, 0),
+            head_enqueued: std::time::Instant::now(),
         };
         let all = [head(0), head(1), head(2)];
         let mut c = FairnessCursor::default();

@@ -14,9 +14,16 @@
 //! through its chat template, which epp does not render yet: for them no
 //! tokens are produced and token readers match nothing.
 //!
-//! llm-d's backends: `vllm.url` (the engine's `/render` endpoints over HTTP)
-//! and `udsTokenizerConfig` are not built in epp; a config naming them is
-//! refused with what to write instead.
+//! llm-d's `vllm` backend (`modelName` and `vllm: {url, timeout,
+//! mmTimeout}`): the engine's `/v1/completions/render` and
+//! `/v1/chat/completions/render` over HTTP, called by the edge before
+//! scheduling (this plugin declares the service, [`Plugin::render_service`];
+//! the binary creates the client); the ids the edge got are published as
+//! they are. Completions and chat are rendered; a render that fails or times
+//! out leaves the request without tokens (logged), as in llm-d.
+//!
+//! `udsTokenizerConfig` (deprecated in llm-d) and `estimate` (its ids match
+//! no engine's) are refused with what to write instead.
 
 use std::{
     path::{Path, PathBuf},
@@ -25,7 +32,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugin};
+use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugin, RenderService};
 use serde::de::IgnoredAny;
 use tokenizers::Tokenizer;
 
@@ -42,6 +49,21 @@ pub struct LocalTokenizerParams {
     pub reload_interval: Option<String>,
 }
 
+/// `vllm`: llm-d's render backend.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VllmRenderParams {
+    /// Base URL (default `http://localhost:8000`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Timeout of a text-only render (default `5s`).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Timeout of a render with media (default `30s`).
+    #[serde(default)]
+    pub mm_timeout: Option<String>,
+}
+
 /// Parameters (llm-d's names, plus `local`).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -52,9 +74,9 @@ pub struct TokenProducerParams {
     /// The in-process tokenizer.
     #[serde(default)]
     pub local: Option<LocalTokenizerParams>,
-    /// llm-d's vLLM `/render` backend: not built in epp, refused.
+    /// llm-d's vLLM `/render` backend.
     #[serde(default)]
-    pub vllm: Option<IgnoredAny>,
+    pub vllm: Option<VllmRenderParams>,
     /// llm-d's deprecated UDS sidecar backend: refused.
     #[serde(default)]
     pub uds_tokenizer_config: Option<IgnoredAny>,
@@ -72,8 +94,17 @@ pub struct TokenProducerParams {
 #[derive(Debug)]
 pub struct TokenProducer {
     name: String,
-    current: Arc<ArcSwap<Tokenizer>>,
+    backend: Backend,
     max_bytes: usize,
+}
+
+/// Where the ids come from.
+#[derive(Debug)]
+enum Backend {
+    /// The in-process tokenizer.
+    Local(Arc<ArcSwap<Tokenizer>>),
+    /// The engine's render endpoints, called by the edge.
+    Render(RenderService),
 }
 
 /// Resolves `path` to the `tokenizer.json` it names.
@@ -105,10 +136,49 @@ impl Builtin for TokenProducer {
         let name = name.into();
         let bad =
             |field: &str, value: String, reason: String| invalid(&name, field, value, &reason);
+        let duration = |field: &str, v: Option<&str>, default: u64| match v {
+            None | Some("") => Ok(Duration::from_secs(default)),
+            Some(s) => {
+                humantime::parse_duration(s).map_err(|e| bad(field, s.to_owned(), e.to_string()))
+            }
+        };
+        if let (Some(vllm), None) = (&p.vllm, &p.local) {
+            let model = p
+                .model_name
+                .clone()
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| {
+                    bad(
+                        "modelName",
+                        "unset".into(),
+                        "the vllm backend sends it in every render request".into(),
+                    )
+                })?;
+            let url = vllm
+                .url
+                .clone()
+                .unwrap_or_else(|| "http://localhost:8000".to_owned());
+            let url = url.trim_end_matches('/').to_owned();
+            if !url.starts_with("http://") {
+                return Err(bad(
+                    "vllm.url",
+                    url,
+                    "an http:// URL (TLS is not supported, as in llm-d)".into(),
+                ));
+            }
+            return Ok(Self {
+                backend: Backend::Render(RenderService {
+                    url,
+                    model,
+                    timeout: duration("vllm.timeout", vllm.timeout.as_deref(), 5)?,
+                    media_timeout: duration("vllm.mmTimeout", vllm.mm_timeout.as_deref(), 30)?,
+                }),
+                max_bytes: p.max_prompt_bytes.unwrap_or(1 << 20),
+                name,
+            });
+        }
         let Some(local) = p.local else {
-            let (field, what) = if p.vllm.is_some() {
-                ("vllm", "the vLLM /render backend")
-            } else if p.uds_tokenizer_config.is_some() {
+            let (field, what) = if p.uds_tokenizer_config.is_some() {
                 ("udsTokenizerConfig", "the UDS tokenizer sidecar")
             } else if p.estimate.is_some() {
                 ("estimate", "the estimating backend")
@@ -120,7 +190,8 @@ impl Builtin for TokenProducer {
                 "set".into(),
                 format!(
                     "{what} is not built in epp; tokenize in process instead: \
-                     `local: {{path: <tokenizer.json or the model's directory>}}`"
+                     `local: {{path: <tokenizer.json or the model's directory>}}`, or have \
+                     the engine render: `modelName: <model>` and `vllm: {{url: http://<host>:<port>}}`"
                 ),
             ));
         };
@@ -143,7 +214,7 @@ impl Builtin for TokenProducer {
         }
         Ok(Self {
             name,
-            current,
+            backend: Backend::Local(current),
             max_bytes: p.max_prompt_bytes.unwrap_or(1 << 20),
         })
     }
@@ -188,9 +259,11 @@ impl TokenProducer {
     /// # Errors
     /// When the tokenizer fails on the text.
     pub fn tokenize(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
+        let Backend::Local(current) = &self.backend else {
+            return Err("this token producer has the engine render prompts".into());
+        };
         let text = cut(text, self.max_bytes);
-        let enc = self
-            .current
+        let enc = current
             .load()
             .encode_fast(text, true)
             .map_err(|e| e.to_string())?;
@@ -221,12 +294,29 @@ impl Plugin for TokenProducer {
     fn as_data_producer(&self) -> Option<&dyn DataProducer> {
         Some(self)
     }
+    fn render_service(&self) -> Option<RenderService> {
+        match &self.backend {
+            Backend::Render(service) => Some(service.clone()),
+            Backend::Local(_) => None,
+        }
+    }
 }
 
 impl DataProducer for TokenProducer {
     fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
         let tokens = &mut cx.state.tokens;
-        if tokens.computed || cx.request.api != ApiKind::Completions {
+        if tokens.computed {
+            return;
+        }
+        if let Backend::Render(_) = self.backend {
+            if let Some(ids) = &cx.request.prompt_token_ids {
+                tokens.ids.clear();
+                tokens.ids.extend_from_slice(ids);
+                tokens.computed = true;
+            }
+            return;
+        }
+        if cx.request.api != ApiKind::Completions {
             return;
         }
         tokens.ids.clear();
@@ -255,14 +345,58 @@ mod tests {
     }
 
     #[test]
-    fn llm_d_backends_are_refused_with_what_to_write() {
-        let p: TokenProducerParams =
-            serde_yaml_ng::from_str("{modelName: m, vllm: {url: 'http://localhost:8000'}}")
-                .expect("parses");
-        let e = TokenProducer::build("t", p)
-            .expect_err("refused")
-            .to_string();
-        assert!(e.contains("vllm") && e.contains("local: {path:"), "{e}");
+    fn the_vllm_backend_declares_its_render_service_and_publishes_rendered_ids() {
+        let params = |text: &str| -> TokenProducerParams { serde_yaml_ng::from_str(text).unwrap() };
+        let t = TokenProducer::build(
+            "t",
+            params("{modelName: m, vllm: {url: 'http://10.0.0.9:8000/', mmTimeout: 1m}}"),
+        )
+        .unwrap();
+        let service = t.render_service().unwrap();
+        assert_eq!(service.url, "http://10.0.0.9:8000");
+        assert_eq!(service.model, "m");
+        assert_eq!(service.timeout, Duration::from_secs(5));
+        assert_eq!(service.media_timeout, Duration::from_secs(60));
+        // What the edge rendered is published as it is, for any API.
+        let mut req = epp_core::InferenceRequest::builder("m")
+            .api(ApiKind::ChatCompletions)
+            .build();
+        let cands = crate::testing::candidates(vec![epp_core::EndpointMetrics::default()]);
+        let ids = crate::testing::with_cx(&req, 1, |cx| {
+            t.produce(cx, &cands);
+            cx.state.tokens.computed
+        });
+        assert!(!ids, "nothing rendered: no tokens");
+        req.prompt_token_ids = Some(vec![7, 8, 9]);
+        let ids = crate::testing::with_cx(&req, 1, |cx| {
+            t.produce(cx, &cands);
+            cx.state.tokens.ids.clone()
+        });
+        assert_eq!(ids, vec![7, 8, 9]);
+        for (text, field) in [
+            ("{vllm: {url: 'http://h:1'}}", "modelName"),
+            ("{modelName: m, vllm: {url: 'https://h:1'}}", "vllm.url"),
+            ("{modelName: m, vllm: {timeout: soon}}", "vllm.timeout"),
+        ] {
+            let e = TokenProducer::build("t", params(text))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn other_llm_d_backends_are_refused_with_what_to_write() {
+        let e = TokenProducer::build(
+            "t",
+            serde_yaml_ng::from_str("{udsTokenizerConfig: {socketFile: /tmp/s}}").unwrap(),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(
+            e.contains("udsTokenizerConfig") && e.contains("local: {path:"),
+            "{e}"
+        );
         let e = TokenProducer::build("t", TokenProducerParams::default())
             .expect_err("refused")
             .to_string();

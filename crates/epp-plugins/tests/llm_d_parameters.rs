@@ -158,18 +158,20 @@ fn the_named_producer_must_produce_prefix_matches() {
     );
 }
 
+/// A reader that can only read the first set of matches refuses a second
+/// producer, naming its parameter.
 #[test]
-fn readers_of_different_producers_are_refused() {
+fn a_reader_that_cannot_read_a_second_set_is_refused() {
     let err = load_err(&config(
         "- type: approx-prefix-cache-producer\n  name: a\n\
          - type: approx-prefix-cache-producer\n  name: b\n\
-         - type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: a}\n\
-         - type: no-hit-lru-scorer\n  parameters: {prefixMatchInfoProducerName: b}\n",
+         - type: no-hit-lru-scorer\n  parameters: {prefixMatchInfoProducerName: a}\n\
+         - type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: b}\n",
         "  - {pluginRef: prefix-cache-scorer}\n  - {pluginRef: no-hit-lru-scorer}\n",
     ));
     assert!(
         err.contains("plugins[3].parameters.prefixMatchInfoProducerName")
-            && err.contains("every reader must name the same producer"),
+            && err.contains("can only read the prefix matches of the producer the first reader"),
         "{err}"
     );
 }

@@ -441,6 +441,10 @@ fn unimplemented_reference_types_are_named_in_the_error() {
         ("pd-profile-handler", "{}"),
         ("disagg-headers-handler", "{}"),
         ("prefill-header-handler", "{}"),
+        // llm-d types for roles epp fills otherwise (no shipped config
+        // names them).
+        ("k8s-notification-source", "{kind: Pod}"),
+        ("local-syncer", "{}"),
     ] {
         let text = format!(
             "\

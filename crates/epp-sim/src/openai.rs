@@ -495,3 +495,37 @@ fn stream(mut g: Generation, ask: Ask, id: String, chat: bool) -> Response {
         .body(Body::from_stream(ReceiverStream::new(rx)))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
+
+/// `POST /v1/completions/render` and `/v1/chat/completions/render` (vLLM's
+/// render endpoints, as `vllm launch render` serves them): the token ids the
+/// server would compute for the request, without generating. Needs
+/// `--tokenizer` (the ids are the tokenizer's, as in the server's KV events).
+async fn render(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
+    let ask = match parse(&sim, body, chat) {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let Some(ids) = ask.token_ids else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "rendering needs a tokenizer: start the simulator with --tokenizer",
+        );
+    };
+    let id = format!("render-{:016x}", sim.next_id());
+    if chat {
+        Json(json!({"request_id": id, "token_ids": ids, "features": null})).into_response()
+    } else {
+        Json(json!([{"request_id": id, "token_ids": ids}])).into_response()
+    }
+}
+
+/// `POST /v1/completions/render`.
+pub(crate) async fn completions_render(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    render(sim, &body, false).await
+}
+
+/// `POST /v1/chat/completions/render`.
+pub(crate) async fn chat_completions_render(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    render(sim, &body, true).await
+}

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::{
     apis,
     engine::{Sim, count_tokens},
-    native,
+    native, openai,
     openai::{chat_completions, completions, error},
 };
 
@@ -150,6 +150,11 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/get_server_info", get(server_info))
         .route("/get_load", get(load))
         .route("/tokenize", post(tokenize))
+        .route("/v1/completions/render", post(openai::completions_render))
+        .route(
+            "/v1/chat/completions/render",
+            post(openai::chat_completions_render),
+        )
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/admin/state", post(admin_state).get(admin_view))
         .layer(axum::middleware::map_response(move |mut r: Response| {

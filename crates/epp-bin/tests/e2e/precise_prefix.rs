@@ -20,6 +20,14 @@ const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
 
 fn config(tokenizer: &Path, kv_port: u16) -> String {
+    config_with(
+        &format!("    local: {{path: {}}}", tokenizer.display()),
+        kv_port,
+    )
+}
+
+/// The config with `backend` as the token producer's backend parameters.
+fn config_with(backend: &str, kv_port: u16) -> String {
     format!(
         "\
 apiVersion: llm-d.ai/v1alpha1
@@ -28,7 +36,7 @@ plugins:
 - type: token-producer
   parameters:
     modelName: {MODEL}
-    local: {{path: {tokenizer}}}
+{backend}
 - type: endpoint-notification-source
 - type: metrics-data-source
 - type: core-metrics-extractor
@@ -56,8 +64,7 @@ schedulingProfiles:
   - {{pluginRef: prefix-cache-scorer, weight: 3}}
   - {{pluginRef: queue-scorer, weight: 1}}
   - pluginRef: max-score-picker
-",
-        tokenizer = tokenizer.display()
+"
     )
 }
 
@@ -104,13 +111,9 @@ async fn wait_for_blocks(metrics_port: u16, sim: &Sim, ip: &str, kind: &str, abo
     panic!("epp never saw {kind} blocks from {ip} (still {above})");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_by_what_the_engines_report_holding() {
-    let dir = scratch_dir("precise-prefix");
-    let tokenizer = write_test_tokenizer(&dir).unwrap();
-    let http_port = shared_loopback_port();
-    let kv_port = free_port_on("127.0.0.2");
-    let sims: Vec<Sim> = IPS
+/// Three simulators on 127.0.0.2–4 publishing KV events on `kv_port`.
+fn start_publishers(dir: &Path, tokenizer: &Path, http_port: u16, kv_port: u16) -> Vec<Sim> {
+    IPS
         .iter()
         .enumerate()
         .map(|(i, ip)| {
@@ -118,7 +121,7 @@ async fn routes_by_what_the_engines_report_holding() {
                 r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://{ip}:{kv_port}","topic":"kv@{ip}@{MODEL}"}}"#
             );
             start_sim_at(
-                &dir,
+                dir,
                 &format!("sim-{i}"),
                 ip,
                 http_port,
@@ -132,7 +135,16 @@ async fn routes_by_what_the_engines_report_holding() {
                 ],
             )
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_what_the_engines_report_holding() {
+    let dir = scratch_dir("precise-prefix");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
     let file = dir.join("precise.yaml");
     std::fs::write(&file, config(&tokenizer, kv_port)).unwrap();
     let endpoints = IPS
@@ -334,4 +346,80 @@ schedulingProfiles:
         epp_test_support::process::Proc::exited(&mut { epp }.proc).is_none(),
         "epp survived the garbage"
     );
+}
+
+/// llm-d's `vllm` token-producer backend: the prompts are rendered to token
+/// ids by the engine's render endpoint (here a simulator with the same
+/// tokenizer, as `vllm launch render` would be) before scheduling, so chat
+/// requests, which the in-process tokenizer does not render, follow the
+/// engines' reported blocks too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
+    let dir = scratch_dir("precise-render");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
+    let render = epp_test_support::process::start_sim(
+        &dir,
+        9,
+        &["--tokenizer", tokenizer.to_str().unwrap()],
+    );
+    let file = dir.join("render.yaml");
+    let backend = format!(
+        "    vllm: {{url: 'http://127.0.0.1:{}', timeout: 2s}}",
+        render.port
+    );
+    std::fs::write(&file, config_with(&backend, kv_port)).unwrap();
+    let endpoints = IPS
+        .iter()
+        .map(|ip| format!("{ip}:{http_port}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let epp = start_epp(
+        &dir,
+        &[
+            "--config-file",
+            file.to_str().unwrap(),
+            "--endpoints",
+            &endpoints,
+        ],
+    );
+    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let system = "You answer questions about lighthouses, briefly and kindly. ".repeat(6);
+    let chat = |q: &str| {
+        serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": q}]})
+    };
+    // Warm sim-2 directly: only its events say where the prefix is.
+    let r = http::post_json_at(
+        IPS[2],
+        sims[2].port,
+        "/v1/chat/completions",
+        &chat("Warm up."),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for_blocks(epp.metrics_port, &sims[2], IPS[2], "stored", 0.0).await;
+    for q in 0..8 {
+        let r = http::post_json(
+            envoy.port,
+            "/v1/chat/completions",
+            &chat(&format!("Question {q}?")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-inference-pod"), Some("sim-2"), "question {q}");
+    }
+
+    // The render service gone: requests are still served (without tokens).
+    drop(render);
+    let r = http::post_json(envoy.port, "/v1/chat/completions", &chat("And now?"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -25,6 +25,13 @@ impl EndpointPickerConfig {
             (None, Some(d)) => (d.clone(), "data"),
             (None, None) => (self.default_data_layer(registry, wiring)?, "dataLayer"),
         };
+        let mut layer = layer;
+        if self.raw.data_layer.is_some() || self.raw.data.is_some() {
+            self.check_data_layer_refs(wiring, &layer, key)?;
+            if layer.inject_defaults != Some(false) {
+                self.inject_default_source(registry, wiring, &mut layer)?;
+            }
+        }
         let mut data_layer = Vec::new();
         for (si, s) in layer.sources.iter().enumerate() {
             let at = format!("{key}.sources[{si}]");
@@ -39,12 +46,12 @@ impl EndpointPickerConfig {
             let (role, plays): (&str, fn(&dyn crate::Plugin) -> bool) = if events {
                 (
                     "a KV-event consumer (the source delivers engine events)",
-                    |p| p.as_kv_event_sink().is_some(),
+                    |p| p.as_kv_event_sink().is_some() || p.follows_endpoint_lifecycle(),
                 )
             } else {
                 ("an extractor", |p| p.as_extractor().is_some())
             };
-            let extractors = s
+            let extractors: Vec<crate::PluginRef> = s
                 .extractors
                 .iter()
                 .enumerate()
@@ -58,9 +65,14 @@ impl EndpointPickerConfig {
                     )
                 })
                 .collect::<Result<_, _>>()?;
+            // Endpoint-lifecycle listeners need nothing delivered: only the
+            // KV-event consumers are fed.
+            let extractors = extractors
+                .into_iter()
+                .filter(|p| !events || p.plugin().as_kv_event_sink().is_some())
+                .collect();
             data_layer.push(SourceWiring { source, extractors });
         }
-        let mut layer = layer;
         self.wire_kv_event_sinks(registry, wiring, &mut layer, &mut data_layer)?;
         wiring.effective.data = None;
         wiring.effective.data_layer = Some(layer);
@@ -189,6 +201,87 @@ impl EndpointPickerConfig {
         Ok(())
     }
 
+    /// llm-d's `injectDefaults` (true unless written `false`): a data layer
+    /// that lists no source of the registry's default source type
+    /// (`metrics-data-source`) gets that source feeding the default
+    /// extractor (`core-metrics-extractor`) as well, so listing, say, only a
+    /// GPU exporter's source does not leave the model servers unscraped.
+    fn inject_default_source(
+        &self,
+        registry: &Registry,
+        wiring: &mut Wiring,
+        layer: &mut DataLayerDecl,
+    ) -> Result<(), ConfigError> {
+        let Some(source_type) = registry.default_type(Role::MetricsSource) else {
+            return Ok(());
+        };
+        let listed = layer.sources.iter().any(|s| {
+            wiring
+                .find(&s.plugin_ref)
+                .is_some_and(|p| p.plugin().type_name() == source_type)
+        });
+        if listed {
+            return Ok(());
+        }
+        let mut defaults = self.default_data_layer(registry, wiring)?;
+        layer.sources.append(&mut defaults.sources);
+        Ok(())
+    }
+
+    /// llm-d's `discovery`, `peerDiscovery` and `crossReplicaSyncerPluginRef`
+    /// name declared plugins; a dangling name is an error, as everywhere.
+    fn check_data_layer_refs(
+        &self,
+        wiring: &Wiring,
+        layer: &DataLayerDecl,
+        key: &str,
+    ) -> Result<(), ConfigError> {
+        let refs = [
+            (
+                "discovery.pluginRef",
+                layer.discovery.as_ref().map(|d| &d.plugin_ref),
+            ),
+            (
+                "peerDiscovery.pluginRef",
+                layer.peer_discovery.as_ref().map(|d| &d.plugin_ref),
+            ),
+            (
+                "crossReplicaSyncerPluginRef",
+                layer.cross_replica_syncer_plugin_ref.as_ref(),
+            ),
+        ];
+        for (field, name) in refs {
+            if let Some(name) = name {
+                self.referenced(wiring, &format!("{key}.{field}"), name)?;
+            }
+        }
+        if let Some(d) = &layer.discovery {
+            self.referenced_as(
+                wiring,
+                &format!("{key}.discovery.pluginRef"),
+                &d.plugin_ref,
+                "an endpoint-discovery plugin",
+                |p| p.as_endpoint_discovery().is_some(),
+            )?;
+        }
+        if let Some(d) = &layer.cross_replica_sync_interval
+            && super::parse_duration(d).is_none()
+        {
+            return Err(self.err(
+                format!("{key}.crossReplicaSyncInterval"),
+                format!("{d:?} is not a duration (e.g. 500ms, 2s)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The discovery plugin `dataLayer.discovery` names (checked by
+    /// [`Self::build_data_layer`]).
+    pub(super) fn discovery(&self, wiring: &Wiring) -> Option<crate::PluginRef> {
+        let layer = self.raw.data_layer.as_ref().or(self.raw.data.as_ref())?;
+        wiring.find(&layer.discovery.as_ref()?.plugin_ref)
+    }
+
     /// The registry's default source feeding its default extractor.
     fn default_data_layer(
         &self,
@@ -205,6 +298,7 @@ impl EndpointPickerConfig {
                         plugin_ref: e.plugin().name().to_owned(),
                     }],
                 }],
+                ..DataLayerDecl::default()
             },
             _ => DataLayerDecl::default(),
         })

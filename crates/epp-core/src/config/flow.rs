@@ -227,7 +227,7 @@ impl EndpointPickerConfig {
 
 /// A Go duration (`60s`, `1m30s`, `1.5h`, `500ms`, `0`); `None` when
 /// `text` is not one or is negative.
-fn duration(text: &str) -> Option<Duration> {
+pub fn duration(text: &str) -> Option<Duration> {
     let t = text.trim();
     let t = t.strip_prefix('+').unwrap_or(t);
     if t == "0" {

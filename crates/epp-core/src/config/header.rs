@@ -24,14 +24,56 @@ impl EndpointPickerConfig {
             return Err(self.err("kind", format!("kind must be {KIND}, not {k:?}")));
         }
         for (i, gate) in raw.feature_gates.iter().enumerate() {
-            if !FEATURE_GATES.contains(&gate.as_str()) {
+            let (name, value) = split_gate(gate);
+            if !FEATURE_GATES.contains(&name) {
                 return Err(self.err(
                     format!("featureGates[{i}]"),
-                    format!("unknown feature gate {gate:?}, known: {FEATURE_GATES:?}"),
+                    format!("unknown feature gate {name:?}, known: {FEATURE_GATES:?}"),
+                ));
+            }
+            if let Some(v) = value
+                && go_bool(v).is_none()
+            {
+                return Err(self.err(
+                    format!("featureGates[{i}]"),
+                    format!("{v:?} is not a value for feature gate {name:?} (true or false)"),
                 ));
             }
         }
         Ok(())
+    }
+
+    /// The feature gates that are on: each entry is `name` (on) or
+    /// `name=true|false` as in llm-d, the last entry for a name wins, and a
+    /// gate not written is off (every gate here defaults to off).
+    pub(super) fn enabled_gates(&self) -> Vec<String> {
+        let mut on: Vec<String> = Vec::new();
+        for gate in &self.raw.feature_gates {
+            let (name, value) = split_gate(gate);
+            on.retain(|g| g != name);
+            if value.and_then(go_bool).unwrap_or(true) {
+                on.push(name.to_owned());
+            }
+        }
+        on
+    }
+}
+
+/// `name` or `name=value`.
+fn split_gate(gate: &str) -> (&str, Option<&str>) {
+    match gate.split_once('=') {
+        Some((name, value)) => (name.trim(), Some(value.trim())),
+        None => (gate.trim(), None),
+    }
+}
+
+/// Go's `strconv.ParseBool` of the lower-cased value, as llm-d reads a
+/// gate's value.
+fn go_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" => Some(true),
+        "0" | "f" | "false" => Some(false),
+        _ => None,
     }
 }
 

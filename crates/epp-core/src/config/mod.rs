@@ -48,6 +48,9 @@ mod raw;
 
 use std::{collections::HashMap, fmt};
 
+/// Parses a Go duration (`60s`, `1m30s`, `500ms`, `0`), as llm-d's configs
+/// write them; `None` when `text` is not one or is negative.
+pub use flow::duration as parse_duration;
 use locate::Locations;
 pub use objectives::{
     ModelMatchDecl, ModelNameMatch, ModelRewriteDecl, ModelRewriteRules, ObjectiveDecl,
@@ -129,6 +132,9 @@ pub struct BuiltConfig {
     pub plugins: Vec<(String, PluginRef)>,
     /// Metrics sources and extractors for the data layer.
     pub data_layer: Vec<SourceWiring>,
+    /// The endpoint-discovery plugin `dataLayer.discovery` names: endpoints
+    /// come from it instead of Kubernetes (llm-d).
+    pub discovery: Option<PluginRef>,
     /// Enabled feature gates.
     pub feature_gates: Vec<String>,
     /// Flow-control settings, when given.
@@ -232,12 +238,13 @@ impl EndpointPickerConfig {
         let mut wiring = self.build_plugins(registry)?;
         self.bind_named_plugins(&wiring)?;
         self.wire_latency_predictions(registry, &mut wiring)?;
-        let prefix_source = self.wire_prefix_matches(registry, &mut wiring)?;
+        let prefix_sources = self.wire_prefix_matches(registry, &mut wiring)?;
         let handler = self.profile_handler(registry, &mut wiring)?;
         let profiles = self.build_profiles(registry, &handler, &mut wiring)?;
         let mut scheduler = Scheduler::new(profiles, handler)
             .map_err(|e| self.err("schedulingProfiles", e.to_string()))?;
-        let flow_gate = raw.feature_gates.iter().any(|g| g == "flowControl");
+        let feature_gates = self.enabled_gates();
+        let flow_gate = feature_gates.iter().any(|g| g == "flowControl");
         let flow_settings = if flow_gate || raw.flow_control.is_some() {
             let built =
                 self.build_flow_control(raw.flow_control.as_ref(), &wiring.plugins, registry)?;
@@ -252,20 +259,22 @@ impl EndpointPickerConfig {
         }
         let parsers = self.check_parsers(registry, &mut wiring)?;
         let data_layer = self.build_data_layer(registry, &mut wiring)?;
+        let discovery = self.discovery(&wiring);
         self.check_custom_metrics(&wiring, &data_layer)?;
 
         let Wiring { plugins, effective } = wiring;
         let scheduler = scheduler.with_hooks(
             plugins
                 .iter()
-                .filter(|(n, p)| prefix::runs_hooks(prefix_source.as_deref(), n, p))
+                .filter(|(n, p)| prefix::runs_hooks(&prefix_sources, n, p))
                 .map(|(_, p)| p.clone()),
         );
         Ok(BuiltConfig {
             scheduler,
             plugins,
             data_layer,
-            feature_gates: raw.feature_gates.clone(),
+            discovery,
+            feature_gates,
             flow_control: raw.flow_control.clone(),
             flow_settings,
             objectives,

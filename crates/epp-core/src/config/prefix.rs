@@ -1,15 +1,21 @@
-//! Wiring prefix-match readers to their producer (llm-d's
+//! Wiring prefix-match readers to their producers (llm-d's
 //! `prefixMatchInfoProducerName`).
 //!
-//! A request carries one set of prefix matches ([`crate::CycleState::prefix`]),
-//! filled by one producer. Every reader (`prefix-cache-scorer`,
-//! `no-hit-lru-scorer`, `prefix-cache-affinity-filter`, …) names the producer
-//! it reads; they must all name the same one. That producer must exist and
-//! produce prefix matches; the default name, when no plugin has it, means a
-//! reader's own index (a `prefix-cache-scorer` keeps one, as the reference
-//! picker's does) or else the registry's default prefix-match producer
-//! created here under the default name, as llm-d creates its
-//! `approx-prefix-cache-producer`. Other prefix producers then stay idle.
+//! Every reader (`prefix-cache-scorer`, `no-hit-lru-scorer`,
+//! `prefix-cache-affinity-filter`, …) names the producer it reads. Each
+//! named producer must exist and produce prefix matches; the default name,
+//! when no plugin has it, means a reader's own index (a `prefix-cache-scorer`
+//! keeps one, as the reference picker's does) or else the registry's default
+//! prefix-match producer created here under the default name, as llm-d
+//! creates its `approx-prefix-cache-producer`.
+//!
+//! The producer the first reader names fills the cycle's first set of
+//! matches ([`crate::CycleState::prefix`]); each further producer named
+//! fills a set of its own (slot 1, 2, …), and it and its readers are bound
+//! to that slot ([`crate::Plugin::bind_prefix_slot`]) — as in llm-d, where
+//! each producer writes its own data key. A plugin that can only use the
+//! first set makes such a config an error. Prefix producers nobody reads
+//! stay idle.
 
 use super::{ConfigError, EndpointPickerConfig, Wiring};
 use crate::{BuildError, DEFAULT_PREFIX_PRODUCER, PluginRef, Registry, Role};
@@ -40,35 +46,87 @@ impl EndpointPickerConfig {
         }
     }
 
-    /// Resolves the prefix-match producer every reader names; returns its
-    /// name, or `None` when nothing reads prefix matches. May add the
-    /// registry's default producer, named [`DEFAULT_PREFIX_PRODUCER`].
+    /// Resolves the prefix-match producers the readers name and binds
+    /// each to a slot; returns their names, slot 0 first (empty when
+    /// nothing reads prefix matches). May add the registry's default
+    /// producer, named [`DEFAULT_PREFIX_PRODUCER`].
     pub(super) fn wire_prefix_matches(
         &self,
         registry: &Registry,
         wiring: &mut Wiring,
-    ) -> Result<Option<String>, ConfigError> {
-        let plugins = &wiring.plugins;
-        let readers: Vec<(usize, String)> = plugins
+    ) -> Result<Vec<String>, ConfigError> {
+        let readers: Vec<(usize, String)> = wiring
+            .plugins
             .iter()
             .enumerate()
             .filter_map(|(i, (_, p))| p.plugin().prefix_match_source().map(|s| (i, s.to_owned())))
             .collect();
-        let Some((first, wanted)) = readers.first().cloned() else {
-            return Ok(None);
-        };
-        if let Some((i, other)) = readers.iter().find(|(_, s)| *s != wanted) {
-            return Err(self.err(
-                self.reader_field(*i),
-                format!(
-                    "reads prefix matches from {other:?}, but plugin {:?} reads them from \
-                     {wanted:?}: this picker keeps one set of prefix matches per request, so \
-                     every reader must name the same producer",
-                    plugins[first].0
-                ),
-            ));
+        // Producer names in the order their first reader is declared.
+        let mut wanted: Vec<String> = Vec::new();
+        for (_, w) in &readers {
+            if !wanted.contains(w) {
+                wanted.push(w.clone());
+            }
         }
-        if let Some(p) = wiring.find(&wanted) {
+        let mut producers: Vec<String> = Vec::with_capacity(wanted.len());
+        for w in &wanted {
+            let own: Vec<usize> = readers
+                .iter()
+                .filter(|(_, s)| s == w)
+                .map(|&(i, _)| i)
+                .collect();
+            let producer = self.resolve_producer(registry, wiring, w, &own)?;
+            // Two names may resolve to one producer (the default name to a
+            // reader's own index): one set.
+            let known = producers.iter().position(|p| *p == producer);
+            let slot = known.unwrap_or(producers.len());
+            if slot > 0 {
+                let p = wiring.find(&producer).map(|p| p.0);
+                let bound = known.is_some() || p.is_some_and(|p| p.bind_prefix_slot(slot));
+                if !bound {
+                    return Err(self.err(
+                        self.reader_field(own[0]),
+                        format!(
+                            "reads prefix matches from {w:?}, while plugin {:?} reads them \
+                             from {:?}; the producer {producer:?} cannot fill a second set of \
+                             matches: name the same producer in both",
+                            wiring.plugins[readers[0].0].0, wanted[0]
+                        ),
+                    ));
+                }
+                for &i in &own {
+                    let (name, p) = &wiring.plugins[i];
+                    if !p.plugin().bind_prefix_slot(slot) {
+                        return Err(self.err(
+                            self.reader_field(i),
+                            format!(
+                                "plugin {name:?} ({}) can only read the prefix matches of the \
+                                 producer the first reader names ({:?}), not {w:?}",
+                                p.plugin().type_name(),
+                                wanted[0]
+                            ),
+                        ));
+                    }
+                }
+            }
+            if known.is_none() {
+                producers.push(producer);
+            }
+        }
+        Ok(producers)
+    }
+
+    /// The plugin that produces the matches readers `own` (indices into the
+    /// plugins) read under the name `wanted`.
+    fn resolve_producer(
+        &self,
+        registry: &Registry,
+        wiring: &mut Wiring,
+        wanted: &str,
+        own: &[usize],
+    ) -> Result<String, ConfigError> {
+        let first = own[0];
+        if let Some(p) = wiring.find(wanted) {
             if !produces_prefix(&p) {
                 return Err(self.err(
                     self.reader_field(first),
@@ -78,7 +136,7 @@ impl EndpointPickerConfig {
                     ),
                 ));
             }
-            return Ok(Some(wanted));
+            return Ok(wanted.to_owned());
         }
         if wanted != DEFAULT_PREFIX_PRODUCER {
             return Err(self.err(
@@ -88,12 +146,12 @@ impl EndpointPickerConfig {
         }
         // The default producer: a reader with an index of its own, else the
         // registry's default producer.
-        if let Some((_, (name, _))) = readers
+        if let Some((name, _)) = own
             .iter()
-            .map(|&(i, _)| (i, &plugins[i]))
-            .find(|(_, (_, p))| produces_prefix(p))
+            .map(|&i| &wiring.plugins[i])
+            .find(|(_, p)| produces_prefix(p))
         {
-            return Ok(Some(name.clone()));
+            return Ok(name.clone());
         }
         let cannot = |e: BuildError| {
             self.err(
@@ -118,15 +176,12 @@ impl EndpointPickerConfig {
                 ),
             ));
         }
-        Ok(Some(DEFAULT_PREFIX_PRODUCER.to_owned()))
+        Ok(DEFAULT_PREFIX_PRODUCER.to_owned())
     }
 }
 
 /// Whether `p` (named `name`) runs its hooks: every plugin except prefix
-/// producers other than the chosen one.
-pub(super) fn runs_hooks(source: Option<&str>, name: &str, p: &PluginRef) -> bool {
-    match source {
-        Some(s) => name == s || !produces_prefix(p),
-        None => true,
-    }
+/// producers no reader reads.
+pub(super) fn runs_hooks(sources: &[String], name: &str, p: &PluginRef) -> bool {
+    sources.iter().any(|s| s == name) || !produces_prefix(p)
 }

@@ -104,8 +104,24 @@ pub(crate) struct RequestHandlerDecl {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct DataLayerDecl {
+    /// llm-d: whether the default metrics source and extractor are added
+    /// when no source of the default source's type is listed (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) inject_defaults: Option<bool>,
     #[serde(default)]
     pub(crate) sources: Vec<SourceDecl>,
+    /// llm-d: the endpoint-discovery plugin replacing Kubernetes discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) discovery: Option<PluginRefDecl>,
+    /// llm-d: the plugin that finds peer picker replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) peer_discovery: Option<PluginRefDecl>,
+    /// llm-d: the plugin that shares per-endpoint state between replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cross_replica_syncer_plugin_ref: Option<String>,
+    /// llm-d: how often a replica publishes its state to the syncer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cross_replica_sync_interval: Option<String>,
 }
 
 /// A data source and its extractors.

@@ -337,3 +337,69 @@ fn objectives_and_model_rewrites_are_validated_with_locations() {
             .contains("unknown field `wieght`")
     );
 }
+
+#[test]
+fn feature_gates_take_llm_ds_name_equals_bool_form() {
+    let gates = |text: &str| {
+        EndpointPickerConfig::parse(text, "f")
+            .unwrap()
+            .build(&registry())
+            .map(|b| (b.feature_gates, b.flow_settings.is_some()))
+    };
+    let (on, flow) = gates("featureGates: [flowControl=false, dataLayer]\n").unwrap();
+    assert_eq!(on, vec!["dataLayer".to_owned()]);
+    assert!(!flow, "flowControl=false turns flow control off");
+    let (on, _) =
+        gates("featureGates: [dataLayer=false, dataLayer=TRUE, prepareDataPlugins=0]\n").unwrap();
+    assert_eq!(on, vec!["dataLayer".to_owned()], "the last entry wins");
+    assert!(
+        error("featureGates: [flowControl=maybe]\n").starts_with(
+            "f.yaml:1:16: featureGates[0]: \"maybe\" is not a value for feature gate \"flowControl\""
+        ),
+        "{}",
+        error("featureGates: [flowControl=maybe]\n")
+    );
+    assert!(
+        error("featureGates: [flowControll=false]\n")
+            .contains("unknown feature gate \"flowControll\"")
+    );
+}
+
+#[test]
+fn llm_ds_data_layer_keys_are_checked_and_misspellings_still_fail() {
+    let ok = "plugins:\n- type: s\ndataLayer:\n  injectDefaults: false\n  \
+              peerDiscovery: {pluginRef: s}\n  crossReplicaSyncerPluginRef: s\n  \
+              crossReplicaSyncInterval: 2s\n";
+    assert!(
+        EndpointPickerConfig::parse(ok, "f")
+            .unwrap()
+            .build(&registry())
+            .is_ok()
+    );
+    let dangling = "dataLayer:\n  discovery: {pluginRef: files}\n";
+    assert!(
+        error(dangling)
+            .starts_with("f.yaml:2:15: dataLayer.discovery.pluginRef: no plugin named \"files\""),
+        "{}",
+        error(dangling)
+    );
+    assert!(
+        error("plugins:\n- type: s\ndataLayer:\n  discovery: {pluginRef: s}\n").contains(
+            "dataLayer.discovery.pluginRef: plugin \"s\" is not an endpoint-discovery plugin"
+        )
+    );
+    assert!(
+        error("dataLayer:\n  crossReplicaSyncerPluginRef: x\n")
+            .contains("dataLayer.crossReplicaSyncerPluginRef: no plugin named \"x\"")
+    );
+    assert!(
+        error("dataLayer:\n  crossReplicaSyncInterval: soon\n")
+            .contains("dataLayer.crossReplicaSyncInterval: \"soon\" is not a duration")
+    );
+    assert!(
+        error("dataLayer:\n  injectDefault: false\n")
+            .starts_with("f.yaml:2:3: dataLayer: unknown field `injectDefault`"),
+        "{}",
+        error("dataLayer:\n  injectDefault: false\n")
+    );
+}

@@ -427,6 +427,7 @@ impl FlowController {
             bands,
             priorities,
             ceilings,
+            slots,
             ..
         } = &mut *st;
         // As llm-d: ceilings over every band the controller knows (the
@@ -449,7 +450,7 @@ impl FlowController {
             if band.len == 0 {
                 continue;
             }
-            if let Some(flow) = pick_flow(band) {
+            if let Some(flow) = pick_flow(band, slots) {
                 chosen = Some((*band_key, flow));
                 break;
             }
@@ -534,17 +535,18 @@ impl FlowController {
 }
 
 /// Picks the flow to release from in `band` by its fairness policy.
-fn pick_flow(band: &mut Band) -> Option<Arc<str>> {
+fn pick_flow(band: &mut Band, slots: &[Slot]) -> Option<Arc<str>> {
     let heads: Vec<FlowHead<'_>> = band
         .flows
         .iter()
         .filter_map(|(id, f)| {
-            let (&(a, b, _), _) = f.queue.first_key_value()?;
+            let (&(a, b, _), &slot) = f.queue.first_key_value()?;
             Some(FlowHead {
                 id,
                 len: f.queue.len(),
                 bytes: f.bytes,
                 head: (a, b),
+                head_enqueued: slots.get(slot as usize)?.enqueued,
             })
         })
         .collect();

@@ -59,6 +59,8 @@ pub struct FlowHead<'a> {
     pub bytes: u64,
     /// The [`OrderKey`] of the request its ordering policy would dispatch next.
     pub head: OrderKey,
+    /// When that request entered the queue.
+    pub head_enqueued: Instant,
 }
 
 /// A band's fairness state, kept between picks (each band has its own).

@@ -105,7 +105,7 @@ impl Plugin for NeedsTwo {
     }
 }
 impl crate::Admitter for NeedsTwo {
-    fn admit(&self, cx: &CycleContext<'_>, c: &[Candidate]) -> Result<(), String> {
+    fn admit(&self, cx: &mut CycleContext<'_>, c: &[Candidate]) -> Result<(), String> {
         if cx.request.is_sheddable() && c.len() < 2 {
             Err(format!("{} candidate(s)", c.len()))
         } else {

@@ -75,6 +75,12 @@ impl BadServer {
         Self::start_inner(mode, Some(TlsAcceptor::from(Arc::new(config)))).await
     }
 
+    /// The same over HTTPS with the given TLS settings (e.g. requiring a
+    /// client certificate).
+    pub(crate) async fn start_with_tls(mode: Mode, config: ServerConfig) -> Self {
+        Self::start_inner(mode, Some(TlsAcceptor::from(Arc::new(config)))).await
+    }
+
     async fn start_inner(mode: Mode, tls: Option<TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,0 +1,320 @@
+//! `mm-embeddings-cache-producer` (llm-d's): which endpoints recently
+//! encoded the request's images, audio or video, so a scorer can send the
+//! request where the encoder cache already holds them.
+//!
+//! ```text
+//! items(request) = the distinct media references of the prompt
+//! for each endpoint e:  matched(e) = |items ∩ LRU(e)|
+//! after the pick: the items are recorded in the primary target's LRU,
+//!   LRU capacity = cacheSizeInMBPerServer / 2 entries (llm-d assumes 2 MiB
+//!   per encoded item; default 4096 MiB → 2048 entries)
+//! ```
+//!
+//! Items: llm-d takes the content hashes vLLM's renderer reports through
+//! `token-producer`. Here they are the media references the request parser
+//! writes into the prompt (`<image_url:…>`, `<input_audio:…>`, … — the URL or
+//! the inline data), hashed: the same image at the same URL (or inline) is
+//! the same item; the same image at two URLs is two. An endpoint that leaves
+//! the pool (or comes back as a new endpoint) starts empty; llm-d's configs
+//! list this producer as an extractor of `endpoint-notification-source` to
+//! hear of deletions, which loads here and needs nothing delivered.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    hash::{Hash, Hasher},
+    sync::{Arc, Weak},
+};
+
+use epp_core::{
+    BuildError, Candidate, CycleContext, DataProducer, Endpoint, Plugin, PreRequest,
+    SchedulingResult,
+};
+use parking_lot::Mutex;
+
+use crate::Builtin;
+
+/// llm-d's assumed size of one encoded item.
+const MIB_PER_ITEM: i64 = 2;
+/// llm-d's default budget.
+const DEFAULT_MIB: i64 = 4096;
+
+/// The media parts the request parser writes into the prompt as
+/// `<kind:reference>` (see docs/api-parsing.md).
+const MEDIA_KINDS: [&str; 8] = [
+    "image_url",
+    "input_image",
+    "video_url",
+    "input_audio",
+    "image",
+    "document",
+    "audio_url",
+    "input_file",
+];
+
+/// Parameters of `mm-embeddings-cache-producer` (llm-d's names).
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MmEmbeddingsParams {
+    /// Each endpoint's encoder-cache budget in MiB (≤ 0: 4096).
+    #[serde(default, rename = "cacheSizeInMBPerServer")]
+    pub cache_size_in_mb_per_server: i64,
+    /// The spelling of llm-d's shipped `epp-mm-embeddings-cache-config.yaml`
+    /// (llm-d's decoder ignores it, so that file runs with the default);
+    /// here it sets the budget when `cacheSizeInMBPerServer` is not given.
+    #[serde(default, rename = "cacheSizeInMB")]
+    pub cache_size_in_mb: i64,
+}
+
+/// One endpoint's recently encoded items, least recently used first.
+#[derive(Debug, Default)]
+struct Lru {
+    endpoint: Weak<Endpoint>,
+    last_use: HashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
+    clock: u64,
+}
+
+impl Lru {
+    fn touch(&mut self, item: u64, capacity: usize) {
+        self.clock += 1;
+        self.last_use.insert(item, self.clock);
+        self.order.push_back((item, self.clock));
+        while self.last_use.len() > capacity {
+            let Some((old, at)) = self.order.pop_front() else {
+                break;
+            };
+            if self.last_use.get(&old) == Some(&at) {
+                self.last_use.remove(&old);
+            }
+        }
+        if self.order.len() > 2 * capacity + 16 {
+            let live = &self.last_use;
+            self.order.retain(|(i, at)| live.get(i) == Some(at));
+        }
+    }
+}
+
+/// `mm-embeddings-cache-producer`: see the module docs.
+#[derive(Debug)]
+pub struct MmEmbeddingsCacheProducer {
+    name: String,
+    capacity: usize,
+    lrus: Mutex<Vec<Lru>>,
+}
+
+impl Builtin for MmEmbeddingsCacheProducer {
+    const TYPE: &'static str = "mm-embeddings-cache-producer";
+    type Params = MmEmbeddingsParams;
+
+    /// # Errors
+    /// None: a budget ≤ 0 means the default, as in llm-d.
+    fn build(name: impl Into<String>, p: MmEmbeddingsParams) -> Result<Self, BuildError> {
+        let mib = [
+            p.cache_size_in_mb_per_server,
+            p.cache_size_in_mb,
+            DEFAULT_MIB,
+        ]
+        .into_iter()
+        .find(|&m| m > 0)
+        .unwrap_or(DEFAULT_MIB);
+        Ok(Self {
+            name: name.into(),
+            capacity: usize::try_from((mib / MIB_PER_ITEM).max(1)).unwrap_or(usize::MAX),
+            lrus: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// The distinct media items of `prompt` into `out` (cleared first).
+pub(crate) fn media_items(prompt: &str, out: &mut Vec<u64>) {
+    out.clear();
+    let mut rest = prompt;
+    while let Some(start) = rest.find('<') {
+        rest = &rest[start + 1..];
+        let Some((kind, after)) = rest.split_once(':') else {
+            break;
+        };
+        if !MEDIA_KINDS.contains(&kind) {
+            continue;
+        }
+        let Some(end) = after.find('>') else {
+            break;
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        after[..end].hash(&mut h);
+        let item = h.finish();
+        if !out.contains(&item) {
+            out.push(item);
+        }
+        rest = &after[end + 1..];
+    }
+}
+
+impl MmEmbeddingsCacheProducer {
+    /// Entries remembered per endpoint.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+impl Plugin for MmEmbeddingsCacheProducer {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_data_producer(&self) -> Option<&dyn DataProducer> {
+        Some(self)
+    }
+    fn as_pre_request(&self) -> Option<&dyn PreRequest> {
+        Some(self)
+    }
+    fn follows_endpoint_lifecycle(&self) -> bool {
+        true
+    }
+}
+
+impl DataProducer for MmEmbeddingsCacheProducer {
+    fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) {
+        let mm = &mut cx.state.multimodal;
+        media_items(&cx.request.prompt, &mut mm.items);
+        if mm.items.is_empty() {
+            return;
+        }
+        let lrus = self.lrus.lock();
+        for c in candidates {
+            let Some(lru) = lrus.get(c.id().index()) else {
+                continue;
+            };
+            if !std::ptr::eq(lru.endpoint.as_ptr(), Arc::as_ptr(&c.endpoint)) {
+                continue;
+            }
+            let n = mm
+                .items
+                .iter()
+                .filter(|i| lru.last_use.contains_key(i))
+                .count();
+            mm.set_matched(c.id(), u32::try_from(n).unwrap_or(u32::MAX));
+        }
+    }
+}
+
+impl PreRequest for MmEmbeddingsCacheProducer {
+    fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult) {
+        let items = &cx.state.multimodal.items;
+        let Some(target) = result.primary() else {
+            return;
+        };
+        if items.is_empty() {
+            return;
+        }
+        let mut lrus = self.lrus.lock();
+        let i = target.id().index();
+        if lrus.len() <= i {
+            lrus.resize_with(i + 1, Lru::default);
+        }
+        let lru = &mut lrus[i];
+        if !std::ptr::eq(lru.endpoint.as_ptr(), Arc::as_ptr(target)) {
+            // A new endpoint under this id: it has encoded nothing yet.
+            *lru = Lru {
+                endpoint: Arc::downgrade(target),
+                ..Lru::default()
+            };
+        }
+        for &item in items {
+            lru.touch(item, self.capacity);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use epp_core::{EndpointMetrics, InferenceRequest, ProfilePicks};
+
+    use super::*;
+    use crate::testing::{candidates, with_cx};
+
+    fn producer(yaml: &str) -> MmEmbeddingsCacheProducer {
+        MmEmbeddingsCacheProducer::build("p", serde_yaml_ng::from_str(yaml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn items_are_the_distinct_media_references() {
+        let mut out = Vec::new();
+        media_items(
+            "user:\n<image_url:http://x/a.png>\n<image_url:http://x/b.png>\nsee <b> and \
+             <image_url:http://x/a.png><input_audio:data:abc>\n",
+            &mut out,
+        );
+        assert_eq!(out.len(), 3, "a, b, the audio; <b> is text");
+        media_items("no media <here:x>", &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn the_budget_is_llm_ds_2_mib_per_item() {
+        assert_eq!(producer("{}").capacity(), 2048);
+        assert_eq!(producer("{cacheSizeInMBPerServer: 10}").capacity(), 5);
+        assert_eq!(producer("{cacheSizeInMBPerServer: -1}").capacity(), 2048);
+        assert_eq!(producer("{cacheSizeInMB: 2048}").capacity(), 1024);
+        assert!(serde_yaml_ng::from_str::<MmEmbeddingsParams>("{cacheSize: 1}").is_err());
+    }
+
+    /// Matches of `prompt` over `c` after the picks recorded so far.
+    fn matches(p: &MmEmbeddingsCacheProducer, c: &[Candidate], prompt: &str) -> Vec<u32> {
+        let req = InferenceRequest::builder("m").prompt(prompt).build();
+        with_cx(&req, 0, |cx| {
+            p.produce(cx, c);
+            c.iter()
+                .map(|x| cx.state.multimodal.matched(x.id()))
+                .collect()
+        })
+    }
+
+    fn pick(p: &MmEmbeddingsCacheProducer, c: &Candidate, prompt: &str) {
+        let req = InferenceRequest::builder("m").prompt(prompt).build();
+        with_cx(&req, 0, |cx| {
+            p.produce(cx, std::slice::from_ref(c));
+            let result = SchedulingResult {
+                runs: vec![ProfilePicks {
+                    targets: vec![Arc::clone(&c.endpoint)],
+                    scores: vec![1.0],
+                    ..ProfilePicks::default()
+                }],
+                ..SchedulingResult::default()
+            };
+            p.pre_request(cx, &result);
+        });
+    }
+
+    #[test]
+    fn the_target_remembers_what_it_encoded_up_to_its_capacity() {
+        let p = producer("{cacheSizeInMBPerServer: 4}"); // 2 entries
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        pick(&p, &c[1], "<image_url:a><image_url:b>");
+        assert_eq!(matches(&p, &c, "<image_url:a><image_url:c>"), vec![0, 1]);
+        assert_eq!(matches(&p, &c, "<image_url:b><image_url:a>"), vec![0, 2]);
+        // c evicts the least recently used (a).
+        pick(&p, &c[1], "<image_url:c>");
+        assert_eq!(
+            matches(&p, &c, "<image_url:a><image_url:b><image_url:c>"),
+            vec![0, 2]
+        );
+        assert_eq!(matches(&p, &c, "<image_url:a>"), vec![0, 0]);
+        // A request without media matches nothing and records nothing.
+        assert_eq!(matches(&p, &c, "text only"), vec![0, 0]);
+    }
+
+    #[test]
+    fn a_replaced_endpoint_starts_empty() {
+        let p = producer("{}");
+        let c = candidates(vec![EndpointMetrics::default(); 1]);
+        pick(&p, &c[0], "<image_url:a>");
+        // The same id, a new endpoint.
+        let fresh = candidates(vec![EndpointMetrics::default(); 1]);
+        assert_eq!(matches(&p, &fresh, "<image_url:a>"), vec![0]);
+        assert_eq!(matches(&p, &c, "<image_url:a>"), vec![1]);
+    }
+}

@@ -1,0 +1,363 @@
+//! `program-aware-fairness` (llm-d's): a flow-control fairness policy that
+//! serves the program (fairness id, `x-gateway-inference-fairness-id`) that
+//! has received the least service lately — Least Attained Service (`las`,
+//! llm-d's only strategy).
+//!
+//! ```text
+//! attained service S(p) = Σ over p's completed requests of
+//!                         (prompt tokens + 2 · completion tokens),
+//!                         halved every lasHalfLifeSeconds of wall-clock time
+//!                         (0: never decays)
+//! among the band's non-empty flows, with W = how long the flow's head request
+//! has waited, and norm(x) = (x − min) / (max − min) over those flows
+//! (0.5 when all are equal):
+//! score = lasWeightService · (1 − norm(S)) + lasWeightHeadWait · norm(W)
+//! the highest score dispatches (ties: the first flow by id)
+//! ```
+//!
+//! Service is learned from the token usage of each response (a response
+//! hook). A program with no completion for `evictionTtlSeconds` (0: never)
+//! is forgotten, checked every `evictionSweepSeconds` as picks and
+//! completions happen (no timer of its own; llm-d also skips programs with
+//! requests in flight, this one does not track them). llm-d's three
+//! Prometheus gauges (Jain's index, mean wait, attained service per program)
+//! are not exported.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use epp_core::{
+    BuildError, Endpoint, InferenceRequest, Plugin, ResponseHooks, Usage,
+    flow::{FairnessCursor, FairnessPolicy, FlowHead},
+};
+use parking_lot::Mutex;
+
+use crate::{Builtin, invalid};
+
+/// Parameters of `program-aware-fairness` (llm-d's names and defaults).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProgramAwareParams {
+    /// `las` (the only strategy).
+    #[serde(default = "las")]
+    pub strategy: String,
+    /// Weight of the inverted attained service. Default 0.8; ≥ 0.
+    #[serde(default = "w_service")]
+    pub las_weight_service: f64,
+    /// Weight of the head request's wait. Default 0.2; ≥ 0.
+    #[serde(default = "w_wait")]
+    pub las_weight_head_wait: f64,
+    /// Half-life of attained service in seconds. Default 60; 0 = no decay.
+    #[serde(default = "half_life")]
+    pub las_half_life_seconds: f64,
+    /// A program with no completion for this long is forgotten. Default
+    /// 3600; 0 = never.
+    #[serde(default = "ttl")]
+    pub eviction_ttl_seconds: f64,
+    /// How often forgotten programs are looked for. Default 300; > 0.
+    #[serde(default = "sweep")]
+    pub eviction_sweep_seconds: f64,
+}
+
+fn las() -> String {
+    "las".into()
+}
+fn w_service() -> f64 {
+    0.8
+}
+fn w_wait() -> f64 {
+    0.2
+}
+fn half_life() -> f64 {
+    60.0
+}
+fn ttl() -> f64 {
+    3600.0
+}
+fn sweep() -> f64 {
+    300.0
+}
+
+/// One program's attained service.
+#[derive(Debug, Clone, Copy)]
+struct Program {
+    service: f64,
+    /// When `service` was last decayed.
+    anchor: Instant,
+    last_completion: Instant,
+}
+
+#[derive(Debug)]
+struct State {
+    programs: HashMap<String, Program>,
+    last_sweep: Instant,
+}
+
+/// `program-aware-fairness`: see the module docs.
+#[derive(Debug)]
+pub struct ProgramAwareFairness {
+    name: String,
+    weight_service: f64,
+    weight_wait: f64,
+    half_life: f64,
+    ttl: Option<Duration>,
+    sweep: Duration,
+    state: Mutex<State>,
+}
+
+impl Builtin for ProgramAwareFairness {
+    const TYPE: &'static str = "program-aware-fairness";
+    type Params = ProgramAwareParams;
+
+    /// # Errors
+    /// A strategy other than `las`, a negative weight, half-life or TTL, or
+    /// a sweep period that is not positive (llm-d's checks).
+    fn build(name: impl Into<String>, p: ProgramAwareParams) -> Result<Self, BuildError> {
+        if p.strategy != "las" {
+            return Err(invalid(
+                Self::TYPE,
+                "strategy",
+                &p.strategy,
+                "only las is supported",
+            ));
+        }
+        for (field, v) in [
+            ("lasWeightService", p.las_weight_service),
+            ("lasWeightHeadWait", p.las_weight_head_wait),
+            ("lasHalfLifeSeconds", p.las_half_life_seconds),
+            ("evictionTtlSeconds", p.eviction_ttl_seconds),
+        ] {
+            if v < 0.0 || !v.is_finite() {
+                return Err(invalid(Self::TYPE, field, v, "must be >= 0"));
+            }
+        }
+        if p.eviction_sweep_seconds <= 0.0 || !p.eviction_sweep_seconds.is_finite() {
+            return Err(invalid(
+                Self::TYPE,
+                "evictionSweepSeconds",
+                p.eviction_sweep_seconds,
+                "must be > 0",
+            ));
+        }
+        Ok(Self {
+            name: name.into(),
+            weight_service: p.las_weight_service,
+            weight_wait: p.las_weight_head_wait,
+            half_life: p.las_half_life_seconds,
+            ttl: (p.eviction_ttl_seconds > 0.0)
+                .then(|| Duration::from_secs_f64(p.eviction_ttl_seconds)),
+            sweep: Duration::from_secs_f64(p.eviction_sweep_seconds),
+            state: Mutex::new(State {
+                programs: HashMap::new(),
+                last_sweep: Instant::now(),
+            }),
+        })
+    }
+}
+
+impl ProgramAwareFairness {
+    /// `program`'s attained service at `now`, decayed.
+    fn service(&self, st: &mut State, program: &str, now: Instant) -> f64 {
+        let Some(p) = st.programs.get_mut(program) else {
+            return 0.0;
+        };
+        self.decay(p, now);
+        p.service
+    }
+
+    fn decay(&self, p: &mut Program, now: Instant) {
+        let elapsed = now.saturating_duration_since(p.anchor).as_secs_f64();
+        if elapsed > 0.0 && self.half_life > 0.0 {
+            p.service *= (-elapsed / self.half_life).exp2();
+        }
+        p.anchor = p.anchor.max(now);
+    }
+
+    /// Forgets programs idle past the TTL, at most once per sweep period.
+    fn sweep(&self, st: &mut State, now: Instant) {
+        let Some(ttl) = self.ttl else { return };
+        if now.saturating_duration_since(st.last_sweep) < self.sweep {
+            return;
+        }
+        st.last_sweep = now;
+        st.programs
+            .retain(|_, p| now.saturating_duration_since(p.last_completion) < ttl);
+    }
+
+    /// Adds a completed request's cost to `program` at `now`.
+    fn record(&self, program: &str, usage: &Usage, now: Instant) {
+        let cost = usage.prompt_tokens as f64 + 2.0 * usage.completion_tokens as f64;
+        let mut st = self.state.lock();
+        self.sweep(&mut st, now);
+        let p = st.programs.entry(program.to_owned()).or_insert(Program {
+            service: 0.0,
+            anchor: now,
+            last_completion: now,
+        });
+        self.decay(p, now);
+        p.service += cost;
+        p.last_completion = p.last_completion.max(now);
+    }
+
+    /// The flow to dispatch from at `now`.
+    fn pick_at(&self, flows: &[FlowHead<'_>], now: Instant) -> Option<usize> {
+        if flows.is_empty() {
+            return None;
+        }
+        let mut st = self.state.lock();
+        self.sweep(&mut st, now);
+        let range = |it: &mut dyn Iterator<Item = f64>| {
+            it.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+        };
+        let norm = |v: f64, (lo, hi): (f64, f64)| if hi == lo { 0.5 } else { (v - lo) / (hi - lo) };
+        let wait = |f: &FlowHead<'_>| now.saturating_duration_since(f.head_enqueued).as_secs_f64();
+        let services: Vec<f64> = flows
+            .iter()
+            .map(|f| self.service(&mut st, f.id, now))
+            .collect();
+        let s_range = range(&mut services.iter().copied());
+        let w_range = range(&mut flows.iter().map(wait));
+        let mut best = (0, f64::NEG_INFINITY);
+        for (i, (f, &s)) in flows.iter().zip(&services).enumerate() {
+            let score = self.weight_service * (1.0 - norm(s, s_range))
+                + self.weight_wait * norm(wait(f), w_range);
+            if score > best.1 {
+                best = (i, score);
+            }
+        }
+        Some(best.0)
+    }
+}
+
+impl Plugin for ProgramAwareFairness {
+    fn type_name(&self) -> &str {
+        Self::TYPE
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_fairness_policy(&self) -> Option<&dyn FairnessPolicy> {
+        Some(self)
+    }
+    fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        Some(self)
+    }
+}
+
+impl FairnessPolicy for ProgramAwareFairness {
+    fn pick(&self, flows: &[FlowHead<'_>], _cursor: &mut FairnessCursor) -> Option<usize> {
+        self.pick_at(flows, Instant::now())
+    }
+}
+
+impl ResponseHooks for ProgramAwareFairness {
+    fn response_usage(&self, request: &InferenceRequest, _endpoint: &Endpoint, usage: &Usage) {
+        self.record(&request.fairness_id, usage, Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn policy(yaml: &str) -> ProgramAwareFairness {
+        ProgramAwareFairness::build("p", serde_yaml_ng::from_str(yaml).unwrap()).unwrap()
+    }
+
+    fn usage(prompt: u64, completion: u64) -> Usage {
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            ..Usage::default()
+        }
+    }
+
+    fn heads<'a>(ids: &'a [Arc<str>], enqueued: &[Instant]) -> Vec<FlowHead<'a>> {
+        ids.iter()
+            .zip(enqueued)
+            .map(|(id, &e)| FlowHead {
+                id,
+                len: 1,
+                bytes: 0,
+                head: (0, 0),
+                head_enqueued: e,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_least_served_program_goes_first() {
+        let p = policy("{}");
+        let t0 = Instant::now();
+        // a: 100 + 2·50 = 200 weighted tokens; b: 10 + 2·5 = 20.
+        p.record("a", &usage(100, 50), t0);
+        p.record("b", &usage(10, 5), t0);
+        let ids: Vec<Arc<str>> = ["a", "b", "c"].map(Arc::from).to_vec();
+        let same = [t0; 3];
+        // c has received nothing: 0.8 · 1 + 0.2 · 0.5 beats b (0.8 · 0.9 + 0.1).
+        assert_eq!(p.pick_at(&heads(&ids, &same), t0), Some(2));
+        assert_eq!(p.pick_at(&heads(&ids[..2], &same[..2]), t0), Some(1));
+        assert!((p.service(&mut p.state.lock(), "a", t0) - 200.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn head_wait_breaks_ties_and_can_outweigh_service() {
+        let t0 = Instant::now();
+        let ids: Vec<Arc<str>> = ["a", "b"].map(Arc::from).to_vec();
+        let now = t0 + Duration::from_secs(10);
+        // Equal service: the older head goes first.
+        let p = policy("{}");
+        assert_eq!(p.pick_at(&heads(&ids, &[now, t0]), now), Some(1));
+        // With the weights swapped, b's long wait beats a's lower service.
+        let p = policy("{lasWeightService: 0.2, lasWeightHeadWait: 0.8}");
+        p.record("b", &usage(1000, 0), t0);
+        assert_eq!(p.pick_at(&heads(&ids, &[now, t0]), now), Some(1));
+        let p = policy("{}");
+        p.record("b", &usage(1000, 0), t0);
+        assert_eq!(p.pick_at(&heads(&ids, &[now, t0]), now), Some(0));
+    }
+
+    #[test]
+    fn service_halves_every_half_life_and_idle_programs_are_forgotten() {
+        let p =
+            policy("{lasHalfLifeSeconds: 10, evictionTtlSeconds: 100, evictionSweepSeconds: 5}");
+        let t0 = Instant::now();
+        p.record("a", &usage(400, 0), t0);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!((p.service(&mut p.state.lock(), "a", at(10)) - 200.0).abs() < 1e-6);
+        assert!((p.service(&mut p.state.lock(), "a", at(30)) - 50.0).abs() < 1e-6);
+        // New service adds to the decayed value.
+        p.record("a", &usage(50, 0), at(30));
+        assert!((p.service(&mut p.state.lock(), "a", at(30)) - 100.0).abs() < 1e-6);
+        // No completion for 100 s: gone at the next sweep.
+        let ids: Vec<Arc<str>> = vec![Arc::from("a")];
+        let _ = p.pick_at(&heads(&ids, &[at(120)]), at(120));
+        assert!(p.state.lock().programs.contains_key("a"), "70 s idle");
+        let _ = p.pick_at(&heads(&ids, &[at(131)]), at(131));
+        assert!(!p.state.lock().programs.contains_key("a"), "101 s idle");
+        // No decay with a half-life of 0.
+        let p = policy("{lasHalfLifeSeconds: 0}");
+        p.record("a", &usage(7, 0), t0);
+        assert!((p.service(&mut p.state.lock(), "a", at(1000)) - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn llm_ds_checks() {
+        for bad in [
+            "{strategy: wfq}",
+            "{lasWeightService: -1}",
+            "{lasHalfLifeSeconds: -1}",
+            "{evictionTtlSeconds: -1}",
+            "{evictionSweepSeconds: 0}",
+        ] {
+            let params: ProgramAwareParams = serde_yaml_ng::from_str(bad).unwrap();
+            assert!(ProgramAwareFairness::build("p", params).is_err(), "{bad}");
+        }
+    }
+}
