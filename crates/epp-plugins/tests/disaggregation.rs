@@ -347,3 +347,34 @@ schedulingProfiles:\n\
         "held on the approximate index: no prefill"
     );
 }
+
+/// The prefill pick carries the request until its prefill is done: a burst
+/// of uncached prompts spreads over the prefill servers between scrapes
+/// (their queue scores count epp's own dispatches), and the count is
+/// released when the decode server's response begins.
+#[test]
+fn the_prefill_server_counts_the_request_until_its_prefill_is_done() {
+    let built = llm_d_config("pd-epp-config.yaml");
+    let fleet = pd_fleet();
+    let scheduler = std::sync::Arc::new(built.scheduler);
+    let dispatch = |seed| {
+        let req = prompt(4000, seed);
+        let r = scheduler.schedule(&req, &fleet).unwrap();
+        r.dispatch(std::sync::Arc::clone(&scheduler), req).unwrap()
+    };
+    let mut first = dispatch(60);
+    let p1 = std::sync::Arc::clone(first.prefill_endpoint().unwrap());
+    assert_eq!(p1.inflight().requests(), 1);
+    let second = dispatch(61);
+    let p2 = std::sync::Arc::clone(second.prefill_endpoint().unwrap());
+    assert_ne!(p1.id(), p2.id(), "the busy prefill server is avoided");
+    first.prefill_done();
+    assert_eq!(
+        p1.inflight().requests(),
+        0,
+        "released when the prefill is done"
+    );
+    assert!(first.prefill_endpoint().is_none());
+    drop(second);
+    assert_eq!(p2.inflight().requests(), 0, "and when the request ends");
+}
