@@ -3,8 +3,10 @@
 # .venv/, the Rust build), checks formatting and lints, then runs every test,
 # including the end-to-end tests through the real Envoy and the Kubernetes
 # tests against a real kube-apiserver (built from Go modules by kube-env.sh),
-# the Helm chart's tests with a real helm (built by helm.sh), and the tracing
-# tests against a real OpenTelemetry Collector (built by otelcol.sh).
+# the Helm chart's tests with a real helm (built by helm.sh), the tracing
+# tests against a real OpenTelemetry Collector (built by otelcol.sh), and the
+# P/D and data-parallel tests through llm-d's routing sidecar (built by
+# reference-epp.sh build-sidecar).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -38,6 +38,9 @@ pub struct Dispatch {
     /// is streamed.
     first_byte: Option<Instant>,
     streamed: bool,
+    /// P/D: the prefill endpoint and what it counts for this request
+    /// (tokens, uncached tokens), until the prefill is done.
+    prefill: Option<(Arc<Endpoint>, u64, u64)>,
 }
 
 impl fmt::Debug for Dispatch {
@@ -82,12 +85,20 @@ impl SchedulingResult {
             .primary()
             .cloned()
             .ok_or(SchedulingError::NoEndpoints)?;
-        Ok(Dispatch::start(
-            scheduler,
-            request,
-            endpoint,
-            self.primary_prefix_hit,
-        ))
+        // P/D: the prefill server computes the prompt; it carries the
+        // request until the prefill is done ([`Dispatch::prefill_done`]).
+        let prefill = self
+            .prefill()
+            .filter(|p| !Arc::ptr_eq(p, &endpoint))
+            .map(|p| {
+                let load = DispatchLoad::of(&Candidate::new(p), &request, self.prefill_prefix_hit);
+                let (tokens, uncached) = (load.prompt_tokens, load.uncached_tokens);
+                p.inflight().start_with(tokens, uncached);
+                (Arc::clone(p), tokens, uncached)
+            });
+        let mut dispatch = Dispatch::start(scheduler, request, endpoint, self.primary_prefix_hit);
+        dispatch.prefill = prefill;
+        Ok(dispatch)
     }
 }
 
@@ -117,6 +128,24 @@ impl Dispatch {
             load,
             first_byte: None,
             streamed: false,
+            prefill: None,
+        }
+    }
+
+    /// The prefill endpoint a P/D decision picked, while it still counts
+    /// this request.
+    #[must_use]
+    pub fn prefill_endpoint(&self) -> Option<&Arc<Endpoint>> {
+        self.prefill.as_ref().map(|(e, _, _)| e)
+    }
+
+    /// The prefill of a P/D request is done (the decode server's response
+    /// began: the routing sidecar sends the decode request after the
+    /// prefill answered): the prefill endpoint stops counting it. Also done
+    /// on completion or drop; does nothing without a prefill pick.
+    pub fn prefill_done(&mut self) {
+        if let Some((endpoint, tokens, uncached)) = self.prefill.take() {
+            endpoint.inflight().finish_with(tokens, uncached);
         }
     }
 
@@ -211,6 +240,7 @@ impl Dispatch {
     }
 
     fn close(&mut self, usage: Option<&Usage>, outcome: RequestOutcome) {
+        self.prefill_done();
         if !std::mem::replace(&mut self.open, false) {
             return;
         }

@@ -171,6 +171,9 @@ pub struct SchedulingResult {
     /// What the profile handler adds to the forwarded request
     /// ([`crate::ProfileHandler::route`]).
     pub edits: RouteEdits,
+    /// As [`Self::primary_prefix_hit`], for the prefill pick of a P/D
+    /// decision (0 without one).
+    pub prefill_prefix_hit: f64,
 }
 
 impl SchedulingResult {
@@ -196,6 +199,7 @@ impl SchedulingResult {
         }
         self.primary = 0;
         self.primary_prefix_hit = 0.0;
+        self.prefill_prefix_hit = 0.0;
         self.edits.clear();
     }
 
@@ -860,6 +864,9 @@ impl Scheduler {
                     result.primary_prefix_hit = cx.state.prefix.ratio(target.id());
                 }
                 handler.route(&cx, &self.profiles, &result.runs, &mut result.edits);
+                if let Some(prefill) = result.prefill() {
+                    result.prefill_prefix_hit = cx.state.prefix.ratio(prefill.id());
+                }
             }
             _ => {
                 let profile = last_empty

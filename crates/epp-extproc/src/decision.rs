@@ -233,8 +233,10 @@ impl Decider {
                 return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), None));
             }
         };
-        // The prompt's token ids first, when the engine renders them.
-        if let (Some(renderer), Some(b)) = (&options.renderer, body)
+        // The prompt's token ids first, when the engine renders them (and
+        // the client did not send ids).
+        if prepared.request.prompt_token_ids.is_none()
+            && let (Some(renderer), Some(b)) = (&options.renderer, body)
             && let Some(render) =
                 renderer.render(prepared.request.api, b, prepared.request.media_parts)
         {
@@ -428,7 +430,7 @@ impl Decider {
                 subset: None,
                 body_len: body.map_or(0, <[u8]>::len),
                 media_parts: parsed.media_parts,
-                prompt_token_ids: None,
+                prompt_token_ids: parsed.token_ids,
             },
             model_span: parsed.model_span,
             generated_id,

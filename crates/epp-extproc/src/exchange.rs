@@ -461,6 +461,8 @@ impl Exchange {
             if let Some(served) = served {
                 self.decider.served_by(dispatch, served, r.forward_port);
             }
+            // P/D: the decode server answers once the prefill is done.
+            dispatch.prefill_done();
             r.status = Some(status);
             r.sse = sse;
             let streaming = sse || dispatch.request().stream;

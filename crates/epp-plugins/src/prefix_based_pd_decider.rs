@@ -15,11 +15,14 @@
 //! No prefix match this cycle (no producer ran) or no decode pick: no
 //! disaggregation. It reads the prefix matches of the default producer
 //! (`approx-prefix-cache-producer`, created when not declared), as llm-d's
-//! decider reads that producer's attribute.
+//! decider reads that producer's attribute, even when other readers read
+//! another producer's.
 
 use std::sync::Arc;
 
-use epp_core::{BuildError, CycleContext, DEFAULT_PREFIX_PRODUCER, Decider, Endpoint, Plugin};
+use epp_core::{
+    BuildError, CycleContext, DEFAULT_PREFIX_PRODUCER, Decider, Endpoint, Plugin, PrefixSlot,
+};
 
 use crate::Builtin;
 
@@ -42,6 +45,8 @@ pub struct PrefixBasedPdDecider {
     name: String,
     non_cached_tokens: u64,
     prompt_tokens: u64,
+    /// The prefix-match set it reads (the default producer's).
+    slot: PrefixSlot,
 }
 
 impl Builtin for PrefixBasedPdDecider {
@@ -56,6 +61,7 @@ impl Builtin for PrefixBasedPdDecider {
         Ok(Self {
             non_cached_tokens: non_negative("nonCachedTokens", p.non_cached_tokens)?,
             prompt_tokens: non_negative("promptTokens", p.prompt_tokens)?,
+            slot: PrefixSlot::default(),
             name,
         })
     }
@@ -73,6 +79,10 @@ impl Plugin for PrefixBasedPdDecider {
     }
     fn prefix_match_source(&self) -> Option<&str> {
         Some(DEFAULT_PREFIX_PRODUCER)
+    }
+    fn bind_prefix_slot(&self, slot: usize) -> bool {
+        self.slot.set(slot);
+        true
     }
 }
 
@@ -95,7 +105,7 @@ impl Decider for PrefixBasedPdDecider {
         {
             return false;
         }
-        let prefix = &cx.state.prefix;
+        let prefix = cx.state.prefix_at(self.slot.get());
         if !prefix.computed {
             tracing::debug!(plugin = %self.name, "no prefix match this cycle: no disaggregation");
             return false;

@@ -22,6 +22,10 @@
 //! they are. Completions and chat are rendered; a render that fails or times
 //! out leaves the request without tokens (logged), as in llm-d.
 //!
+//! Either way, a prompt the client sent as token ids (a completions prompt
+//! of ids, vLLM's and SGLang's generate APIs) is published as it is: those
+//! are the ids the engine computes on.
+//!
 //! `udsTokenizerConfig` (deprecated in llm-d) and `estimate` (its ids match
 //! no engine's) are refused with what to write instead.
 
@@ -308,15 +312,14 @@ impl DataProducer for TokenProducer {
         if tokens.computed {
             return;
         }
-        if let Backend::Render(_) = self.backend {
-            if let Some(ids) = &cx.request.prompt_token_ids {
-                tokens.ids.clear();
-                tokens.ids.extend_from_slice(ids);
-                tokens.computed = true;
-            }
+        // Ids the client sent, or the engine rendered: used as they are.
+        if let Some(ids) = &cx.request.prompt_token_ids {
+            tokens.ids.clear();
+            tokens.ids.extend_from_slice(ids);
+            tokens.computed = true;
             return;
         }
-        if cx.request.api != ApiKind::Completions {
+        if matches!(self.backend, Backend::Render(_)) || cx.request.api != ApiKind::Completions {
             return;
         }
         tokens.ids.clear();
@@ -401,6 +404,27 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(e.contains("local"), "{e}");
+    }
+
+    #[test]
+    fn ids_the_client_sent_are_published_as_they_are() {
+        let dir = epp_test_support::process::scratch_dir("tokenizer-ids");
+        epp_test_support::tokenizer::write_test_tokenizer(&dir).expect("written");
+        let p: TokenProducerParams =
+            serde_yaml_ng::from_str(&format!("{{local: {{path: {}}}}}", dir.display()))
+                .expect("parses");
+        let t = TokenProducer::build("t", p).expect("loads");
+        let mut req = epp_core::InferenceRequest::builder("m")
+            .api(ApiKind::VllmGenerate)
+            .prompt("digits that must not be tokenized")
+            .build();
+        req.prompt_token_ids = Some(vec![11, 22, 33]);
+        let cands = crate::testing::candidates(vec![epp_core::EndpointMetrics::default()]);
+        let ids = crate::testing::with_cx(&req, 1, |cx| {
+            t.produce(cx, &cands);
+            cx.state.tokens.ids.clone()
+        });
+        assert_eq!(ids, vec![11, 22, 33]);
     }
 
     #[test]

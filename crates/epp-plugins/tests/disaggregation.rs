@@ -319,3 +319,62 @@ fn topology_source_must_exist() {
     let e = load(&text.replace("where", "queue-scorer")).unwrap_err();
     assert!(e.contains("does not produce endpoint topology"), "{e}");
 }
+
+/// The decider reads the default producer's matches even when the profiles'
+/// prefix scorer reads another producer's (here one that matches at most 2
+/// blocks): a long prompt the decode pick holds is not prefilled again
+/// (read through the short producer, 32 cached tokens of ~1,000 would say
+/// it must be).
+#[test]
+fn the_decider_reads_the_default_producers_matches_beside_another_one() {
+    let text = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n\
+- type: approx-prefix-cache-producer\n  name: short\n  parameters: {autoTune: false, maxPrefixTokensToMatch: 32}\n\
+- type: prefix-cache-scorer\n  parameters: {prefixMatchInfoProducerName: short}\n\
+- type: queue-scorer\n- type: prefill-filter\n- type: decode-filter\n- type: max-score-picker\n\
+- type: prefix-based-pd-decider\n  parameters: {nonCachedTokens: 16}\n\
+- type: disagg-profile-handler\n  parameters: {deciders: {prefill: prefix-based-pd-decider}}\n\
+schedulingProfiles:\n\
+- name: prefill\n  plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}, {pluginRef: prefix-cache-scorer}]\n\
+- name: decode\n  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}, {pluginRef: prefix-cache-scorer}]\n";
+    let built = load(text).unwrap_or_else(|e| panic!("{e}"));
+    let fleet = EndpointSnapshot::new(with_roles(&[Some("prefill"), Some("decode")]));
+    let req = prompt(4000, 50);
+    let first = built.scheduler.schedule(&req, &fleet).unwrap();
+    assert!(first.prefill().is_some(), "uncached: prefilled apart");
+    let again = built.scheduler.schedule(&req, &fleet).unwrap();
+    assert!(
+        again.prefill().is_none(),
+        "held on the approximate index: no prefill"
+    );
+}
+
+/// The prefill pick carries the request until its prefill is done: a burst
+/// of uncached prompts spreads over the prefill servers between scrapes
+/// (their queue scores count epp's own dispatches), and the count is
+/// released when the decode server's response begins.
+#[test]
+fn the_prefill_server_counts_the_request_until_its_prefill_is_done() {
+    let built = llm_d_config("pd-epp-config.yaml");
+    let fleet = pd_fleet();
+    let scheduler = std::sync::Arc::new(built.scheduler);
+    let dispatch = |seed| {
+        let req = prompt(4000, seed);
+        let r = scheduler.schedule(&req, &fleet).unwrap();
+        r.dispatch(std::sync::Arc::clone(&scheduler), req).unwrap()
+    };
+    let mut first = dispatch(60);
+    let p1 = std::sync::Arc::clone(first.prefill_endpoint().unwrap());
+    assert_eq!(p1.inflight().requests(), 1);
+    let second = dispatch(61);
+    let p2 = std::sync::Arc::clone(second.prefill_endpoint().unwrap());
+    assert_ne!(p1.id(), p2.id(), "the busy prefill server is avoided");
+    first.prefill_done();
+    assert_eq!(
+        p1.inflight().requests(),
+        0,
+        "released when the prefill is done"
+    );
+    assert!(first.prefill_endpoint().is_none());
+    drop(second);
+    assert_eq!(p2.inflight().requests(), 0, "and when the request ends");
+}

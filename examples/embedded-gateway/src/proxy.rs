@@ -210,6 +210,7 @@ fn understand(
         max_tokens: parsed.max_tokens,
         body_len: body.len(),
         media_parts: parsed.media_parts,
+        prompt_token_ids: parsed.token_ids,
         ..InferenceRequest::default()
     })
 }

@@ -416,6 +416,32 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
         assert_eq!(r.header("x-inference-pod"), Some("sim-2"), "question {q}");
     }
 
+    // Token ids sent by the client (vLLM's generate API) are used as they
+    // are: warmed directly on sim-0, the same ids follow its blocks.
+    let ids: Vec<u32> = (0..120).map(|i| 3 + (i * 37) % 500).collect();
+    let generate = |tail: u32| {
+        let mut all = ids.clone();
+        all.extend([tail, tail + 1]);
+        serde_json::json!({"model": MODEL, "token_ids": all, "sampling_params": {"max_tokens": 2}})
+    };
+    let r = http::post_json_at(
+        IPS[0],
+        sims[0].port,
+        "/inference/v1/generate",
+        &generate(900),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for_blocks(epp.metrics_port, &sims[0], IPS[0], "stored", 0.0).await;
+    for q in 0..6 {
+        let r = http::post_json(envoy.port, "/inference/v1/generate", &generate(910 + q))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-inference-pod"), Some("sim-0"), "generate {q}");
+    }
+
     // The render service gone: requests are still served (without tokens).
     drop(render);
     let r = http::post_json(envoy.port, "/v1/chat/completions", &chat("And now?"))

@@ -39,6 +39,9 @@ pub struct ParsedBody {
     /// Media parts in the messages (`image_url`, `video_url`, `input_audio`,
     /// ...): a multimodal request when not 0.
     pub media_parts: u32,
+    /// The prompt's token ids, when the client sent ids (a completions
+    /// prompt of ids, vLLM's and SGLang's generate APIs): used as they are.
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// The top-level fields we look at, borrowed from the body text. Unknown keys
@@ -122,6 +125,7 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedBody> {
     let prompt::Rendered {
         text: prompt,
         media_parts,
+        token_ids,
     } = prompt::render(api, &fields);
 
     let cache_salt = top
@@ -144,6 +148,7 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedBody> {
         cache_salt,
         max_tokens,
         media_parts,
+        token_ids,
     })
 }
 

@@ -95,6 +95,7 @@ pub(super) fn vllm_generate(body: &[u8]) -> Result<ParsedBody> {
         prompt: prompt.text,
         stream: g.stream.unwrap_or(false),
         max_tokens: g.sampling_params.and_then(|s| s.max_tokens),
+        token_ids: Some(ids),
         ..ParsedBody::default()
     })
 }
@@ -105,6 +106,7 @@ pub(super) fn sglang_generate(body: &[u8]) -> Result<ParsedBody> {
     let g: Generate<'_> = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     let (model, model_span) = model_of(text, g.model)?;
     let mut prompt = Rendered::default();
+    let mut token_ids = None;
     if let Some(raw) = g.input_ids {
         let ids: IdsOrBatch = serde_json::from_str(raw.get())
             .map_err(|_| bad("`input_ids` must be an array of token ids, or of arrays of them"))?;
@@ -120,6 +122,9 @@ pub(super) fn sglang_generate(body: &[u8]) -> Result<ParsedBody> {
                 prompt.push_str("\n");
             }
             token_text(ids.iter().map(|&id| u64::from(id)), &mut prompt);
+        }
+        if let [one] = batch.as_slice() {
+            token_ids = Some(one.clone());
         }
     } else if let Some(raw) = g.text {
         let texts: TextOrBatch = serde_json::from_str(raw.get())
@@ -137,6 +142,7 @@ pub(super) fn sglang_generate(body: &[u8]) -> Result<ParsedBody> {
         prompt: prompt.text,
         stream: g.stream.unwrap_or(false),
         max_tokens: g.sampling_params.and_then(|s| s.max_new_tokens),
+        token_ids,
         ..ParsedBody::default()
     })
 }
@@ -211,9 +217,11 @@ pub(super) fn vllm_grpc_generate(body: &[u8]) -> Result<ParsedBody> {
     let msg = GenerateRequest::decode(grpc_message(body)?)
         .map_err(|e| bad(format!("not a vLLM GenerateRequest: {e}")))?;
     let mut prompt = Rendered::default();
+    let mut token_ids = None;
     match (&msg.tokenized, &msg.text) {
         (Some(t), _) if !t.input_ids.is_empty() => {
             token_text(t.input_ids.iter().map(|&id| u64::from(id)), &mut prompt);
+            token_ids = Some(t.input_ids.clone());
         }
         (_, Some(text)) => prompt.push_str(text),
         _ => return Err(bad("a GenerateRequest needs tokenized input ids or text")),
@@ -225,6 +233,7 @@ pub(super) fn vllm_grpc_generate(body: &[u8]) -> Result<ParsedBody> {
             .sampling_params
             .and_then(|s| s.max_tokens)
             .map(u64::from),
+        token_ids,
         ..ParsedBody::default()
     })
 }

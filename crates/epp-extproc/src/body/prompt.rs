@@ -31,6 +31,8 @@ pub(super) struct PromptFields<'a> {
 pub(super) struct Rendered {
     pub(super) text: String,
     pub(super) media_parts: u32,
+    /// The prompt's token ids, when it is given as one list of them.
+    pub(super) token_ids: Option<Vec<u32>>,
 }
 
 impl Rendered {
@@ -48,6 +50,7 @@ pub(super) fn render(api: ApiKind, f: &PromptFields<'_>) -> Rendered {
     match api {
         ApiKind::Completions => {
             prompt_like_raw(f.prompt, &mut out);
+            out.token_ids = value(f.prompt).and_then(|v| token_list(&v));
         }
         ApiKind::Embeddings => {
             prompt_like_raw(f.input, &mut out);
@@ -107,6 +110,20 @@ fn prompt_like_raw(raw: Option<&RawValue>, out: &mut Rendered) {
     } else if let Some(v) = value(raw) {
         prompt_like(&v, out);
     }
+}
+
+/// `v` as one list of token ids (each a u32), if it is one.
+fn token_list(v: &Value) -> Option<Vec<u32>> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    if items.is_empty() {
+        return None;
+    }
+    items
+        .iter()
+        .map(|id| id.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
 }
 
 /// `prompt` / `input` of completions and embeddings: a string, strings, token
