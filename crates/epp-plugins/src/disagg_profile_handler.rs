@@ -23,18 +23,29 @@
 //! x-encoder-hosts-ports   ip:port,… of the encode picks (absent: no encode)
 //! ```
 //!
+//! Each decision is counted by model and kind (`decode-only`,
+//! `prefill-decode`, `encode-decode`, `encode-prefill-decode`) in llm-d's
+//! `llm_d_epp_disagg_decision_total{plugin_name, plugin_type, model_name,
+//! decision_type}` and its deprecated `llm_d_inference_scheduler_` twin
+//! (`{model_name, decision_type}`); past 1,000 model names, later ones count
+//! as `other`.
+//!
 //! A client's own values of these headers are always dropped. The endpoint an
 //! earlier stage picked is left in [`epp_core::CycleState::peer`] for the next
 //! stage's plugins (topology affinity). Hooks see the prefill pick
 //! ([`SchedulingResult::prefill`](epp_core::SchedulingResult::prefill)), so
 //! the prefix index records the prompt there too.
 
-use std::sync::{Arc, OnceLock};
+use std::{
+    collections::HashMap,
+    sync::{Arc, OnceLock},
+};
 
 use epp_core::{
-    BuildError, CycleContext, Endpoint, Plugin, PluginRef, ProfileHandler, ProfilePicks,
-    RouteEdits, SchedulingProfile,
+    BuildError, CycleContext, Endpoint, MetricFamily, MetricSink, Plugin, PluginMetrics, PluginRef,
+    ProfileHandler, ProfilePicks, RouteEdits, SchedulingProfile,
 };
+use parking_lot::Mutex;
 
 use crate::Builtin;
 
@@ -43,6 +54,25 @@ pub const PREFILL_HEADER: &str = "x-prefiller-host-port";
 /// The header naming the encode endpoints.
 pub const ENCODERS_HEADER: &str = "x-encoder-hosts-ports";
 const OWNED_HEADERS: &[&str] = &[PREFILL_HEADER, ENCODERS_HEADER];
+
+/// Distinct model names counted before later ones fold into `other`.
+const MAX_MODELS: usize = 1000;
+/// Decision kinds, indexed by `2 × encode + prefill`.
+const DECISIONS: [&str; 4] = [
+    "decode-only",
+    "prefill-decode",
+    "encode-decode",
+    "encode-prefill-decode",
+];
+const DISAGG_DECISIONS: MetricFamily = MetricFamily {
+    name: "llm_d_epp_disagg_decision",
+    help: "Disaggregation decisions, by profile handler, model and kind",
+};
+const DISAGG_DECISIONS_DEPRECATED: MetricFamily = MetricFamily {
+    name: "llm_d_inference_scheduler_disagg_decision",
+    help: "[Deprecated: use llm_d_epp_disagg_decision_total] Disaggregation decisions, by model \
+           and kind",
+};
 
 /// Which stage runs first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,6 +164,8 @@ pub struct DisaggProfileHandler {
     encode_decider: Option<String>,
     /// The deciders, bound at load (prefill, encode).
     bound: OnceLock<(Option<PluginRef>, Option<PluginRef>)>,
+    /// Decisions per model, by kind ([`DECISIONS`]).
+    decisions: Mutex<HashMap<String, [u64; 4]>>,
 }
 
 impl Builtin for DisaggProfileHandler {
@@ -199,6 +231,7 @@ impl Builtin for DisaggProfileHandler {
             ),
             encode_decider: nonempty(p.deciders.encode.or(p.encode_decider_plugin_name)),
             bound: OnceLock::new(),
+            decisions: Mutex::default(),
             name,
         })
     }
@@ -300,6 +333,9 @@ impl Plugin for DisaggProfileHandler {
     fn as_profile_handler(&self) -> Option<&dyn ProfileHandler> {
         Some(self)
     }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
+        Some(self)
+    }
     fn named_plugins(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         out.extend(
@@ -330,6 +366,52 @@ impl Plugin for DisaggProfileHandler {
         // Bound once at load; a second binding (never done) keeps the first.
         let _ = self.bound.set((prefill, encode));
         Ok(())
+    }
+}
+
+impl DisaggProfileHandler {
+    /// Counts one decision of kind `kind` (index into [`DECISIONS`]).
+    fn count(&self, model: &str, kind: usize) {
+        let model = if model.is_empty() { "unknown" } else { model };
+        let mut decisions = self.decisions.lock();
+        if let Some(counts) = decisions.get_mut(model) {
+            counts[kind] += 1;
+            return;
+        }
+        let key = if decisions.len() < MAX_MODELS {
+            model
+        } else {
+            "other"
+        };
+        decisions.entry(key.to_owned()).or_default()[kind] += 1;
+    }
+}
+
+impl PluginMetrics for DisaggProfileHandler {
+    fn report(&self, out: &mut dyn MetricSink) {
+        let decisions = self.decisions.lock();
+        for (model, counts) in decisions.iter() {
+            for (kind, &n) in DECISIONS.iter().zip(counts) {
+                if n == 0 {
+                    continue;
+                }
+                out.counter(
+                    DISAGG_DECISIONS,
+                    &[
+                        ("plugin_name", &self.name),
+                        ("plugin_type", Self::TYPE),
+                        ("model_name", model),
+                        ("decision_type", kind),
+                    ],
+                    n,
+                );
+                out.counter(
+                    DISAGG_DECISIONS_DEPRECATED,
+                    &[("model_name", model), ("decision_type", kind)],
+                    n,
+                );
+            }
+        }
     }
 }
 
@@ -381,13 +463,14 @@ impl ProfileHandler for DisaggProfileHandler {
 
     fn route(
         &self,
-        _cx: &CycleContext<'_>,
+        cx: &CycleContext<'_>,
         profiles: &[SchedulingProfile],
         runs: &[ProfilePicks],
         edits: &mut RouteEdits,
     ) {
         edits.owned_headers = OWNED_HEADERS;
         let prefill = run_of(runs, profile_index(profiles, &self.prefill));
+        let mut kind = 0;
         if let Some(i) = prefill
             && let Some(target) = runs[i].targets.first()
         {
@@ -395,8 +478,13 @@ impl ProfileHandler for DisaggProfileHandler {
                 .headers
                 .push((PREFILL_HEADER, target.addr_str().to_owned()));
             edits.prefill_run = Some(i);
+            kind += 1;
         }
         let encode = run_of(runs, profile_index(profiles, &self.encode));
+        if encode.is_some_and(|i| !runs[i].targets.is_empty()) {
+            kind += 2;
+        }
+        self.count(&cx.request.target_model, kind);
         if let Some(i) = encode
             && !runs[i].targets.is_empty()
         {

@@ -378,3 +378,70 @@ fn the_prefill_server_counts_the_request_until_its_prefill_is_done() {
     drop(second);
     assert_eq!(p2.inflight().requests(), 0, "and when the request ends");
 }
+
+/// Every decision is counted by kind under llm-d's names.
+#[test]
+fn decisions_are_counted_by_kind() {
+    /// A counter: family, labels, value.
+    type Series = (String, Vec<(String, String)>, u64);
+    struct Sink(Vec<Series>);
+    impl epp_core::MetricSink for Sink {
+        fn gauge(&mut self, _: epp_core::MetricFamily, _: &[(&str, &str)], _: f64) {}
+        fn counter(&mut self, f: epp_core::MetricFamily, labels: &[(&str, &str)], v: u64) {
+            let labels = labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            self.0.push((f.name.to_owned(), labels, v));
+        }
+        fn histogram(
+            &mut self,
+            _: epp_core::MetricFamily,
+            _: &[(&str, &str)],
+            _: &[(f64, u64)],
+            _: f64,
+            _: u64,
+        ) {
+        }
+    }
+    let built = llm_d_config("pd-epp-config.yaml");
+    let fleet = pd_fleet();
+    let req = prompt(4000, 70);
+    built.scheduler.schedule(&req, &fleet).unwrap(); // prefill-decode
+    built.scheduler.schedule(&req, &fleet).unwrap(); // decode-only (cached)
+    built.scheduler.schedule(&req, &fleet).unwrap(); // decode-only
+    let handler = built
+        .plugins
+        .iter()
+        .find(|(_, p)| p.plugin().type_name() == "disagg-profile-handler")
+        .map(|(_, p)| p.clone())
+        .unwrap();
+    let mut sink = Sink(Vec::new());
+    handler
+        .plugin()
+        .as_plugin_metrics()
+        .unwrap()
+        .report(&mut sink);
+    let count = |kind: &str| {
+        sink.0
+            .iter()
+            .find(|(name, labels, _)| {
+                name == "llm_d_epp_disagg_decision"
+                    && labels
+                        .iter()
+                        .any(|(k, v)| k == "decision_type" && v == kind)
+            })
+            .map_or(0, |s| s.2)
+    };
+    assert_eq!(
+        (count("prefill-decode"), count("decode-only")),
+        (1, 2),
+        "{:?}",
+        sink.0
+    );
+    assert!(
+        sink.0
+            .iter()
+            .any(|(name, _, _)| name == "llm_d_inference_scheduler_disagg_decision")
+    );
+}
