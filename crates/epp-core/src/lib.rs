@@ -67,6 +67,7 @@ mod error;
 mod extract;
 pub mod flow;
 mod kv_events;
+mod label_cap;
 mod latency;
 mod observe;
 mod plugin;
@@ -89,6 +90,7 @@ pub use kv_events::{
     BlockStored, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
     PodDiscoveryConfig,
 };
+pub use label_cap::{FOLDED_LABEL, LabelCap, MAX_LABEL_VALUES};
 pub use latency::{
     DispatchLoad, LEGACY_TPOT_SLO_HEADER, LEGACY_TTFT_SLO_HEADER, LatencyPrediction,
     LatencyPredictions, LatencySlo, ResponseTiming, TPOT_SLO_HEADER, TTFT_SLO_HEADER,

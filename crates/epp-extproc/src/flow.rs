@@ -18,8 +18,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use epp_core::flow::{
-    FlowController, FlowObserver, FlowRequest, Outcome, PoolGauge, Rejected, Release, Ticket,
+use epp_core::{
+    FOLDED_LABEL, LabelCap,
+    flow::{
+        FlowController, FlowObserver, FlowRequest, Outcome, PoolGauge, Rejected, Release, Ticket,
+    },
 };
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -31,7 +34,6 @@ use crate::{
     ExtProcService,
     decision::{Decider, Prepared},
     error::ExtProcError,
-    label_cap::{FOLDED_LABEL, LabelCap},
     metrics::MetricGenerations,
 };
 
@@ -363,7 +365,7 @@ fn queue_seconds() -> Histogram {
 }
 
 /// The `fairness_id` label of every id past the cap
-/// ([`crate::label_cap::MAX_LABEL_VALUES`] distinct ids).
+/// ([`epp_core::MAX_LABEL_VALUES`] distinct ids).
 pub const FOLDED_FAIRNESS_ID: &str = FOLDED_LABEL;
 
 /// The flow-control metrics (the reference's `flow_control_*` names).
@@ -450,7 +452,7 @@ mod tests {
     use prometheus_client::encoding::text::encode;
 
     use super::*;
-    use crate::label_cap::MAX_LABEL_VALUES;
+    use epp_core::MAX_LABEL_VALUES;
 
     #[test]
     fn fairness_ids_past_the_cap_fold_into_one_series() {

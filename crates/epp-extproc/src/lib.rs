@@ -51,7 +51,6 @@ mod decision;
 mod error;
 mod exchange;
 mod flow;
-mod label_cap;
 mod metrics;
 mod options;
 mod proto;
@@ -67,9 +66,9 @@ pub use decision::{
     MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE,
     UPSTREAM_ADDRESS_ATTRIBUTE,
 };
+pub use epp_core::FOLDED_LABEL;
 pub use error::{ExtProcError, Result};
 pub use flow::{EXPECTED_TIMEOUT_HEADER, FOLDED_FAIRNESS_ID};
-pub use label_cap::FOLDED_LABEL;
 pub use metrics::MetricGenerations;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;

@@ -42,8 +42,8 @@ use std::{
 };
 
 use epp_core::{
-    BuildError, CycleContext, Endpoint, MetricFamily, MetricSink, Plugin, PluginMetrics, PluginRef,
-    ProfileHandler, ProfilePicks, RouteEdits, SchedulingProfile,
+    BuildError, CycleContext, Endpoint, LabelCap, MetricFamily, MetricSink, Plugin, PluginMetrics,
+    PluginRef, ProfileHandler, ProfilePicks, RouteEdits, SchedulingProfile,
 };
 use parking_lot::Mutex;
 
@@ -55,8 +55,6 @@ pub const PREFILL_HEADER: &str = "x-prefiller-host-port";
 pub const ENCODERS_HEADER: &str = "x-encoder-hosts-ports";
 const OWNED_HEADERS: &[&str] = &[PREFILL_HEADER, ENCODERS_HEADER];
 
-/// Distinct model names counted before later ones fold into `other`.
-const MAX_MODELS: usize = 1000;
 /// Decision kinds, indexed by `2 × encode + prefill`.
 const DECISIONS: [&str; 4] = [
     "decode-only",
@@ -166,6 +164,8 @@ pub struct DisaggProfileHandler {
     bound: OnceLock<(Option<PluginRef>, Option<PluginRef>)>,
     /// Decisions per model, by kind ([`DECISIONS`]).
     decisions: Mutex<HashMap<String, [u64; 4]>>,
+    /// The model names kept as labels.
+    models: LabelCap,
 }
 
 impl Builtin for DisaggProfileHandler {
@@ -232,6 +232,7 @@ impl Builtin for DisaggProfileHandler {
             encode_decider: nonempty(p.deciders.encode.or(p.encode_decider_plugin_name)),
             bound: OnceLock::new(),
             decisions: Mutex::default(),
+            models: LabelCap::default(),
             name,
         })
     }
@@ -372,18 +373,14 @@ impl Plugin for DisaggProfileHandler {
 impl DisaggProfileHandler {
     /// Counts one decision of kind `kind` (index into [`DECISIONS`]).
     fn count(&self, model: &str, kind: usize) {
-        let model = if model.is_empty() { "unknown" } else { model };
+        let model = self
+            .models
+            .label(if model.is_empty() { "unknown" } else { model });
         let mut decisions = self.decisions.lock();
-        if let Some(counts) = decisions.get_mut(model) {
-            counts[kind] += 1;
-            return;
+        match decisions.get_mut(model) {
+            Some(counts) => counts[kind] += 1,
+            None => decisions.entry(model.to_owned()).or_default()[kind] += 1,
         }
-        let key = if decisions.len() < MAX_MODELS {
-            model
-        } else {
-            "other"
-        };
-        decisions.entry(key.to_owned()).or_default()[kind] += 1;
     }
 }
 

@@ -35,7 +35,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::label_cap::LabelCap;
+use epp_core::LabelCap;
 
 /// Which generations of metric names are served. Every generation is fed by
 /// the same observations; turning one off only leaves its names out of the

@@ -3,7 +3,7 @@ use std::time::Duration;
 use prometheus_client::encoding::text::encode;
 
 use super::*;
-use crate::label_cap::{FOLDED_LABEL, MAX_LABEL_VALUES};
+use epp_core::{FOLDED_LABEL, MAX_LABEL_VALUES};
 
 fn page(metrics: &Metrics, generations: MetricGenerations) -> String {
     let mut registry = Registry::default();

@@ -8,7 +8,7 @@ use std::{
 };
 
 /// Most distinct values one capped label keeps (the reference's cap).
-pub(crate) const MAX_LABEL_VALUES: usize = 1000;
+pub const MAX_LABEL_VALUES: usize = 1000;
 
 /// The label value of every value past the cap.
 pub const FOLDED_LABEL: &str = "other";
@@ -17,7 +17,7 @@ pub const FOLDED_LABEL: &str = "other";
 /// [`FOLDED_LABEL`]. The set only grows, so a value maps to the same label
 /// every time (a gauge's increment and decrement meet).
 #[derive(Debug)]
-pub(crate) struct LabelCap {
+pub struct LabelCap {
     max: usize,
     seen: RwLock<HashSet<String>>,
 }
@@ -29,7 +29,9 @@ impl Default for LabelCap {
 }
 
 impl LabelCap {
-    pub(crate) fn new(max: usize) -> Self {
+    /// A cap keeping at most `max` distinct values.
+    #[must_use]
+    pub fn new(max: usize) -> Self {
         Self {
             max,
             seen: RwLock::new(HashSet::new()),
@@ -38,7 +40,7 @@ impl LabelCap {
 
     /// The label for `value`: itself, or [`FOLDED_LABEL`] once `max` other
     /// values were kept.
-    pub(crate) fn label<'a>(&self, value: &'a str) -> &'a str {
+    pub fn label<'a>(&self, value: &'a str) -> &'a str {
         {
             let seen = self.seen.read().unwrap_or_else(PoisonError::into_inner);
             if seen.contains(value) {
