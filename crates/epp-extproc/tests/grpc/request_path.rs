@@ -1,6 +1,6 @@
 //! Request headers and bodies: routing replies, errors, subset hints.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use epp_extproc::ExtProcOptions;
 
@@ -336,4 +336,101 @@ async fn out_of_order_messages_do_not_break_the_stream() {
     envoy.close();
     envoy.expect_end().await;
     fx.eventually("released", |f| f.inflight() == vec![0]).await;
+}
+
+/// A renderer that answers `ids` (or fails) after a short wait, counting
+/// its calls.
+#[derive(Debug)]
+struct TestRenderer {
+    ids: Result<Vec<u32>, String>,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl epp_core::PromptRenderer for TestRenderer {
+    fn render(
+        &self,
+        api: epp_core::ApiKind,
+        _body: &[u8],
+        _media_parts: u32,
+    ) -> Option<epp_core::RenderFuture> {
+        if api != epp_core::ApiKind::ChatCompletions {
+            return None;
+        }
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ids = self.ids.clone();
+        Some(Box::pin(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            ids
+        }))
+    }
+}
+
+/// Routes one chat request through `fx`, completes it, and returns the
+/// request the hooks saw.
+async fn route_chat(fx: &Fixture) -> epp_core::InferenceRequest {
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send(request_headers(
+            &pairs(&post("/v1/chat/completions")),
+            false,
+            BUFFERED,
+            NONE,
+        ))
+        .await;
+    envoy.recv().await;
+    envoy.send(request_body(&chat_body("m", "hi"), true)).await;
+    let r = envoy.recv().await;
+    assert!(destination(&r).is_some(), "routed: {r:?}");
+    envoy
+        .send(response_headers(&[(":status", "200")], false))
+        .await;
+    envoy.recv().await;
+    envoy.close();
+    envoy.expect_end().await;
+    fx.eventually("completed", |f| f.inflight().iter().all(|&n| n == 0))
+        .await;
+    fx.recorder
+        .seen(|seen| seen.requests.last().cloned())
+        .expect("a completed request")
+}
+
+/// The render stage: the request waits for its token ids, is routed with
+/// them, and with flow control on goes on into the queue's admission; a
+/// failed render routes it without ids.
+#[tokio::test]
+async fn rendered_ids_reach_the_scheduler_with_and_without_flow_control() {
+    let renderer = Arc::new(TestRenderer {
+        ids: Ok(vec![1, 2, 3]),
+        calls: Default::default(),
+    });
+    let options = ExtProcOptions {
+        renderer: Some(renderer.clone()),
+        ..ExtProcOptions::default()
+    };
+    let fx = start(&[0, 0], options).await;
+    let seen = route_chat(&fx).await;
+    assert_eq!(seen.prompt_token_ids, Some(vec![1, 2, 3]));
+
+    let registry = epp_plugins::builtin_registry();
+    let (fc, _) = epp_test_support::flow::controller(
+        &registry,
+        "global-strict-fairness-policy",
+        "fcfs-ordering-policy",
+    );
+    fx.service.set_flow_control(Some(fc.settings().clone()));
+    let seen = route_chat(&fx).await;
+    assert_eq!(seen.prompt_token_ids, Some(vec![1, 2, 3]));
+    assert_eq!(renderer.calls.load(std::sync::atomic::Ordering::Relaxed), 2);
+
+    let failing = ExtProcOptions {
+        renderer: Some(Arc::new(TestRenderer {
+            ids: Err("render service down".into()),
+            calls: Default::default(),
+        })),
+        ..ExtProcOptions::default()
+    };
+    let fx = start(&[0, 0], failing).await;
+    let seen = route_chat(&fx).await;
+    assert_eq!(seen.prompt_token_ids, None, "routed without ids");
 }
