@@ -100,12 +100,6 @@ impl DcgmDataSource {
             value: value.into(),
             reason: reason.into(),
         };
-        if !matches!(params.scheme.as_str(), "http" | "https") {
-            return Err(bad("scheme", &params.scheme, "must be http or https"));
-        }
-        if !params.path.starts_with('/') {
-            return Err(bad("path", &params.path, "must start with /"));
-        }
         if params.use_node_address {
             return Err(bad(
                 "useNodeAddress",
@@ -116,6 +110,8 @@ impl DcgmDataSource {
         }
         let (port, interval) = http_options(
             &name,
+            &params.scheme,
+            &params.path,
             Some(params.port),
             params.interval.as_deref(),
             None,

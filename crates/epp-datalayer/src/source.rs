@@ -67,10 +67,13 @@ pub struct MetricsDataSource {
     interval: Option<Duration>,
 }
 
-/// Checks llm-d's `port`, `interval` and certificate paths of an HTTP
-/// source named `plugin`; returns the port and interval.
+/// Checks the `scheme` (`http` or `https`), `path` (starting with `/`) and
+/// llm-d's `port`, `interval` and certificate paths of an HTTP source named
+/// `plugin`; returns the port and interval.
 pub(crate) fn http_options(
     plugin: &str,
+    scheme: &str,
+    path: &str,
     port: Option<u32>,
     interval: Option<&str>,
     client_cert: Option<&str>,
@@ -82,6 +85,12 @@ pub(crate) fn http_options(
         value: value.into(),
         reason: reason.into(),
     };
+    if !matches!(scheme, "http" | "https") {
+        return Err(bad("scheme", scheme, "must be http or https"));
+    }
+    if !path.starts_with('/') {
+        return Err(bad("path", path, "must start with /"));
+    }
     let port = port
         .map(|p| {
             u16::try_from(p)
@@ -129,15 +138,10 @@ impl MetricsDataSource {
             value: value.into(),
             reason: reason.into(),
         };
-        match params.scheme.as_str() {
-            "http" | "https" => {}
-            other => return Err(bad("scheme", other, "must be http or https")),
-        }
-        if !params.path.starts_with('/') {
-            return Err(bad("path", &params.path, "must start with /"));
-        }
         let (port, interval) = http_options(
             &name,
+            &params.scheme,
+            &params.path,
             params.port,
             params.interval.as_deref(),
             params.client_cert_path.as_deref(),

@@ -497,7 +497,7 @@ impl Decider {
             );
             events.record(t, id, &scheduler, &request, result.as_ref().ok());
         }
-        let result = match result {
+        let mut result = match result {
             Ok(r) => r,
             Err(e) => {
                 let err = match (e, snapshot.empty_reason()) {
@@ -561,7 +561,8 @@ impl Decider {
             .chain(edits.owned_headers.iter().copied())
             .filter(|h| request.header(h).is_some() && !edits.headers.iter().any(|(k, _)| k == h))
             .collect();
-        let handler_headers = edits.headers.clone();
+        // The result is not needed past the dispatch: its headers move out.
+        let handler_headers = std::mem::take(&mut result.edits.headers);
         let series = self.metrics.series(
             &request.model,
             &request.target_model,

@@ -205,12 +205,28 @@ pub async fn chat_for_objective(
 
 /// A blocking GET for admin endpoints: (status, body).
 pub fn get_blocking(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    blocking_get(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+        Duration::from_secs(5),
+    )
+}
+
+/// A blocking GET over HTTP/1.0, so the answer is never chunked: (status,
+/// body). Waits up to `timeout` for the answer.
+pub fn get_unchunked(port: u16, path: &str, timeout: Duration) -> std::io::Result<(u16, String)> {
+    blocking_get(
+        port,
+        &format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"),
+        timeout,
+    )
+}
+
+/// Sends `request` to 127.0.0.1:`port` and reads the answer to its end.
+fn blocking_get(port: u16, request: &str, timeout: Duration) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(request.as_bytes())?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
     let status = buf

@@ -101,34 +101,14 @@ impl Prometheus {
     /// `{metric, value}` for a vector).
     pub fn query(&self, expr: &str) -> serde_json::Value {
         let path = format!("/api/v1/query?query={}", percent_encode(expr));
-        let (status, body) =
-            get(self.port, &path).unwrap_or_else(|e| panic!("cannot query Prometheus: {e}"));
+        let (status, body) = crate::http::get_unchunked(self.port, &path, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("cannot query Prometheus: {e}"));
         let doc: serde_json::Value =
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
         assert_eq!(status, 200, "query {expr:?}: {body}");
         assert_eq!(doc["status"], "success", "query {expr:?}: {body}");
         doc["data"]["result"].clone()
     }
-}
-
-/// GET over HTTP/1.0, so the answer is never chunked.
-fn get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("bad response {buf:?}")))?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986).

@@ -10,8 +10,8 @@ use std::{path::Path, time::Duration};
 use epp_test_support::{
     http,
     process::{
-        BodyMode, Sim, free_port_on, scratch_dir, shared_loopback_port, start_envoy, start_epp,
-        start_sim_at,
+        BodyMode, Envoy, Epp, Sim, free_port_on, scratch_dir, shared_loopback_port, start_envoy,
+        start_epp, start_sim_at,
     },
     tokenizer::write_test_tokenizer,
 };
@@ -138,22 +138,18 @@ fn start_publishers(dir: &Path, tokenizer: &Path, http_port: u16, kv_port: u16) 
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_by_what_the_engines_report_holding() {
-    let dir = scratch_dir("precise-prefix");
-    let tokenizer = write_test_tokenizer(&dir).unwrap();
-    let http_port = shared_loopback_port();
-    let kv_port = free_port_on("127.0.0.2");
-    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
+/// epp with `config` over the three publishers on `http_port`, and Envoy in
+/// front; returns once the KV-event subscribers had time to connect.
+async fn start_picker(dir: &Path, config: &str, http_port: u16) -> (Epp, Envoy) {
     let file = dir.join("precise.yaml");
-    std::fs::write(&file, config(&tokenizer, kv_port)).unwrap();
+    std::fs::write(&file, config).unwrap();
     let endpoints = IPS
         .iter()
         .map(|ip| format!("{ip}:{http_port}"))
         .collect::<Vec<_>>()
         .join(",");
     let epp = start_epp(
-        &dir,
+        dir,
         &[
             "--config-file",
             file.to_str().unwrap(),
@@ -161,9 +157,20 @@ async fn routes_by_what_the_engines_report_holding() {
             &endpoints,
         ],
     );
-    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    let envoy = start_envoy(dir, BodyMode::Streamed, epp.grpc_port);
     // The subscribers connect within a second of start.
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    (epp, envoy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_what_the_engines_report_holding() {
+    let dir = scratch_dir("precise-prefix");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
+    let (epp, envoy) = start_picker(&dir, &config(&tokenizer, kv_port), http_port).await;
 
     // Warm sim-1 DIRECTLY: epp never routes this prompt, so only the
     // engine's events can tell it where the prefix is cached.
@@ -365,28 +372,11 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
         9,
         &["--tokenizer", tokenizer.to_str().unwrap()],
     );
-    let file = dir.join("render.yaml");
     let backend = format!(
         "    vllm: {{url: 'http://127.0.0.1:{}', timeout: 2s}}",
         render.port
     );
-    std::fs::write(&file, config_with(&backend, kv_port)).unwrap();
-    let endpoints = IPS
-        .iter()
-        .map(|ip| format!("{ip}:{http_port}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let epp = start_epp(
-        &dir,
-        &[
-            "--config-file",
-            file.to_str().unwrap(),
-            "--endpoints",
-            &endpoints,
-        ],
-    );
-    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (epp, envoy) = start_picker(&dir, &config_with(&backend, kv_port), http_port).await;
 
     let system = "You answer questions about lighthouses, briefly and kindly. ".repeat(6);
     let chat = |q: &str| {

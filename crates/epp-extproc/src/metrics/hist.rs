@@ -71,6 +71,20 @@ impl HistogramValue {
 
 // === bucket bounds (the reference's, per metric) ===
 
+/// `N` bounds doubling from 2^`from`, after a leading `1` when `one` (the
+/// reference's byte and token buckets).
+const fn doubling<const N: usize>(one: bool, from: u32) -> [f64; N] {
+    let mut out = [1.0; N];
+    let mut i = if one { 1 } else { 0 };
+    let mut v = (1u64 << from) as f64;
+    while i < N {
+        out[i] = v;
+        v *= 2.0;
+        i += 1;
+    }
+    out
+}
+
 /// Request latency: 5 ms … 1 h.
 pub(crate) const LATENCY: &[f64] = &[
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
@@ -80,65 +94,14 @@ pub(crate) const LATENCY: &[f64] = &[
 /// Time to first token: 5 ms … 2 min.
 pub(crate) const TTFT: &[f64] = LATENCY.split_at(24).0;
 /// Request bodies: 64 B … 1 GiB.
-pub(crate) const REQUEST_BYTES: &[f64] = &[
-    64.0,
-    128.0,
-    256.0,
-    512.0,
-    1024.0,
-    2048.0,
-    4096.0,
-    8192.0,
-    16384.0,
-    32768.0,
-    65536.0,
-    131_072.0,
-    262_144.0,
-    524_288.0,
-    1_048_576.0,
-    2_097_152.0,
-    4_194_304.0,
-    8_388_608.0,
-    16_777_216.0,
-    33_554_432.0,
-    67_108_864.0,
-    134_217_728.0,
-    268_435_456.0,
-    536_870_912.0,
-    1_073_741_824.0,
-];
+pub(crate) const REQUEST_BYTES: &[f64] = &doubling::<25>(false, 6);
 /// Response bodies: 1 B … 64 KiB (the reference writes 32778 for 32768; we
 /// do not copy the typo).
-pub(crate) const RESPONSE_BYTES: &[f64] = &[
-    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
-    32768.0, 65536.0,
-];
+pub(crate) const RESPONSE_BYTES: &[f64] = &doubling::<15>(true, 3);
 /// Prompt (and cached prompt) tokens: 1 … 1 Mi.
-pub(crate) const INPUT_TOKENS: &[f64] = &[
-    1.0,
-    8.0,
-    16.0,
-    32.0,
-    64.0,
-    128.0,
-    256.0,
-    512.0,
-    1024.0,
-    2048.0,
-    4096.0,
-    8192.0,
-    16384.0,
-    32768.0,
-    65536.0,
-    131_072.0,
-    262_144.0,
-    524_288.0,
-    1_048_576.0,
-];
+pub(crate) const INPUT_TOKENS: &[f64] = &doubling::<19>(true, 3);
 /// Output tokens: 1 … 8 Ki.
-pub(crate) const OUTPUT_TOKENS: &[f64] = &[
-    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
-];
+pub(crate) const OUTPUT_TOKENS: &[f64] = &doubling::<12>(true, 3);
 /// Latency per output token: 1 ms … 10 s.
 pub(crate) const NTPOT: &[f64] = &[
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
@@ -176,5 +139,19 @@ mod tests {
         assert_eq!(v.buckets(), [(1.0, 4), (2.0, 2), (f64::MAX, 4)]);
         assert_eq!(v.count(), 10);
         assert!((v.sum - 18.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn byte_and_token_bounds_are_the_references() {
+        let pow = |e: i32| 2f64.powi(e);
+        assert_eq!(REQUEST_BYTES.first(), Some(&64.0));
+        assert_eq!(REQUEST_BYTES.last(), Some(&pow(30)));
+        assert_eq!(RESPONSE_BYTES[..3], [1.0, 8.0, 16.0]);
+        assert_eq!(RESPONSE_BYTES.last(), Some(&65536.0));
+        assert_eq!(INPUT_TOKENS.last(), Some(&pow(20)));
+        assert_eq!(OUTPUT_TOKENS.last(), Some(&8192.0));
+        for b in [REQUEST_BYTES, RESPONSE_BYTES, INPUT_TOKENS, OUTPUT_TOKENS] {
+            assert!(b.windows(2).skip(1).all(|w| w[1] == 2.0 * w[0]), "{b:?}");
+        }
     }
 }
