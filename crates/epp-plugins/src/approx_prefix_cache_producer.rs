@@ -16,8 +16,8 @@ use std::sync::{
 };
 
 use epp_core::{
-    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, MetricFamily, MetricSink,
-    Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily,
+    MetricSink, Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
 };
 
 use crate::{Builtin, PrefixIndex};
@@ -333,12 +333,17 @@ impl ApproxPrefixCacheProducer {
         if hashes.is_empty() {
             return;
         }
-        let capacity = self.capacity_for(&Candidate::new(target));
-        self.index.record_for(target, hashes, capacity);
+        // What the match found held saves the index searching again.
+        let record = |endpoint: &Arc<Endpoint>| {
+            let capacity = self.capacity_for(&Candidate::new(endpoint));
+            let matched = prefix.matched(endpoint.id());
+            self.index
+                .record_matched(endpoint, hashes, capacity, matched);
+        };
+        record(target);
         // P/D: the prefill endpoint computed the prompt's KV too.
         if let Some(prefill) = result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
-            let capacity = self.capacity_for(&Candidate::new(prefill));
-            self.index.record_for(prefill, hashes, capacity);
+            record(prefill);
         }
     }
 }

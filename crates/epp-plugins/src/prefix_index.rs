@@ -6,11 +6,13 @@
 //! - one slab of 24-byte entries `{hash, endpoint, lru prev/next, chain
 //!   next}`, allocated in chunks of 4,096 so growing never copies and never
 //!   leaves more than one chunk of slack;
-//! - one open-addressing table of 8-byte slots `{entry index, low 32 bits of
-//!   the hash}` (load ≤ 3/4, linear probing, backward-shift deletion), keyed
-//!   by the block hash itself — block hashes are already uniformly mixed, so
-//!   the low bits are the home slot; keeping them in the slot lets probes,
-//!   deletions and growth run without reading any entry;
+//! - one open-addressing table of 8-byte slots `{entry index, low 24 bits of
+//!   the hash, number of holders}` (load ≤ 3/4, linear probing,
+//!   backward-shift deletion), keyed by the block hash itself — block hashes
+//!   are already uniformly mixed, so the low bits are the home slot; keeping
+//!   them in the slot lets probes, deletions and growth run without reading
+//!   any entry (up to 2^24 slots), and the holder count lets a match count
+//!   a block's holders without walking its chain;
 //! - entries holding the same hash on different endpoints form a singly-linked
 //!   chain from the table slot (chains are as long as the number of endpoints
 //!   holding a block, so unlinking walks one); each endpoint's entries form a
@@ -57,19 +59,46 @@ const EMPTY: Entry = Entry {
     chain: NIL,
 };
 
-/// A table slot: the chain head's entry and the hash's low bits (the table
-/// never exceeds 2^32 slots, so they hold the home slot).
+/// A table slot: the chain head's entry, and in `tag` the hash's low
+/// [`FP_BITS`] bits (its home slot in tables of up to 2^`FP_BITS` slots)
+/// under the chain's length (how many endpoints hold the block), saturating
+/// at [`MANY`].
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 #[repr(C)]
 struct Slot {
     idx: u32,
-    fp: u32,
+    tag: u32,
 }
 
-const FREE: Slot = Slot { idx: NIL, fp: 0 };
+const FP_BITS: u32 = 24;
+const FP_MASK: u32 = (1 << FP_BITS) - 1;
+/// A holder count of `MANY` means "`MANY` or more": the chain says how many.
+const MANY: u32 = u32::MAX >> FP_BITS;
+
+/// The largest table mask whose home slots the fingerprint holds. Tests
+/// lower it so that their larger tables take the other path, through the
+/// entry's hash.
+const FP_HOME_MAX: usize = if cfg!(test) { 255 } else { FP_MASK as usize };
+
+const FREE: Slot = Slot { idx: NIL, tag: 0 };
+
+impl Slot {
+    fn fp(self) -> u32 {
+        self.tag & FP_MASK
+    }
+
+    /// Endpoints holding the block, or [`MANY`] for that many or more.
+    fn holders(self) -> u32 {
+        self.tag >> FP_BITS
+    }
+
+    fn set_holders(&mut self, n: u32) {
+        self.tag = self.fp() | (n.min(MANY) << FP_BITS);
+    }
+}
 
 fn fingerprint(hash: u64) -> u32 {
-    hash as u32
+    hash as u32 & FP_MASK
 }
 
 /// One endpoint's LRU list.
@@ -145,13 +174,28 @@ impl PrefixIndex {
     /// is the most recent and the last to be evicted: a tail without its
     /// head can never match, a head without its tail still does.
     pub fn record(&self, id: EndpointId, hashes: &[u64], capacity: usize) {
-        self.record_inner(id, None, hashes, capacity);
+        self.record_inner(id, None, hashes, capacity, 0);
     }
 
     /// Like [`Self::record`], remembering `endpoint` so that its blocks are
     /// dropped once nothing else holds it (it left the pool).
     pub fn record_for(&self, endpoint: &Arc<Endpoint>, hashes: &[u64], capacity: usize) {
-        self.record_inner(endpoint.id(), Some(endpoint), hashes, capacity);
+        self.record_inner(endpoint.id(), Some(endpoint), hashes, capacity, 0);
+    }
+
+    /// Like [`Self::record_for`], told how many leading blocks of `hashes`
+    /// the endpoint held when they were matched ([`Self::match_prefix`] in
+    /// the same cycle). The number is a hint: it saves the search for the
+    /// held part when it is still true, and is checked, so a stale one (the
+    /// index changed since the match) costs only that search.
+    pub fn record_matched(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        hashes: &[u64],
+        capacity: usize,
+        matched: u32,
+    ) {
+        self.record_inner(endpoint.id(), Some(endpoint), hashes, capacity, matched);
     }
 
     fn record_inner(
@@ -160,6 +204,7 @@ impl PrefixIndex {
         endpoint: Option<&Arc<Endpoint>>,
         hashes: &[u64],
         capacity: usize,
+        matched: u32,
     ) {
         let capacity = u32::try_from(capacity).unwrap_or(u32::MAX - 1).max(1);
         let Ok(ep) = u32::try_from(id.index()) else {
@@ -187,7 +232,7 @@ impl PrefixIndex {
         let hashes = &hashes[..hashes.len().min(capacity as usize)];
         // Out of entries or table slots (2^32): record what fitted, then
         // still enforce the capacity.
-        let _ = inner.record_run(ep, hashes);
+        let _ = inner.record_run(ep, hashes, matched as usize);
         let over = inner.lrus[id.index()].len.saturating_sub(capacity);
         inner.warm_tail(ep, over as usize);
         for _ in 0..over {
@@ -223,21 +268,16 @@ impl PrefixIndex {
     /// length instead of one per block.
     pub fn match_prefix(&self, hashes: &[u64], m: &mut PrefixMatch) {
         let inner = self.inner.read();
-        // Whether more than `n` endpoints hold block `i`: walks at most
-        // `n + 1` chain entries (the first search, `n = 0`, reads none beyond
-        // the lookup's own).
+        // Whether more than `n` endpoints hold block `i`: the slot's count
+        // answers without reading the chain, unless both are [`MANY`] or more.
         let held_by_more = |i: usize, n: usize| -> bool {
             inner.find_slot(hashes[i]).is_some_and(|slot| {
-                let mut idx = inner.table[slot].idx;
-                let mut seen = 0;
-                while idx != NIL {
-                    seen += 1;
-                    if seen > n {
-                        return true;
-                    }
-                    idx = inner.entry(idx).chain;
+                let slot = inner.table[slot];
+                let counted = slot.holders() as usize;
+                if counted < MANY as usize || n < MANY as usize {
+                    return counted > n;
                 }
-                false
+                inner.chain_len(slot.idx, n + 1) > n
             })
         };
         // Endpoints assigned so far all hold every block below `end`.
@@ -356,12 +396,14 @@ impl PrefixIndex {
         }
         let mut chained = 0;
         for slot in inner.table.iter().filter(|s| s.idx != NIL) {
-            let mut idx = slot.idx;
+            let (mut idx, mut n) = (slot.idx, 0);
             while idx != NIL {
-                assert_eq!(fingerprint(inner.entry(idx).hash), slot.fp);
-                chained += 1;
+                assert_eq!(fingerprint(inner.entry(idx).hash), slot.fp());
+                n += 1;
                 idx = inner.entry(idx).chain;
             }
+            assert_eq!(slot.holders(), n.min(MANY), "the slot counts its chain");
+            chained += n as usize;
         }
         assert_eq!(listed, chained, "every entry is both listed and chained");
     }
@@ -396,7 +438,7 @@ impl Inner {
             if slot.idx == NIL {
                 return None;
             }
-            if slot.fp == fp && self.entry(slot.idx).hash == hash {
+            if slot.fp() == fp && self.entry(slot.idx).hash == hash {
                 return Some(s);
             }
             s = (s + 1) & mask;
@@ -417,7 +459,7 @@ impl Inner {
             // The home slot's entry only if it may hold this hash: reading a
             // colliding one would be a wasted miss.
             let slot = table[h as usize & mask];
-            if slot.idx != NIL && slot.fp == fingerprint(h) {
+            if slot.idx != NIL && slot.fp() == fingerprint(h) {
                 acc ^= self.entry(slot.idx).hash;
             }
         }
@@ -443,6 +485,26 @@ impl Inner {
             idx = e.prev;
         }
         std::hint::black_box(acc);
+    }
+
+    /// Entries in the chain from `idx`, counting at most `limit`.
+    fn chain_len(&self, mut idx: u32, limit: usize) -> usize {
+        let mut n = 0;
+        while idx != NIL && n < limit {
+            n += 1;
+            idx = self.entry(idx).chain;
+        }
+        n
+    }
+
+    /// `slot`'s home in a table of `mask + 1` slots: from its fingerprint
+    /// while the table is small enough, else from its entry's hash.
+    fn home(&self, slot: Slot, mask: usize) -> usize {
+        if mask <= FP_HOME_MAX {
+            slot.fp() as usize & mask
+        } else {
+            self.entry(slot.idx).hash as usize & mask
+        }
     }
 
     /// The entry holding `hash` for endpoint `ep`.
@@ -472,10 +534,22 @@ impl Inner {
     /// hash; a table lookup only where the run was broken), and moved to the
     /// front; only the blocks the endpoint never held touch the table, each
     /// linked right after its predecessor.
-    fn record_run(&mut self, ep: u32, hashes: &[u64]) -> Option<()> {
+    ///
+    /// `hint` (0 for none) claims that `ep` holds the first `hint` blocks
+    /// and not the next: checked with two lookups instead of the search.
+    fn record_run(&mut self, ep: u32, hashes: &[u64], hint: usize) -> Option<()> {
         // Blocks held contiguously from the first (holding block `i` implies
         // holding the blocks before it; see `match_prefix`).
         let (mut lo, mut hi, mut last_held) = (0, hashes.len(), NIL);
+        if (1..=hashes.len()).contains(&hint)
+            && let Some(idx) = self.held(hashes[hint - 1], ep)
+        {
+            // True when the next block is not held: the search is done.
+            (lo, last_held) = (hint, idx);
+            if hint == hashes.len() || self.held(hashes[hint], ep).is_none() {
+                hi = hint;
+            }
+        }
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.held(hashes[mid], ep) {
@@ -576,7 +650,9 @@ impl Inner {
         if let Some(slot) = self.find_slot(hash) {
             let head = self.table[slot].idx;
             self.entry_mut(idx).chain = head;
-            self.table[slot].idx = idx;
+            let slot = &mut self.table[slot];
+            slot.idx = idx;
+            slot.set_holders(slot.holders() + 1);
             return true;
         }
         if (self.distinct + 1) * 4 > self.table.len() * 3 {
@@ -593,7 +669,7 @@ impl Inner {
         self.entry_mut(idx).chain = NIL;
         self.table[s] = Slot {
             idx,
-            fp: fingerprint(hash),
+            tag: fingerprint(hash) | (1 << FP_BITS),
         };
         self.distinct += 1;
         true
@@ -608,7 +684,7 @@ impl Inner {
         self.growths += 1;
         let mask = size - 1;
         for &slot in old.iter().filter(|s| s.idx != NIL) {
-            let mut s = slot.fp as usize & mask;
+            let mut s = self.home(slot, mask);
             while self.table[s].idx != NIL {
                 s = (s + 1) & mask;
             }
@@ -629,6 +705,7 @@ impl Inner {
         if head == idx {
             if next != NIL {
                 self.table[slot].idx = next;
+                self.uncount(slot);
             } else {
                 self.remove_slot(slot);
             }
@@ -639,10 +716,21 @@ impl Inner {
             let after = self.entry(prev).chain;
             if after == idx {
                 self.entry_mut(prev).chain = next;
+                self.uncount(slot);
                 return;
             }
             prev = after;
         }
+    }
+
+    /// One holder fewer in `slot`'s chain (recounted when it was [`MANY`]).
+    fn uncount(&mut self, slot: usize) {
+        let s = self.table[slot];
+        let n = match s.holders() {
+            MANY => self.chain_len(s.idx, MANY as usize) as u32,
+            n => n - 1,
+        };
+        self.table[slot].set_holders(n);
     }
 
     /// Backward-shift deletion: later members of the probe run move into the
@@ -656,7 +744,7 @@ impl Inner {
             if slot.idx == NIL {
                 break;
             }
-            let home = slot.fp as usize & mask;
+            let home = self.home(slot, mask);
             if j.wrapping_sub(home) & mask >= j.wrapping_sub(hole) & mask {
                 self.table[hole] = slot;
                 hole = j;

@@ -190,3 +190,65 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_block_held_by_more_endpoints_than_a_slot_counts_still_matches() {
+    // 300 holders of the shared head: more than the slot's count holds
+    // (`MANY`), so matching and evicting fall back to the chain.
+    let index = PrefixIndex::default();
+    for e in 0..300u32 {
+        let len = if e < 150 { 3 } else { 2 };
+        index.record(EndpointId(e), &[1, 2, 3 + u64::from(e / 150)][..len], 10);
+    }
+    let mut m = PrefixMatch::default();
+    index.match_prefix(&[1, 2, 3], &mut m);
+    assert_eq!(m.matched(EndpointId(0)), 3);
+    assert_eq!(m.matched(EndpointId(149)), 3);
+    assert_eq!(m.matched(EndpointId(150)), 2);
+    assert_eq!(m.matched(EndpointId(299)), 2);
+    index.check();
+    // Down through the count's ceiling and back: the count follows the chain.
+    for e in 0..100u32 {
+        index.forget(EndpointId(e));
+    }
+    index.check();
+    let mut m = PrefixMatch::default();
+    index.match_prefix(&[1, 2, 3], &mut m);
+    assert_eq!(
+        (m.matched(EndpointId(99)), m.matched(EndpointId(100))),
+        (0, 3)
+    );
+    assert_eq!(m.matched(EndpointId(200)), 2);
+}
+
+proptest! {
+    /// A hint from a match, true or stale, records exactly what no hint does.
+    #[test]
+    fn a_hint_changes_nothing_but_the_search(
+        ops in prop::collection::vec((0usize..4, 0u64..6, 1usize..16, 0usize..18), 1..60),
+        cap in 1usize..24,
+    ) {
+        let (hinted, plain) = (PrefixIndex::default(), PrefixIndex::default());
+        let endpoints: Vec<_> = (0..4).map(|i| Arc::new(Endpoint::new(i, format!("10.0.0.{i}:8000").parse().unwrap()))).collect();
+        for (e, p, len, stale) in ops {
+            let hashes = prompt(p, len);
+            let mut m = PrefixMatch::default();
+            hinted.match_prefix(&hashes, &mut m);
+            // Every other record uses an arbitrary (likely wrong) hint.
+            let hint = if stale % 2 == 0 { m.matched(EndpointId(e as u32)) } else { stale as u32 };
+            hinted.record_matched(&endpoints[e], &hashes, cap, hint);
+            plain.record_for(&endpoints[e], &hashes, cap);
+            hinted.check();
+        }
+        for p in 0..6 {
+            let query = prompt(p, 16);
+            let (mut a, mut b) = (PrefixMatch::default(), PrefixMatch::default());
+            hinted.match_prefix(&query, &mut a);
+            plain.match_prefix(&query, &mut b);
+            for e in 0..4 {
+                prop_assert_eq!(a.matched(EndpointId(e)), b.matched(EndpointId(e)));
+                prop_assert_eq!(hinted.len_for(EndpointId(e)), plain.len_for(EndpointId(e)));
+            }
+        }
+    }
+}
