@@ -109,6 +109,9 @@ mod utilization_detector;
 mod utilization_filter;
 mod weighted_random_picker;
 
+#[cfg(test)]
+mod test_sink;
+
 use std::sync::Arc;
 
 use epp_core::{BuildError, Plugin, PluginSpec, Registry, Role, SingleProfileHandler};

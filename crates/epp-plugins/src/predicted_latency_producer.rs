@@ -771,44 +771,19 @@ mod tests {
 
     #[test]
     fn reports_errors_per_endpoint() {
-        #[derive(Default)]
-        struct Sink(Vec<(String, Vec<String>, u64)>);
-        impl MetricSink for Sink {
-            fn gauge(&mut self, _: MetricFamily, _: &[(&str, &str)], _: f64) {}
-            fn counter(&mut self, f: MetricFamily, l: &[(&str, &str)], v: u64) {
-                let labels = l.iter().map(|(_, v)| (*v).to_owned()).collect();
-                self.0.push((f.name.to_owned(), labels, v));
-            }
-            fn histogram(
-                &mut self,
-                f: MetricFamily,
-                l: &[(&str, &str)],
-                _: &[(f64, u64)],
-                _: f64,
-                count: u64,
-            ) {
-                let labels = l.iter().map(|(_, v)| (*v).to_owned()).collect();
-                self.0.push((f.name.to_owned(), labels, count));
-            }
-        }
         let p = producer(2);
         let e = endpoint(0, EndpointMetrics::fresh());
         for _ in 0..5 {
             p.response_timing(&request(), &e, &streamed(load(0, 10), 50.0, 2.0, 4));
         }
-        let mut sink = Sink::default();
+        let mut sink = crate::test_sink::Sink::default();
         p.report(&mut sink);
-        let get = |name: &str, who: &str| {
-            sink.0
-                .iter()
-                .find(|(n, l, _)| n == name && l[0] == who && l[1] == "ttft")
-                .map(|x| x.2)
-        };
+        let get = |name: &str, who: &str| sink.get(name, &[who, "ttft"]);
         let who = e.name().to_owned();
-        assert_eq!(get("epp_latency_model_samples", &who), Some(5));
+        assert_eq!(get("epp_latency_model_samples", &who), Some(5.0));
         // Errors are recorded once the model predicts: samples 3 to 5.
-        assert_eq!(get("epp_latency_prediction_relative_error", &who), Some(3));
-        assert_eq!(get("epp_latency_model_samples", "fleet"), Some(5));
+        assert_eq!(get("epp_latency_prediction_relative_error", &who), Some(3.0));
+        assert_eq!(get("epp_latency_model_samples", "fleet"), Some(5.0));
     }
 
     #[test]

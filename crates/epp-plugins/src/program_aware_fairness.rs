@@ -19,9 +19,22 @@
 //! hook). A program with no completion for `evictionTtlSeconds` (0: never)
 //! is forgotten, checked every `evictionSweepSeconds` as picks and
 //! completions happen (no timer of its own; llm-d also skips programs with
-//! requests in flight, this one does not track them). llm-d's three
-//! Prometheus gauges (Jain's index, mean wait, attained service per program)
-//! are not exported.
+//! requests in flight, this one does not track them).
+//!
+//! Metrics (llm-d's names, read at scrape time):
+//! - `llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id}`: the
+//!   cumulative mean of a program's queue wait, its head request's wait each
+//!   time the policy picks its flow;
+//! - `llm_d_epp_program_aware_jains_fairness_index`: Jain's index over those
+//!   means, `(Σx)² / (n · Σx²)` over the n programs with a wait observed (1
+//!   when n < 2 or all waits are 0);
+//! - `llm_d_epp_program_aware_attained_service_tokens{program_id}`: S(p),
+//!   decayed to the scrape (llm-d's gauge holds the value of the last
+//!   completion).
+//!
+//! Program ids come from requests: the first
+//! [`MAX_LABEL_VALUES`](epp_core::MAX_LABEL_VALUES) get series of their own,
+//! later ones still count in the index.
 
 use std::{
     collections::HashMap,
@@ -29,7 +42,8 @@ use std::{
 };
 
 use epp_core::{
-    BuildError, Endpoint, InferenceRequest, Plugin, ResponseHooks, Usage,
+    BuildError, Endpoint, FOLDED_LABEL, InferenceRequest, LabelCap, MetricFamily, MetricSink,
+    Plugin, PluginMetrics, ResponseHooks, Usage,
     flow::{FairnessCursor, FairnessPolicy, FlowHead},
 };
 use parking_lot::Mutex;
@@ -80,13 +94,41 @@ fn sweep() -> f64 {
     300.0
 }
 
-/// One program's attained service.
+const AVG_WAIT: MetricFamily = MetricFamily {
+    name: "llm_d_epp_program_aware_avg_wait_time_milliseconds",
+    help: "Cumulative mean of flow-control queue wait time per program in milliseconds",
+};
+const FAIRNESS_INDEX: MetricFamily = MetricFamily {
+    name: "llm_d_epp_program_aware_jains_fairness_index",
+    help: "Jain's fairness index over average wait time across active programs",
+};
+const ATTAINED_SERVICE: MetricFamily = MetricFamily {
+    name: "llm_d_epp_program_aware_attained_service_tokens",
+    help: "Time-decayed attained service (weighted tokens consumed) per program",
+};
+
+/// One program's attained service and queue waits.
 #[derive(Debug, Clone, Copy)]
 struct Program {
     service: f64,
     /// When `service` was last decayed.
     anchor: Instant,
     last_completion: Instant,
+    /// Cumulative mean wait of its picked heads, in ms, over `waits` picks.
+    mean_wait_ms: f64,
+    waits: u64,
+}
+
+impl Program {
+    fn new(now: Instant) -> Self {
+        Self {
+            service: 0.0,
+            anchor: now,
+            last_completion: now,
+            mean_wait_ms: 0.0,
+            waits: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -105,6 +147,7 @@ pub struct ProgramAwareFairness {
     ttl: Option<Duration>,
     sweep: Duration,
     state: Mutex<State>,
+    program_labels: LabelCap,
 }
 
 impl Builtin for ProgramAwareFairness {
@@ -153,6 +196,7 @@ impl Builtin for ProgramAwareFairness {
                 programs: HashMap::new(),
                 last_sweep: Instant::now(),
             }),
+            program_labels: LabelCap::default(),
         })
     }
 }
@@ -191,11 +235,10 @@ impl ProgramAwareFairness {
         let cost = usage.prompt_tokens as f64 + 2.0 * usage.completion_tokens as f64;
         let mut st = self.state.lock();
         self.sweep(&mut st, now);
-        let p = st.programs.entry(program.to_owned()).or_insert(Program {
-            service: 0.0,
-            anchor: now,
-            last_completion: now,
-        });
+        let p = st
+            .programs
+            .entry(program.to_owned())
+            .or_insert_with(|| Program::new(now));
         self.decay(p, now);
         p.service += cost;
         p.last_completion = p.last_completion.max(now);
@@ -229,7 +272,54 @@ impl ProgramAwareFairness {
                 best = (i, score);
             }
         }
+        // The picked head leaves the queue now: its wait is observed.
+        let picked = &flows[best.0];
+        let waited_ms = wait(picked) * 1e3;
+        let p = match st.programs.get_mut(&**picked.id) {
+            Some(p) => p,
+            None => st
+                .programs
+                .entry(picked.id.to_string())
+                .or_insert_with(|| Program::new(now)),
+        };
+        p.waits += 1;
+        p.mean_wait_ms += (waited_ms - p.mean_wait_ms) / p.waits as f64;
         Some(best.0)
+    }
+
+    /// Jain's fairness index over the programs' mean waits (1 when fewer
+    /// than two have one, or all are 0).
+    fn fairness_index(st: &State) -> f64 {
+        let (mut sum, mut sum_sq, mut n) = (0.0, 0.0, 0.0);
+        for p in st.programs.values().filter(|p| p.waits > 0) {
+            sum += p.mean_wait_ms;
+            sum_sq += p.mean_wait_ms * p.mean_wait_ms;
+            n += 1.0;
+        }
+        if n < 2.0 || sum_sq == 0.0 {
+            1.0
+        } else {
+            sum * sum / (n * sum_sq)
+        }
+    }
+}
+
+impl PluginMetrics for ProgramAwareFairness {
+    fn report(&self, out: &mut dyn MetricSink) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        out.gauge(FAIRNESS_INDEX, &[], Self::fairness_index(&st));
+        for (id, p) in &mut st.programs {
+            let label = self.program_labels.label(id);
+            if label == FOLDED_LABEL {
+                continue;
+            }
+            self.decay(p, now);
+            out.gauge(ATTAINED_SERVICE, &[("program_id", label)], p.service);
+            if p.waits > 0 {
+                out.gauge(AVG_WAIT, &[("program_id", label)], p.mean_wait_ms);
+            }
+        }
     }
 }
 
@@ -244,6 +334,9 @@ impl Plugin for ProgramAwareFairness {
         Some(self)
     }
     fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
+        Some(self)
+    }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         Some(self)
     }
 }
@@ -265,6 +358,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::test_sink::Sink;
 
     fn policy(yaml: &str) -> ProgramAwareFairness {
         ProgramAwareFairness::build("p", serde_yaml_ng::from_str(yaml).unwrap()).unwrap()
@@ -335,8 +429,9 @@ mod tests {
         // New service adds to the decayed value.
         p.record("a", &usage(50, 0), at(30));
         assert!((p.service(&mut p.state.lock(), "a", at(30)) - 100.0).abs() < 1e-6);
-        // No completion for 100 s: gone at the next sweep.
-        let ids: Vec<Arc<str>> = vec![Arc::from("a")];
+        // No completion for 100 s: gone at the next sweep (which another
+        // program's pick runs: a picked program is seen again).
+        let ids: Vec<Arc<str>> = vec![Arc::from("b")];
         let _ = p.pick_at(&heads(&ids, &[at(120)]), at(120));
         assert!(p.state.lock().programs.contains_key("a"), "70 s idle");
         let _ = p.pick_at(&heads(&ids, &[at(131)]), at(131));
@@ -345,6 +440,36 @@ mod tests {
         let p = policy("{lasHalfLifeSeconds: 0}");
         p.record("a", &usage(7, 0), t0);
         assert!((p.service(&mut p.state.lock(), "a", at(1000)) - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reports_mean_waits_jains_index_and_service_per_program() {
+        let p = policy("{lasHalfLifeSeconds: 0}");
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let index = |p: &ProgramAwareFairness| {
+            let mut sink = Sink::default();
+            p.report(&mut sink);
+            (sink.get(FAIRNESS_INDEX.name, &[]), sink)
+        };
+        assert_eq!(index(&p).0, Some(1.0), "no program yet: perfectly fair");
+        p.record("a", &usage(10, 5), t0);
+        let ids: Vec<Arc<str>> = ["a", "b"].map(Arc::from).to_vec();
+        // a's head waited 100 ms, then 300 ms; b's 200 ms.
+        assert_eq!(p.pick_at(&heads(&ids[..1], &[t0]), at(100)), Some(0));
+        assert_eq!(p.pick_at(&heads(&ids[..1], &[at(100)]), at(400)), Some(0));
+        assert_eq!(p.pick_at(&heads(&ids[1..], &[at(400)]), at(600)), Some(0));
+        let (fairness, sink) = index(&p);
+        let wait = |id: &str| sink.get(AVG_WAIT.name, &[id]).unwrap();
+        assert!((wait("a") - 200.0).abs() < 1e-6);
+        assert!((wait("b") - 200.0).abs() < 1e-6);
+        assert!((fairness.unwrap() - 1.0).abs() < 1e-9, "equal means");
+        assert_eq!(sink.get(ATTAINED_SERVICE.name, &["a"]), Some(20.0));
+        assert_eq!(sink.get(ATTAINED_SERVICE.name, &["b"]), Some(0.0));
+        // c waits 800 ms: (200 + 200 + 800)² / (3 · (200² + 200² + 800²)) = 2/3.
+        let c: Vec<Arc<str>> = vec![Arc::from("c")];
+        let _ = p.pick_at(&heads(&c, &[at(600)]), at(1400));
+        assert!((index(&p).0.unwrap() - 2.0 / 3.0).abs() < 1e-9);
     }
 
     #[test]
