@@ -18,6 +18,16 @@
 //! the pool (or comes back as a new endpoint) starts empty; llm-d's configs
 //! list this producer as an extractor of `endpoint-notification-source` to
 //! hear of deletions, which loads here and needs nothing delivered.
+//!
+//! Metrics (llm-d's names): `llm_d_epp_encoder_cache_queries_total{plugin_type,
+//! plugin_name, modality}` (one per item of each request),
+//! `llm_d_epp_encoder_cache_hits_total{plugin_type, plugin_name, pod,
+//! modality}` (one per item and endpoint that holds it, `pod` = the
+//! endpoint's name) and `llm_d_epp_encoder_cache_hit_ratio{plugin_type,
+//! plugin_name}` (per request and candidate, matched / items, buckets 0, 0.1,
+//! …, 1). Modality: `image` (`image_url`, `input_image`, `image`), `audio`
+//! (`input_audio`, `audio_url`), `video` (`video_url`), `file` (`document`,
+//! `input_file`).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -26,8 +36,8 @@ use std::{
 };
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, DataProducer, Endpoint, Plugin, PreRequest,
-    SchedulingResult,
+    BuildError, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily, MetricSink, Plugin,
+    PluginMetrics, PreRequest, SchedulingResult,
 };
 use parking_lot::Mutex;
 
@@ -39,17 +49,72 @@ const MIB_PER_ITEM: i64 = 2;
 const DEFAULT_MIB: i64 = 4096;
 
 /// The media parts the request parser writes into the prompt as
-/// `<kind:reference>` (see docs/api-parsing.md).
-const MEDIA_KINDS: [&str; 8] = [
-    "image_url",
-    "input_image",
-    "video_url",
-    "input_audio",
-    "image",
-    "document",
-    "audio_url",
-    "input_file",
+/// `<kind:reference>` (see docs/api-parsing.md), with their modality (an
+/// index into [`MODALITIES`]).
+const MEDIA_KINDS: [(&str, usize); 8] = [
+    ("image_url", 0),
+    ("input_image", 0),
+    ("video_url", 2),
+    ("input_audio", 1),
+    ("image", 0),
+    ("document", 3),
+    ("audio_url", 1),
+    ("input_file", 3),
 ];
+
+/// The `modality` label values.
+const MODALITIES: [&str; 4] = ["image", "audio", "video", "file"];
+
+/// Upper bounds of the hit-ratio histogram's buckets (llm-d's), then +Inf.
+const RATIO_BOUNDS: [f64; 12] = [
+    0.0,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    1.0,
+    f64::MAX,
+];
+
+const QUERIES: MetricFamily = MetricFamily {
+    name: "llm_d_epp_encoder_cache_queries",
+    help: "Total number of multimodal item hash lookups made against the encoder-cache affinity LRU",
+};
+const HITS: MetricFamily = MetricFamily {
+    name: "llm_d_epp_encoder_cache_hits",
+    help: "Total number of multimodal item hash lookups that found a match in the encoder-cache \
+           affinity LRU, by endpoint",
+};
+const HIT_RATIO: MetricFamily = MetricFamily {
+    name: "llm_d_epp_encoder_cache_hit_ratio",
+    help: "Ratio of matched multimodal items to total items per endpoint in an encoder-cache lookup",
+};
+
+/// What the producer counts across requests.
+#[derive(Debug, Default)]
+struct Stats {
+    queries: [u64; MODALITIES.len()],
+    ratio_buckets: [u64; RATIO_BOUNDS.len()],
+    ratio_sum: f64,
+    ratio_count: u64,
+}
+
+impl Stats {
+    fn observe_ratio(&mut self, ratio: f64) {
+        let b = RATIO_BOUNDS
+            .iter()
+            .position(|&bound| ratio <= bound)
+            .unwrap_or(RATIO_BOUNDS.len() - 1);
+        self.ratio_buckets[b] += 1;
+        self.ratio_sum += ratio;
+        self.ratio_count += 1;
+    }
+}
 
 /// Parameters of `mm-embeddings-cache-producer` (llm-d's names).
 #[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
@@ -69,9 +134,13 @@ pub struct MmEmbeddingsParams {
 #[derive(Debug, Default)]
 struct Lru {
     endpoint: Weak<Endpoint>,
+    /// The endpoint's name (the `pod` label of its hits).
+    name: String,
     last_use: HashMap<u64, u64>,
     order: VecDeque<(u64, u64)>,
     clock: u64,
+    /// Request items found here, by modality.
+    hits: [u64; MODALITIES.len()],
 }
 
 impl Lru {
@@ -100,6 +169,7 @@ pub struct MmEmbeddingsCacheProducer {
     name: String,
     capacity: usize,
     lrus: Mutex<Vec<Lru>>,
+    stats: Mutex<Stats>,
 }
 
 impl Builtin for MmEmbeddingsCacheProducer {
@@ -121,22 +191,25 @@ impl Builtin for MmEmbeddingsCacheProducer {
             name: name.into(),
             capacity: usize::try_from((mib / MIB_PER_ITEM).max(1)).unwrap_or(usize::MAX),
             lrus: Mutex::new(Vec::new()),
+            stats: Mutex::new(Stats::default()),
         })
     }
 }
 
-/// The distinct media items of `prompt` into `out` (cleared first).
-pub(crate) fn media_items(prompt: &str, out: &mut Vec<u64>) {
+/// The distinct media items of `prompt` into `out` (cleared first), and
+/// each one's modality (an index into [`MODALITIES`]) into `modalities`.
+pub(crate) fn media_items(prompt: &str, out: &mut Vec<u64>, modalities: &mut Vec<usize>) {
     out.clear();
+    modalities.clear();
     let mut rest = prompt;
     while let Some(start) = rest.find('<') {
         rest = &rest[start + 1..];
         let Some((kind, after)) = rest.split_once(':') else {
             break;
         };
-        if !MEDIA_KINDS.contains(&kind) {
+        let Some(&(_, modality)) = MEDIA_KINDS.iter().find(|(k, _)| *k == kind) else {
             continue;
-        }
+        };
         let Some(end) = after.find('>') else {
             break;
         };
@@ -145,6 +218,7 @@ pub(crate) fn media_items(prompt: &str, out: &mut Vec<u64>) {
         let item = h.finish();
         if !out.contains(&item) {
             out.push(item);
+            modalities.push(modality);
         }
         rest = &after[end + 1..];
     }
@@ -171,19 +245,73 @@ impl Plugin for MmEmbeddingsCacheProducer {
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
         Some(self)
     }
+    fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
+        Some(self)
+    }
     fn follows_endpoint_lifecycle(&self) -> bool {
         true
+    }
+}
+
+impl PluginMetrics for MmEmbeddingsCacheProducer {
+    fn report(&self, out: &mut dyn MetricSink) {
+        let plugin = [("plugin_type", Self::TYPE), ("plugin_name", &*self.name)];
+        {
+            let stats = self.stats.lock();
+            for (modality, &n) in MODALITIES.iter().zip(&stats.queries) {
+                if n > 0 {
+                    let [t, p] = plugin;
+                    out.counter(QUERIES, &[t, p, ("modality", modality)], n);
+                }
+            }
+            if stats.ratio_count > 0 {
+                let buckets: Vec<(f64, u64)> = RATIO_BOUNDS
+                    .iter()
+                    .copied()
+                    .zip(stats.ratio_buckets.iter().copied())
+                    .collect();
+                out.histogram(
+                    HIT_RATIO,
+                    &plugin,
+                    &buckets,
+                    stats.ratio_sum,
+                    stats.ratio_count,
+                );
+            }
+        }
+        let lrus = self.lrus.lock();
+        for lru in lrus.iter().filter(|l| l.endpoint.strong_count() > 0) {
+            for (modality, &n) in MODALITIES.iter().zip(&lru.hits) {
+                if n > 0 {
+                    let [t, p] = plugin;
+                    out.counter(HITS, &[t, p, ("pod", &lru.name), ("modality", modality)], n);
+                }
+            }
+        }
     }
 }
 
 impl DataProducer for MmEmbeddingsCacheProducer {
     fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) {
         let mm = &mut cx.state.multimodal;
-        media_items(&cx.request.prompt, &mut mm.items);
+        let mut modalities = Vec::new();
+        media_items(&cx.request.prompt, &mut mm.items, &mut modalities);
         if mm.items.is_empty() {
             return;
         }
-        let lrus = self.lrus.lock();
+        let mut lrus = self.lrus.lock();
+        // llm-d's counts: every item looked up, and each endpoint holding it.
+        for lru in lrus.iter_mut().filter(|l| l.endpoint.strong_count() > 0) {
+            for (item, &m) in mm.items.iter().zip(&modalities) {
+                if lru.last_use.contains_key(item) {
+                    lru.hits[m] += 1;
+                }
+            }
+        }
+        let mut stats = self.stats.lock();
+        for &m in &modalities {
+            stats.queries[m] += 1;
+        }
         for c in candidates {
             let Some(lru) = lrus.get(c.id().index()) else {
                 continue;
@@ -197,6 +325,10 @@ impl DataProducer for MmEmbeddingsCacheProducer {
                 .filter(|i| lru.last_use.contains_key(i))
                 .count();
             mm.set_matched(c.id(), u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        // A candidate this producer has never recorded matched nothing.
+        for c in candidates {
+            stats.observe_ratio(f64::from(mm.matched(c.id())) / mm.items.len() as f64);
         }
     }
 }
@@ -220,6 +352,7 @@ impl PreRequest for MmEmbeddingsCacheProducer {
             // A new endpoint under this id: it has encoded nothing yet.
             *lru = Lru {
                 endpoint: Arc::downgrade(target),
+                name: target.name().to_owned(),
                 ..Lru::default()
             };
         }
@@ -234,7 +367,10 @@ mod tests {
     use epp_core::{EndpointMetrics, InferenceRequest, ProfilePicks};
 
     use super::*;
-    use crate::testing::{candidates, with_cx};
+    use crate::{
+        test_sink::Sink,
+        testing::{candidates, with_cx},
+    };
 
     fn producer(yaml: &str) -> MmEmbeddingsCacheProducer {
         MmEmbeddingsCacheProducer::build("p", serde_yaml_ng::from_str(yaml).unwrap()).unwrap()
@@ -242,15 +378,17 @@ mod tests {
 
     #[test]
     fn items_are_the_distinct_media_references() {
-        let mut out = Vec::new();
+        let (mut out, mut modalities) = (Vec::new(), Vec::new());
         media_items(
             "user:\n<image_url:http://x/a.png>\n<image_url:http://x/b.png>\nsee <b> and \
              <image_url:http://x/a.png><input_audio:data:abc>\n",
             &mut out,
+            &mut modalities,
         );
         assert_eq!(out.len(), 3, "a, b, the audio; <b> is text");
-        media_items("no media <here:x>", &mut out);
-        assert!(out.is_empty());
+        assert_eq!(modalities, [0, 0, 1], "image, image, audio");
+        media_items("no media <here:x>", &mut out, &mut modalities);
+        assert!(out.is_empty() && modalities.is_empty());
     }
 
     #[test]
@@ -305,6 +443,33 @@ mod tests {
         assert_eq!(matches(&p, &c, "<image_url:a>"), vec![0, 0]);
         // A request without media matches nothing and records nothing.
         assert_eq!(matches(&p, &c, "text only"), vec![0, 0]);
+    }
+
+    #[test]
+    fn counts_lookups_hits_per_endpoint_and_hit_ratios_as_llm_d() {
+        let p = producer("{}");
+        let c = candidates(vec![EndpointMetrics::default(); 2]);
+        pick(&p, &c[1], "<image_url:a><input_audio:b>");
+        // 2 items looked up (+ 2 by the pick's own produce); c[1] holds both.
+        assert_eq!(matches(&p, &c, "<image_url:a><input_audio:b>"), vec![0, 2]);
+        let mut sink = Sink::default();
+        p.report(&mut sink);
+        let plugin = ["mm-embeddings-cache-producer", "p"];
+        let get = |sink: &Sink, family: &MetricFamily, rest: &[&str]| {
+            let labels: Vec<&str> = plugin.iter().chain(rest).copied().collect();
+            sink.get(family.name, &labels)
+        };
+        assert_eq!(get(&sink, &QUERIES, &["image"]), Some(2.0));
+        assert_eq!(get(&sink, &QUERIES, &["audio"]), Some(2.0));
+        let pod = c[1].endpoint.name();
+        assert_eq!(get(&sink, &HITS, &[pod, "image"]), Some(1.0));
+        assert_eq!(get(&sink, &HITS, &[pod, "audio"]), Some(1.0));
+        assert_eq!(get(&sink, &HITS, &[c[0].endpoint.name()]), None);
+        // Ratios observed: the pick's produce (c[1]: 0), then c[0] 0 and c[1] 1.
+        assert_eq!(get(&sink, &HIT_RATIO, &[]), Some(3.0));
+        let stats = p.stats.lock();
+        assert_eq!((stats.ratio_buckets[0], stats.ratio_buckets[10]), (2, 1));
+        assert!((stats.ratio_sum - 1.0).abs() < 1e-12);
     }
 
     #[test]

@@ -782,7 +782,10 @@ mod tests {
         let who = e.name().to_owned();
         assert_eq!(get("epp_latency_model_samples", &who), Some(5.0));
         // Errors are recorded once the model predicts: samples 3 to 5.
-        assert_eq!(get("epp_latency_prediction_relative_error", &who), Some(3.0));
+        assert_eq!(
+            get("epp_latency_prediction_relative_error", &who),
+            Some(3.0)
+        );
         assert_eq!(get("epp_latency_model_samples", "fleet"), Some(5.0));
     }
 
