@@ -106,8 +106,8 @@ pub use plugin::{
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{
-    ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, OPENAI_KINDS,
-    PromptRenderer, RenderFuture, RenderService, RequestParsers, Usage,
+    ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, MediaItem, OPENAI_KINDS,
+    PromptRenderer, RenderFuture, RenderService, RenderedPrompt, RequestParsers, Usage,
 };
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

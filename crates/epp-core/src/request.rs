@@ -230,6 +230,29 @@ pub struct InferenceRequest {
     /// The prompt's token ids as the model server renders them, when the
     /// edge had them rendered before scheduling ([`PromptRenderer`]).
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// The prompt's media items as the model server's renderer identified
+    /// them (content hashes), when it was rendered; empty otherwise.
+    pub media_items: Vec<MediaItem>,
+}
+
+/// One media item of a rendered prompt, as the model server reports it
+/// (vLLM's render answer, `features.mm_hashes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaItem {
+    /// `image`, `audio`, `video`, … (the server's modality key).
+    pub modality: String,
+    /// The server's hash of the item's content: the same image is the same
+    /// item wherever it was fetched from.
+    pub hash: String,
+}
+
+/// A prompt as the model server renders it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderedPrompt {
+    /// Its token ids.
+    pub token_ids: Vec<u32>,
+    /// Its media items (none for a text-only prompt).
+    pub media: Vec<MediaItem>,
 }
 
 /// Where a token producer has prompts rendered (llm-d's `token-producer`
@@ -246,14 +269,15 @@ pub struct RenderService {
     pub media_timeout: std::time::Duration,
 }
 
-/// A prompt rendered to token ids, or why not.
+/// A prompt rendered ([`RenderedPrompt`]), or why not.
 pub type RenderFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u32>, String>> + Send>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<RenderedPrompt, String>> + Send>>;
 
 /// Renders a request's prompt to the model server's token ids through a
 /// service ([`RenderService`]); the edge awaits it before scheduling and
-/// stores the ids in [`InferenceRequest::prompt_token_ids`]. A failure is
-/// logged and the request scheduled without them.
+/// stores the ids in [`InferenceRequest::prompt_token_ids`] and the media
+/// items in [`InferenceRequest::media_items`]. A failure is logged and the
+/// request scheduled without them.
 pub trait PromptRenderer: Send + Sync + std::fmt::Debug {
     /// The rendering of a request of kind `api` with body `body`, or `None`
     /// when this renderer does not render that kind. Does its synchronous

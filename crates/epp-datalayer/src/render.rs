@@ -7,10 +7,10 @@
 //! slower than its timeout (the media timeout when the request has media)
 //! fails; the caller schedules without tokens.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use epp_core::{ApiKind, PromptRenderer, RenderFuture, RenderService};
+use epp_core::{ApiKind, MediaItem, PromptRenderer, RenderFuture, RenderService, RenderedPrompt};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -64,23 +64,48 @@ impl VllmRenderer {
     }
 }
 
-/// The ids in a render answer.
-fn ids_of(api: ApiKind, answer: &[u8]) -> Result<Vec<u32>, String> {
+/// The prompt in a render answer: its token ids, and its media items from
+/// `features.mm_hashes` (`{modality: [hash, …]}`; `features` is null or
+/// absent for a text-only prompt).
+fn rendered_of(api: ApiKind, answer: &[u8]) -> Result<RenderedPrompt, String> {
     #[derive(serde::Deserialize)]
     struct Rendered {
         token_ids: Vec<u32>,
+        #[serde(default)]
+        features: Option<Features>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Features {
+        #[serde(default)]
+        mm_hashes: Option<BTreeMap<String, Vec<String>>>,
+    }
+    fn add(into: &mut RenderedPrompt, r: Rendered) {
+        into.token_ids.extend(r.token_ids);
+        let hashes = r.features.and_then(|f| f.mm_hashes).unwrap_or_default();
+        for (modality, hashes) in hashes {
+            into.media.extend(hashes.into_iter().map(|hash| MediaItem {
+                modality: modality.clone(),
+                hash,
+            }));
+        }
     }
     let bad = |e: serde_json::Error| format!("unexpected render answer: {e}");
+    let mut rendered = RenderedPrompt::default();
     if api == ApiKind::ChatCompletions {
-        return serde_json::from_slice::<Rendered>(answer)
-            .map(|r| r.token_ids)
-            .map_err(bad);
+        add(
+            &mut rendered,
+            serde_json::from_slice::<Rendered>(answer).map_err(bad)?,
+        );
+        return Ok(rendered);
     }
     let all: Vec<Rendered> = serde_json::from_slice(answer).map_err(bad)?;
     if all.is_empty() {
         return Err("the render answer holds no prompt".into());
     }
-    Ok(all.into_iter().flat_map(|r| r.token_ids).collect())
+    for r in all {
+        add(&mut rendered, r);
+    }
+    Ok(rendered)
 }
 
 async fn post(
@@ -168,7 +193,7 @@ impl PromptRenderer for VllmRenderer {
             let answer = tokio::time::timeout(timeout, post(authority, idle, path, request))
                 .await
                 .map_err(|_| format!("no render answer within {timeout:?}"))??;
-            ids_of(api, &answer)
+            rendered_of(api, &answer)
         }))
     }
 }
@@ -179,8 +204,9 @@ mod tests {
 
     #[test]
     fn answers_and_urls() {
+        let ids = |api, answer: &[u8]| rendered_of(api, answer).map(|r| r.token_ids);
         assert_eq!(
-            ids_of(
+            ids(
                 ApiKind::Completions,
                 br#"[{"token_ids":[1,2]},{"token_ids":[3]}]"#
             )
@@ -188,15 +214,34 @@ mod tests {
             vec![1, 2, 3]
         );
         assert_eq!(
-            ids_of(
+            ids(
                 ApiKind::ChatCompletions,
                 br#"{"token_ids":[4],"features":null}"#
             )
             .unwrap(),
             vec![4]
         );
-        assert!(ids_of(ApiKind::Completions, b"[]").is_err());
-        assert!(ids_of(ApiKind::Completions, br#"{"error":"x"}"#).is_err());
+        assert!(ids(ApiKind::Completions, b"[]").is_err());
+        assert!(ids(ApiKind::Completions, br#"{"error":"x"}"#).is_err());
+        // vLLM's features: the media items' content hashes by modality.
+        let with_media = rendered_of(
+            ApiKind::ChatCompletions,
+            br#"{"token_ids":[5],"features":{"mm_hashes":{"image":["a1","b2"],"audio":["c3"]},
+                 "mm_placeholders":{"image":[{"offset":0,"length":1}]}}}"#,
+        )
+        .unwrap();
+        let item = |m: &str, h: &str| MediaItem {
+            modality: m.into(),
+            hash: h.into(),
+        };
+        assert_eq!(
+            with_media.media,
+            vec![
+                item("audio", "c3"),
+                item("image", "a1"),
+                item("image", "b2")
+            ]
+        );
         let service = |url: &str| RenderService {
             url: url.into(),
             model: "m".into(),

@@ -431,6 +431,7 @@ impl Decider {
                 body_len: body.map_or(0, <[u8]>::len),
                 media_parts: parsed.media_parts,
                 prompt_token_ids: parsed.token_ids,
+                media_items: Vec::new(),
             },
             model_span: parsed.model_span,
             generated_id,

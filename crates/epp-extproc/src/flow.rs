@@ -189,7 +189,10 @@ impl Waiting {
                 return Poll::Pending;
             };
             match rendered {
-                Ok(ids) => prepared.request.prompt_token_ids = Some(ids),
+                Ok(rendered) => {
+                    prepared.request.prompt_token_ids = Some(rendered.token_ids);
+                    prepared.request.media_items = rendered.media;
+                }
                 Err(e) => render_failed(&prepared.request.request_id, &e),
             }
             return Poll::Ready(Waited::Rendered(prepared));

@@ -10,11 +10,14 @@
 //!   per encoded item; default 4096 MiB → 2048 entries)
 //! ```
 //!
-//! Items: llm-d takes the content hashes vLLM's renderer reports through
-//! `token-producer`. Here they are the media references the request parser
-//! writes into the prompt (`<image_url:…>`, `<input_audio:…>`, … — the URL or
-//! the inline data), hashed: the same image at the same URL (or inline) is
-//! the same item; the same image at two URLs is two. An endpoint that leaves
+//! Items: as in llm-d, the content hashes the model server's renderer
+//! reported for the prompt (`token-producer` with a `vllm` backend renders it
+//! before scheduling: [`InferenceRequest::media_items`]), so the same image
+//! at two URLs is one item. Without a render, the media references the
+//! request parser writes into the prompt (`<image_url:…>`,
+//! `<input_audio:…>`, … — the URL or the inline data), hashed: the same
+//! image at the same URL (or inline) is the same item; at two URLs, two.
+//! An endpoint that leaves
 //! the pool (or comes back as a new endpoint) starts empty; llm-d's configs
 //! list this producer as an extractor of `endpoint-notification-source` to
 //! hear of deletions, which loads here and needs nothing delivered.
@@ -36,8 +39,8 @@ use std::{
 };
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily, MetricSink, Plugin,
-    PluginMetrics, PreRequest, SchedulingResult,
+    BuildError, Candidate, CycleContext, DataProducer, Endpoint, InferenceRequest, MetricFamily,
+    MetricSink, Plugin, PluginMetrics, PreRequest, SchedulingResult,
 };
 use parking_lot::Mutex;
 
@@ -196,8 +199,39 @@ impl Builtin for MmEmbeddingsCacheProducer {
     }
 }
 
-/// The distinct media items of `prompt` into `out` (cleared first), and
-/// each one's modality (an index into [`MODALITIES`]) into `modalities`.
+fn item_hash(reference: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    reference.hash(&mut h);
+    h.finish()
+}
+
+/// The distinct media items of `request` into `out` (cleared first), and
+/// each one's modality (an index into [`MODALITIES`]) into `modalities`:
+/// the rendered items when the server rendered the prompt, else the
+/// references in the prompt.
+pub(crate) fn request_items(
+    request: &InferenceRequest,
+    out: &mut Vec<u64>,
+    modalities: &mut Vec<usize>,
+) {
+    if request.media_items.is_empty() {
+        return media_items(&request.prompt, out, modalities);
+    }
+    out.clear();
+    modalities.clear();
+    for m in &request.media_items {
+        let item = item_hash(&m.hash);
+        if !out.contains(&item) {
+            out.push(item);
+            // A modality this picker does not name counts as a file.
+            let modality = MODALITIES.iter().position(|k| *k == m.modality);
+            modalities.push(modality.unwrap_or(MODALITIES.len() - 1));
+        }
+    }
+}
+
+/// The distinct media references of `prompt` into `out` (cleared first),
+/// and each one's modality (an index into [`MODALITIES`]) into `modalities`.
 pub(crate) fn media_items(prompt: &str, out: &mut Vec<u64>, modalities: &mut Vec<usize>) {
     out.clear();
     modalities.clear();
@@ -213,9 +247,7 @@ pub(crate) fn media_items(prompt: &str, out: &mut Vec<u64>, modalities: &mut Vec
         let Some(end) = after.find('>') else {
             break;
         };
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        after[..end].hash(&mut h);
-        let item = h.finish();
+        let item = item_hash(&after[..end]);
         if !out.contains(&item) {
             out.push(item);
             modalities.push(modality);
@@ -295,7 +327,7 @@ impl DataProducer for MmEmbeddingsCacheProducer {
     fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) {
         let mm = &mut cx.state.multimodal;
         let mut modalities = Vec::new();
-        media_items(&cx.request.prompt, &mut mm.items, &mut modalities);
+        request_items(cx.request, &mut mm.items, &mut modalities);
         if mm.items.is_empty() {
             return;
         }
@@ -389,6 +421,33 @@ mod tests {
         assert_eq!(modalities, [0, 0, 1], "image, image, audio");
         media_items("no media <here:x>", &mut out, &mut modalities);
         assert!(out.is_empty() && modalities.is_empty());
+    }
+
+    #[test]
+    fn the_servers_content_hashes_win_over_the_references() {
+        let item = |m: &str, h: &str| epp_core::MediaItem {
+            modality: m.into(),
+            hash: h.into(),
+        };
+        // Two URLs of one image: one item by its content hash.
+        let mut req = InferenceRequest::builder("m")
+            .prompt("<image_url:http://a/x.png><image_url:http://b/x.png><input_audio:z>")
+            .build();
+        req.media_items = vec![
+            item("image", "h1"),
+            item("image", "h1"),
+            item("audio", "h2"),
+        ];
+        let (mut out, mut modalities) = (Vec::new(), Vec::new());
+        request_items(&req, &mut out, &mut modalities);
+        assert_eq!((out.len(), &modalities), (2, &vec![0, 1]));
+        req.media_items = vec![item("3d-mesh", "h3")];
+        request_items(&req, &mut out, &mut modalities);
+        assert_eq!(modalities, vec![3], "an unknown modality counts as a file");
+        // Not rendered: the three references.
+        req.media_items.clear();
+        request_items(&req, &mut out, &mut modalities);
+        assert_eq!(out.len(), 3);
     }
 
     #[test]

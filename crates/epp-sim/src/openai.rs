@@ -496,10 +496,63 @@ fn stream(mut g: Generation, ask: Ask, id: String, chat: bool) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// The `features` of a chat render answer: `{"mm_hashes": {modality:
+/// [hash, …]}}` for the messages' media parts, in order (`image_url`,
+/// `input_image` → image; `input_audio`, `audio_url` → audio; `video_url` →
+/// video), or null without any. vLLM hashes each item's content; the
+/// simulator fetches nothing, so it hashes the reference (the URL, or the
+/// inline data, which is the content).
+fn media_features(body: &[u8]) -> Value {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return Value::Null;
+    };
+    let mut hashes: serde_json::Map<String, Value> = serde_json::Map::new();
+    let parts = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("content").and_then(Value::as_array))
+        .flatten();
+    for part in parts {
+        let Some(kind) = part.get("type").and_then(Value::as_str) else {
+            continue;
+        };
+        let modality = match kind {
+            "image_url" | "input_image" => "image",
+            "input_audio" | "audio_url" => "audio",
+            "video_url" => "video",
+            _ => continue,
+        };
+        // `{"image_url": {"url": …}}`, `{"image_url": "…"}`, `{"input_audio": {"data": …}}`.
+        let reference = part.get(kind).map_or(Value::Null, |r| {
+            r.get("url")
+                .or_else(|| r.get("data"))
+                .cloned()
+                .unwrap_or_else(|| r.clone())
+        });
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&reference.to_string(), &mut h);
+        let hash = format!("{:016x}", std::hash::Hasher::finish(&h));
+        if let Value::Array(list) = hashes
+            .entry(modality)
+            .or_insert_with(|| Value::Array(Vec::new()))
+        {
+            list.push(Value::String(hash));
+        }
+    }
+    if hashes.is_empty() {
+        Value::Null
+    } else {
+        json!({ "mm_hashes": hashes })
+    }
+}
+
 /// `POST /v1/completions/render` and `/v1/chat/completions/render` (vLLM's
 /// render endpoints, as `vllm launch render` serves them): the token ids the
-/// server would compute for the request, without generating. Needs
-/// `--tokenizer` (the ids are the tokenizer's, as in the server's KV events).
+/// server would compute for the request, without generating, and for chat
+/// the media items' hashes ([`media_features`]). Needs `--tokenizer` (the
+/// ids are the tokenizer's, as in the server's KV events).
 async fn render(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
     let ask = match parse(&sim, body, chat) {
         Ok(a) => a,
@@ -514,7 +567,8 @@ async fn render(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
     };
     let id = format!("render-{:016x}", sim.next_id());
     if chat {
-        Json(json!({"request_id": id, "token_ids": ids, "features": null})).into_response()
+        let features = media_features(body);
+        Json(json!({"request_id": id, "token_ids": ids, "features": features})).into_response()
     } else {
         Json(json!([{"request_id": id, "token_ids": ids}])).into_response()
     }
@@ -528,4 +582,25 @@ pub(crate) async fn completions_render(State(sim): State<Arc<Sim>>, body: Bytes)
 /// `POST /v1/chat/completions/render`.
 pub(crate) async fn chat_completions_render(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     render(sim, &body, true).await
+}
+
+#[cfg(test)]
+mod render_tests {
+    use super::*;
+
+    #[test]
+    fn chat_renders_report_each_media_part_by_modality() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":[
+            {"type":"text","text":"look"},
+            {"type":"image_url","image_url":{"url":"http://x/a.png"}},
+            {"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}},
+            {"type":"image_url","image_url":{"url":"http://x/a.png"}}]}]}"#;
+        let f = media_features(body);
+        let images = f["mm_hashes"]["image"].as_array().unwrap();
+        assert_eq!(images.len(), 2, "one per part, repeats included");
+        assert_eq!(images[0], images[1], "the same reference, the same hash");
+        assert_eq!(f["mm_hashes"]["audio"].as_array().unwrap().len(), 1);
+        let text_only = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(media_features(text_only), Value::Null);
+    }
 }

@@ -361,7 +361,13 @@ impl epp_core::PromptRenderer for TestRenderer {
         let ids = self.ids.clone();
         Some(Box::pin(async move {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            ids
+            ids.map(|token_ids| epp_core::RenderedPrompt {
+                token_ids,
+                media: vec![epp_core::MediaItem {
+                    modality: "image".into(),
+                    hash: "h1".into(),
+                }],
+            })
         }))
     }
 }
@@ -411,6 +417,7 @@ async fn rendered_ids_reach_the_scheduler_with_and_without_flow_control() {
     let fx = start(&[0, 0], options).await;
     let seen = route_chat(&fx).await;
     assert_eq!(seen.prompt_token_ids, Some(vec![1, 2, 3]));
+    assert_eq!(seen.media_items.len(), 1, "the rendered media items too");
 
     let registry = epp_plugins::builtin_registry();
     let (fc, _) = epp_test_support::flow::controller(
