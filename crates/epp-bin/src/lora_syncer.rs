@@ -21,6 +21,14 @@
 //! `--reconcile-trigger` the server is reconciled anyway, so a failed load
 //! or unload (or an adapter the server lost in a restart) is retried. A file
 //! that does not parse keeps the last good config (logged once).
+//!
+//! With `--configmap [NAMESPACE/]NAME` the config is the ConfigMap's
+//! `--configmap-key` entry, read through the API server instead of a mounted
+//! volume: the syncer watches that one ConfigMap (RBAC: `get`, `list`,
+//! `watch` on `configmaps` in its namespace), so an edit is applied as soon
+//! as the API server has it, not after the kubelet's volume refresh (up to
+//! a minute or more). A ConfigMap that is missing, deleted, lacks the key,
+//! or cannot be watched keeps the last good config, as a bad file does.
 
 use std::{
     collections::BTreeSet,
@@ -37,6 +45,7 @@ use clap::Parser;
 use http_body_util::Full;
 use hyper::{Request, Response, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::ConfigMap;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{family::Family, gauge::Gauge},
@@ -76,6 +85,19 @@ pub(crate) struct SyncerArgs {
     /// Between two health probes.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     health_check_interval: Duration,
+    /// Read the config from this ConfigMap (`NAME`, or `NAMESPACE/NAME`;
+    /// the namespace defaults to `$POD_NAMESPACE`, else the pod's service
+    /// account namespace, else `default`) through the API server instead
+    /// of a file.
+    #[arg(long, conflicts_with = "config")]
+    configmap: Option<String>,
+    /// The ConfigMap's key holding the config.
+    #[arg(long, default_value = "configmap.yaml")]
+    configmap_key: String,
+    /// Kubeconfig for `--configmap` (default: `$KUBECONFIG`, `~/.kube/config`,
+    /// or the pod's service account).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Accepted for the reference's flag; the config is always validated
     /// (unknown keys and missing fields are errors).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
@@ -344,6 +366,142 @@ impl Syncer {
     }
 }
 
+/// Where the desired adapters are read from.
+enum Source {
+    /// A file (a mounted ConfigMap), read at every poll.
+    File(PathBuf),
+    /// A ConfigMap's key, as a watch of the API server last saw it (None
+    /// until its first list).
+    ConfigMap {
+        what: String,
+        latest: tokio::sync::watch::Receiver<Option<Result<String, String>>>,
+    },
+}
+
+impl Source {
+    /// `--configmap` and `--configmap-key`, or the file.
+    async fn from_args(args: &SyncerArgs) -> Result<Self> {
+        let Some(cm) = &args.configmap else {
+            let path = args.config.clone().unwrap_or_else(|| {
+                std::env::var_os("DYNAMIC_LORA_ROLLOUT_CONFIG")
+                    .map_or_else(|| PathBuf::from("/config/configmap.yaml"), PathBuf::from)
+            });
+            return Ok(Self::File(path));
+        };
+        let (namespace, name) = match cm.split_once('/') {
+            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+            None => (own_namespace(), cm.clone()),
+        };
+        anyhow::ensure!(
+            !namespace.is_empty() && !name.is_empty() && !name.contains('/'),
+            "--configmap {cm:?}: expected NAME or NAMESPACE/NAME"
+        );
+        let client = epp_datalayer::kubernetes::client(args.kubeconfig.as_deref()).await?;
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &namespace);
+        let what = format!("configmap {namespace}/{name} key {}", args.configmap_key);
+        let (tx, latest) = tokio::sync::watch::channel(None);
+        tokio::spawn(watch_configmap(
+            api,
+            name,
+            args.configmap_key.clone(),
+            what.clone(),
+            tx,
+        ));
+        Ok(Self::ConfigMap { what, latest })
+    }
+
+    /// What is read, for logs.
+    fn describe(&self) -> String {
+        match self {
+            Self::File(path) => path.display().to_string(),
+            Self::ConfigMap { what, .. } => what.clone(),
+        }
+    }
+
+    /// The config's text now, or why there is none (None: not read yet).
+    fn read(&self) -> Option<Result<String, String>> {
+        match self {
+            Self::File(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display())),
+            ),
+            Self::ConfigMap { latest, .. } => latest.borrow().clone(),
+        }
+    }
+
+    /// Resolves when the text may have changed before the next poll (never
+    /// for a file: it is polled).
+    async fn changed(&mut self) {
+        match self {
+            Self::File(_) => std::future::pending().await,
+            Self::ConfigMap { latest, .. } => {
+                if latest.changed().await.is_err() {
+                    // The watch ended (it does not, short of shutdown).
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+/// The namespace the syncer runs in: `$POD_NAMESPACE`, else its service
+/// account's, else `default`.
+fn own_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok()
+        })
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// Keeps `tx` at the text of `key` in ConfigMap `name`, or why not, for as
+/// long as the syncer runs (the watch re-lists after errors, backing off).
+async fn watch_configmap(
+    api: kube::Api<ConfigMap>,
+    name: String,
+    key: String,
+    what: String,
+    tx: tokio::sync::watch::Sender<Option<Result<String, String>>>,
+) {
+    use kube::runtime::{
+        WatchStreamExt,
+        watcher::{self, Event},
+    };
+    use tokio_stream::StreamExt;
+    let text_of = |cm: &ConfigMap| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get(&key))
+            .cloned()
+            .ok_or_else(|| format!("{what}: the ConfigMap has no such key"))
+    };
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    // Whether the list in progress found the ConfigMap.
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        let update = match event {
+            Ok(Event::Init) => {
+                listed = false;
+                continue;
+            }
+            Ok(Event::InitApply(cm)) => {
+                listed = true;
+                text_of(&cm)
+            }
+            Ok(Event::InitDone) if listed => continue,
+            Ok(Event::InitDone) => Err(format!("{what}: no such ConfigMap")),
+            Ok(Event::Apply(cm)) => text_of(&cm),
+            Ok(Event::Delete(_)) => Err(format!("{what}: the ConfigMap was deleted")),
+            Err(e) => Err(format!("{what}: {e}")),
+        };
+        let _previous = tx.send_replace(Some(update));
+    }
+}
+
 async fn serve_metrics(listener: TcpListener, registry: Arc<Registry>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -383,10 +541,7 @@ async fn serve_metrics(listener: TcpListener, registry: Arc<Registry>) {
 
 /// Runs the syncer until SIGTERM or SIGINT.
 pub(crate) async fn run(args: SyncerArgs) -> Result<()> {
-    let path = args.config.clone().unwrap_or_else(|| {
-        std::env::var_os("DYNAMIC_LORA_ROLLOUT_CONFIG")
-            .map_or_else(|| PathBuf::from("/config/configmap.yaml"), PathBuf::from)
-    });
+    let mut source = Source::from_args(&args).await?;
     if !args.config_validation {
         tracing::warn!("--config-validation=false: epp validates the config anyway");
     }
@@ -405,7 +560,7 @@ pub(crate) async fn run(args: SyncerArgs) -> Result<()> {
     println!(
         "lora-syncer listening: metrics={} config={}",
         listener.local_addr()?,
-        path.display()
+        source.describe()
     );
     tokio::spawn(serve_metrics(listener, Arc::new(registry)));
 
@@ -421,9 +576,10 @@ pub(crate) async fn run(args: SyncerArgs) -> Result<()> {
     let mut last_reconcile: Option<Instant> = None;
     let poll = syncer.args.reconcile_trigger.min(Duration::from_secs(1));
     loop {
-        let text = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+        let text = source.read();
         let changed = match &text {
-            Ok(t) if last_text.as_deref() != Some(t.as_str()) => {
+            None => false,
+            Some(Ok(t)) if last_text.as_deref() != Some(t.as_str()) => {
                 last_text = Some(t.clone());
                 match LoraConfig::parse(t) {
                     Ok(c) => {
@@ -437,19 +593,18 @@ pub(crate) async fn run(args: SyncerArgs) -> Result<()> {
                         true
                     }
                     Err(e) => {
-                        let e = format!("{}: {e}", path.display());
+                        let e = format!("{}: {e}", source.describe());
                         tracing::error!(error = %e, "invalid config; keeping the last good one");
                         last_error = Some(e);
                         false
                     }
                 }
             }
-            Ok(_) => false,
-            Err(e) => {
-                let e = format!("cannot read {}: {e}", path.display());
-                if last_error.as_ref() != Some(&e) {
+            Some(Ok(_)) => false,
+            Some(Err(e)) => {
+                if last_error.as_ref() != Some(e) {
                     tracing::error!(error = %e, "keeping the last good config");
-                    last_error = Some(e);
+                    last_error = Some(e.clone());
                 }
                 false
             }
@@ -463,6 +618,7 @@ pub(crate) async fn run(args: SyncerArgs) -> Result<()> {
         }
         tokio::select! {
             () = tokio::time::sleep(poll) => {}
+            () = source.changed() => {}
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         }

@@ -3,13 +3,16 @@
 //! `/v1/unload_lora_adapter` as its config file says, retries the updates
 //! the server refuses, follows edits of the file, and reports each
 //! adapter's state in `lora_syncer_adapter_status`; a loaded adapter is then
-//! served through Envoy and epp.
+//! served through Envoy and epp. With `--configmap`, the same from a
+//! ConfigMap on the real test cluster, read through the API server as a
+//! ServiceAccount granted only the documented rules.
 
 use std::process::Command;
 
 use epp_test_support::{
     http,
-    process::{BodyMode, Proc, Stack, workspace_bin},
+    kube::{KubeCluster, Ns},
+    process::{BodyMode, Proc, Stack, scratch_dir, start_sim, workspace_bin},
     wait::eventually,
 };
 
@@ -52,6 +55,16 @@ fn status(port: u16) -> Vec<String> {
         .collect();
     out.sort();
     out
+}
+
+/// The metrics port in the syncer's ready line.
+fn metrics_port(line: &str) -> u16 {
+    line.split("metrics=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no metrics port in {line:?}"))
 }
 
 async fn post(port: u16, path: &str, body: &serde_json::Value) -> u16 {
@@ -104,13 +117,7 @@ async fn the_syncer_loads_and_unloads_adapters_as_its_config_says() {
         "lora-syncer listening",
         stack.dir.join("lora-syncer.log"),
     );
-    let metrics: u16 = line
-        .split("metrics=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no metrics port in {line:?}"));
+    let metrics = metrics_port(&line);
 
     let want = ["chat-lora=1", "old-lora=0", "sql-lora=1"];
     eventually(
@@ -155,5 +162,113 @@ async fn the_syncer_loads_and_unloads_adapters_as_its_config_says() {
             && status(metrics).contains(&"sql-lora=1".to_owned())
     })
     .await;
+    drop(syncer);
+}
+
+/// Applies the ConfigMap `name` of `ns` with `config` under `key`.
+async fn apply_configmap(ns: &Ns, name: &str, key: &str, config: &str) {
+    ns.apply_manifest(&serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name},
+        "data": {key: config},
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_syncer_follows_a_configmap_through_the_api_server() {
+    let cluster = KubeCluster::shared();
+    let ns = Ns::create(cluster, "e2e-lora").await;
+    // The rules docs/operations.md lists, for the `restricted` user only.
+    ns.apply_manifest(&serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "lora-syncer"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                   "verbs": ["get", "list", "watch"]}],
+    }))
+    .await;
+    ns.apply_manifest(&serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "lora-syncer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "lora-syncer"},
+        "subjects": [{"kind": "User", "name": "system:serviceaccount:default:restricted"}],
+    }))
+    .await;
+    let dir = scratch_dir("lora-syncer-configmap");
+    let sim = start_sim(&dir, 0, &["--max-loras", "4"]);
+    // Not there yet: the syncer starts anyway and waits for it.
+    let mut cmd = Command::new(workspace_bin("epp"));
+    cmd.args([
+        "lora-syncer",
+        "--metrics-port",
+        "0",
+        "--bind-address",
+        "127.0.0.1",
+        "--reconcile-trigger",
+        "30s",
+        "--health-check-interval",
+        "100ms",
+        "--configmap",
+        &format!("{}/adapters", ns.name),
+        "--configmap-key",
+        "lora.yaml",
+        "--kubeconfig",
+    ])
+    .arg(cluster.kubeconfig_for("restricted"));
+    let (syncer, line) = Proc::spawn(
+        "lora-syncer",
+        cmd,
+        "lora-syncer listening",
+        dir.join("lora-syncer.log"),
+    );
+    let metrics = metrics_port(&line);
+    let log = dir.join("lora-syncer.stderr");
+    let logged = |what: &'static str| {
+        let log = log.clone();
+        move || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            std::future::ready(text.contains(what))
+        }
+    };
+    eventually("the missing ConfigMap logged", logged("no such ConfigMap")).await;
+    apply_configmap(
+        &ns,
+        "adapters",
+        "lora.yaml",
+        &config(sim.port, &["sql-lora"], &[]),
+    )
+    .await;
+    eventually("sql-lora loaded from the ConfigMap", || async {
+        status(metrics) == ["sql-lora=1"]
+    })
+    .await;
+    // An edit is applied when the watch sees it: well before the 30 s
+    // periodic reconcile.
+    let edited = config(sim.port, &["chat-lora"], &["sql-lora"]);
+    apply_configmap(&ns, "adapters", "lora.yaml", &edited).await;
+    eventually("the edit applied", || async {
+        status(metrics) == ["chat-lora=1", "sql-lora=0"]
+    })
+    .await;
+    let mut ids = served(sim.port);
+    ids.sort();
+    assert_eq!(ids, ["chat-lora", BASE]);
+    // A ConfigMap without the key, then an invalid one: both keep the last
+    // good config, each logged.
+    apply_configmap(&ns, "adapters", "other.yaml", &edited).await;
+    eventually("the missing key logged", logged("has no such key")).await;
+    ns.apply_manifest(&serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "adapters"},
+        "data": {"lora.yaml": "vLLMLoRAConfig:\n  prot: 1\n"},
+    }))
+    .await;
+    eventually("the invalid config logged", logged("unknown field `prot`")).await;
+    assert_eq!(status(metrics), ["chat-lora=1", "sql-lora=0"]);
     drop(syncer);
 }
