@@ -13,8 +13,9 @@
 //! 2. the same critical load plus sheddable requests at 1.5× capacity
 //!    (2× in all), flow control on (critical band first; sheddable band
 //!    of 20 requests, TTL 5 s);
-//! 3. the same load with `priority-holdback-policy` (`minCeiling: 0.75`:
-//!    the sheddable band is released only below 75 % of the slots);
+//! 3. the same load with `priority-holdback-policy` (`minCeiling` 0.75, 0.5
+//!    and 0.25: the sheddable band is released only below that share of
+//!    the slots);
 //! 4. the same load, flow control off (sheddable requests refused with 429
 //!    while the pool is saturated);
 //! 5. one light tenant at 0.1× capacity alone, then with a heavy tenant at
@@ -39,24 +40,25 @@ use epp_test_support::{
 
 const SECONDS: u64 = 15;
 
-fn config(flow: bool, fairness: &str, holdback: bool) -> String {
+fn config(flow: bool, fairness: &str, holdback: Option<f64>) -> String {
     let gate = if flow {
         "featureGates: [flowControl]\n"
     } else {
         ""
     };
-    let usage = if holdback {
+    let usage = if holdback.is_some() {
         "  usageLimitPolicyPluginRef: holdback\n"
     } else {
         ""
     };
+    let min_ceiling = holdback.unwrap_or(0.75);
     format!(
         "{gate}objectives:\n- {{name: critical, priority: 10}}\n- {{name: batch, priority: -1}}\n\
          plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n\
          - type: prefix-cache-scorer\n- type: max-score-picker\n\
          - type: concurrency-detector\n  parameters: {{maxConcurrency: 4}}\n\
          - type: round-robin-fairness-policy\n\
-         - type: priority-holdback-policy\n  name: holdback\n  parameters: {{minCeiling: 0.75}}\n\
+         - type: priority-holdback-policy\n  name: holdback\n  parameters: {{minCeiling: {min_ceiling}}}\n\
          schedulingProfiles:\n- name: default\n  plugins:\n\
          \x20 - {{pluginRef: queue-scorer, weight: 2}}\n\
          \x20 - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}\n\
@@ -161,7 +163,7 @@ fn header(name: &'static str, value: &str) -> (&'static str, String) {
     (name, value.to_owned())
 }
 
-fn stack(tag: &str, flow: bool, fairness: &str, holdback: bool) -> Stack {
+fn stack(tag: &str, flow: bool, fairness: &str, holdback: Option<f64>) -> Stack {
     let cfg = config(flow, fairness, holdback);
     Stack::start(
         tag,
@@ -184,7 +186,7 @@ async fn main() {
         "flow-overload-on",
         true,
         "global-strict-fairness-policy",
-        false,
+        None,
     );
     let cap = capacity(s.envoy.port, 8, 5).await;
     println!("fleet capacity (closed loop, 8 clients): {cap:.1} requests/s");
@@ -200,28 +202,35 @@ async fn main() {
     report("sheddable, flow control on", &shed);
     drop(s);
 
-    let s = stack(
-        "flow-overload-holdback",
-        true,
-        "global-strict-fairness-policy",
-        true,
-    );
-    let port = s.envoy.port;
-    let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
-    let crit = open_loop(port, cap * 0.5, SECONDS, critical()).await;
-    let shed = shed.await.unwrap();
-    let held = report(
-        "critical, with 1.5x sheddable, on + priority-holdback 0.75",
-        &crit,
-    );
-    report("sheddable, on + priority-holdback 0.75", &shed);
-    drop(s);
+    let mut held = Vec::new();
+    for ceiling in [0.75, 0.5, 0.25] {
+        let s = stack(
+            "flow-overload-holdback",
+            true,
+            "global-strict-fairness-policy",
+            Some(ceiling),
+        );
+        let port = s.envoy.port;
+        let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
+        let crit = open_loop(port, cap * 0.5, SECONDS, critical()).await;
+        let shed = shed.await.unwrap();
+        let p90 = report(
+            &format!("critical, with 1.5x sheddable, on + priority-holdback {ceiling}"),
+            &crit,
+        );
+        report(
+            &format!("sheddable, on + priority-holdback {ceiling}"),
+            &shed,
+        );
+        held.push(format!("on + holdback {ceiling} {:.2}x", p90 / base));
+        drop(s);
+    }
 
     let s = stack(
         "flow-overload-off",
         false,
         "global-strict-fairness-policy",
-        false,
+        None,
     );
     let port = s.envoy.port;
     let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
@@ -231,9 +240,9 @@ async fn main() {
     report("sheddable, flow control off", &shed);
     drop(s);
     println!(
-        "  critical TTFT p90 / unloaded: flow control on {:.2}x, on + holdback {:.2}x, off {:.2}x",
+        "  critical TTFT p90 / unloaded: flow control on {:.2}x, {}, off {:.2}x",
         on / base,
-        held / base,
+        held.join(", "),
         off / base
     );
 
@@ -244,7 +253,7 @@ async fn main() {
         "round-robin-fairness-policy",
         "global-strict-fairness-policy",
     ] {
-        let s = stack("flow-tenants", true, fairness, false);
+        let s = stack("flow-tenants", true, fairness, None);
         let port = s.envoy.port;
         let alone = open_loop(port, cap * 0.1, SECONDS, light()).await;
         let base = report(&format!("light alone ({fairness})"), &alone);
