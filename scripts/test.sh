@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh checkout: installs what it needs (Envoy into
-# .venv/, the Rust build), checks formatting and lints, then runs every test,
+# .venv/, Debian's chromium, the Rust build), checks formatting and lints, then runs every test,
 # including the end-to-end tests through the real Envoy and the Kubernetes
 # tests against a real kube-apiserver (built from Go modules by kube-env.sh),
 # the Helm chart's tests with a real helm (built by helm.sh), the tracing

@@ -100,6 +100,20 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 64 << 20)]
     pub(crate) max_request_body_bytes: usize,
 
+    /// How many recent decisions the decision view keeps (`/debug/decisions`
+    /// on the metrics port, behind its authentication): each with every
+    /// candidate's scores, the filter that dropped it, and the pick. 0 turns
+    /// the view and its recording off.
+    #[arg(long, default_value_t = 50,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=10_000))]
+    pub(crate) decision_log_size: usize,
+
+    /// The least time between two decisions the view records: an idle
+    /// picker records the next request, a busy one about one per interval.
+    /// 0 records every request.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub(crate) decision_log_interval: Duration,
+
     /// After SIGTERM (health NOT_SERVING, lease released), how long ext_proc
     /// keeps serving new and existing streams before it stops accepting (as
     /// the reference's flag). A second signal ends the drain at once.
@@ -155,6 +169,21 @@ mod tests {
         let a = Args::parse_from(["epp", "-vv", "--secure-serving"]);
         assert!(a.secure_serving);
         assert_eq!(a.verbose, 2);
+    }
+
+    #[test]
+    fn the_decision_view_is_on_by_default_and_bounded() {
+        let a = Args::parse_from(["epp"]);
+        assert_eq!(a.decision_log_size, 50);
+        assert_eq!(a.decision_log_interval, Duration::from_millis(100));
+        let a = Args::parse_from(["epp", "--decision-log-size=0", "--decision-log-interval=0"]);
+        assert_eq!(
+            (a.decision_log_size, a.decision_log_interval),
+            (0, Duration::ZERO)
+        );
+        for bad in ["--decision-log-size=-1", "--decision-log-size=100000"] {
+            assert!(Args::try_parse_from(["epp", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

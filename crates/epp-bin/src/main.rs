@@ -3,6 +3,7 @@
 //! data logic lives in the library crates; this file only wires them.
 
 mod args;
+mod decision_view;
 mod health;
 mod kube;
 mod lora_syncer;
@@ -302,6 +303,17 @@ async fn run(args: Args) -> Result<()> {
         data_layer.register_llm_d_metrics(&mut prom);
     }
     ext_proc.register_metrics_as(&mut prom, generations);
+    let decisions = (args.decision_log_size > 0).then(|| {
+        let log = Arc::new(epp_extproc::DecisionLog::new(
+            args.decision_log_size,
+            args.decision_log_interval,
+        ));
+        ext_proc.set_decision_log(Some(Arc::clone(&log)));
+        decision_view::DecisionView {
+            log,
+            staleness: args.metrics_staleness_threshold,
+        }
+    });
 
     let metrics_port = metrics_port(&args, kube.client(), &shutdown).await?;
     let grpc_listener = bind(&args, args.grpc_port, "ext_proc").await?;
@@ -344,6 +356,7 @@ async fn run(args: Args) -> Result<()> {
             auth: metrics_port.auth,
             profiler: metrics_port.profiler,
             tls: metrics_port.tls,
+            decisions,
         }),
         shutdown.clone(),
     ));

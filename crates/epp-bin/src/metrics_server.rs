@@ -1,6 +1,8 @@
-//! The metrics port: `GET /metrics` (Prometheus text) and, with
-//! `--enable-pprof`, `GET /debug/pprof/profile`, each behind the same
-//! authentication (`metrics_auth.rs`), in plaintext or TLS (`tls.rs`).
+//! The metrics port: `GET /metrics` (Prometheus text), with
+//! `--enable-pprof` `GET /debug/pprof/profile`, and unless
+//! `--decision-log-size 0` the decision view (`GET /debug/decisions` and its
+//! JSON, `decision_view.rs`), each behind the same authentication
+//! (`metrics_auth.rs`), in plaintext or TLS (`tls.rs`).
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -23,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    decision_view::{self, DecisionView},
     metrics::PoolGauges,
     metrics_auth::{MetricsAuth, Verdict},
     profiling::{self, ProfileError, Profiler},
@@ -41,6 +44,8 @@ pub(crate) struct MetricsServer {
     pub(crate) profiler: Option<Profiler>,
     /// With `--metrics-cert-dir`.
     pub(crate) tls: Option<TlsAcceptor>,
+    /// Unless `--decision-log-size 0`.
+    pub(crate) decisions: Option<DecisionView>,
 }
 
 impl std::fmt::Debug for MetricsServer {
@@ -49,6 +54,7 @@ impl std::fmt::Debug for MetricsServer {
             .field("auth", &self.auth)
             .field("profiler", &self.profiler.is_some())
             .field("tls", &self.tls.is_some())
+            .field("decisions", &self.decisions.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -118,7 +124,9 @@ where
 async fn handle(server: &MetricsServer, req: &Request<Incoming>) -> Reply {
     let path = req.uri().path();
     let is_profile = path == PROFILE_PATH && server.profiler.is_some();
-    if path != "/metrics" && !is_profile {
+    let is_view = (path == decision_view::PAGE_PATH || path == decision_view::JSON_PATH)
+        && server.decisions.is_some();
+    if path != "/metrics" && !is_profile && !is_view {
         return plain(StatusCode::NOT_FOUND, "not found\n");
     }
     if req.method() != Method::GET {
@@ -156,10 +164,40 @@ async fn handle(server: &MetricsServer, req: &Request<Incoming>) -> Reply {
             return r;
         }
     }
-    match &server.profiler {
-        Some(profiler) if is_profile => profile(profiler, req.uri().query()).await,
+    match (&server.profiler, &server.decisions) {
+        (Some(profiler), _) if is_profile => profile(profiler, req.uri().query()).await,
+        (_, Some(view)) if path == decision_view::PAGE_PATH => page(),
+        (_, Some(view)) if path == decision_view::JSON_PATH => {
+            let json = view.json(&*server.source);
+            with_type(Bytes::from(json), "application/json")
+        }
         _ => metrics(server),
     }
+}
+
+/// A 200 of `content_type`, never cached (the view changes every second).
+fn with_type(body: Bytes, content_type: &'static str) -> Reply {
+    let mut r = Response::new(Full::new(body));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+fn page() -> Reply {
+    let mut r = with_type(
+        Bytes::from_static(decision_view::PAGE.as_bytes()),
+        "text/html; charset=utf-8",
+    );
+    r.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(decision_view::PAGE_CSP),
+    );
+    r
 }
 
 fn metrics(server: &MetricsServer) -> Reply {

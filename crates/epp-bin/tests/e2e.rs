@@ -7,6 +7,7 @@ mod e2e {
     mod apis;
     mod chart;
     mod custom_metric;
+    mod decision_view;
     mod disaggregation;
     mod errors;
     mod flow_control;

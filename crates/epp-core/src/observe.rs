@@ -1,14 +1,16 @@
 //! Timing of plugin calls, for whoever exports it (the binary's Prometheus
 //! histograms). The core has no metrics dependency: it reports each call's
 //! duration to an optional [`SchedulerObserver`] by *call site*, a dense index
-//! the observer resolves once, up front, to its own storage.
+//! the observer resolves once, up front, to its own storage. One cycle can
+//! also be recorded in detail ([`CycleRecorder`]): its calls' times, and what
+//! each filter, scorer and picker made of the candidates.
 
 use std::{
     fmt,
     time::{Duration, Instant},
 };
 
-use crate::PluginRef;
+use crate::{Candidate, PluginRef};
 
 /// Where in a scheduling cycle (or the response path) a plugin was called.
 /// [`Self::as_str`] gives the reference picker's `extension_point` label.
@@ -102,8 +104,16 @@ pub struct ProfileRun {
 
 /// Records one scheduling cycle in detail: every plugin call with its start
 /// and end, and every profile run ([`crate::Scheduler::schedule_recorded`]).
-/// For tracing a sampled request; a cycle without a recorder reads no clock
-/// for it.
+/// For tracing or inspecting a sampled request; a cycle without a recorder
+/// reads no clock for it and copies nothing.
+///
+/// A recorder that also wants the candidates says so with
+/// [`Self::records_candidates`]; it is then told, in this order, the
+/// endpoints the profile runs start from ([`Self::cycle_candidates`]) and,
+/// for each profile run, what each filter kept ([`Self::filtered`]), what
+/// each scorer gave ([`Self::scored`]), what the picker chose
+/// ([`Self::picked`]), then the run itself ([`Self::profile_run`]). The time
+/// spent in these calls is counted in no plugin's call.
 ///
 /// Called on the scheduling path of that one request: implementations should
 /// only store what they are given.
@@ -113,6 +123,50 @@ pub trait CycleRecorder {
     fn plugin_call(&mut self, site: usize, start: Instant, end: Instant);
     /// A profile run ended.
     fn profile_run(&mut self, run: ProfileRun);
+
+    /// Whether to be told the candidates, each filter's survivors and each
+    /// scorer's scores (asked once per cycle; `false` unless overridden).
+    fn records_candidates(&self) -> bool {
+        false
+    }
+
+    /// The endpoints every profile run starts from: the snapshot's, less
+    /// those outside the request's subset hint and, when a fresh one
+    /// remains, those with stale metrics. Told once, before the saturation
+    /// detector and the data producers run; not told when the snapshot is
+    /// empty or the subset matches nothing.
+    fn cycle_candidates(&mut self, candidates: &[Candidate]) {
+        let _ = candidates;
+    }
+
+    /// The filter at call site `site` left `kept` (in the order the next
+    /// plugin sees them). A filter that leaves none ends its profile run:
+    /// neither scorers nor the picker run, and [`Self::picked`] is told an
+    /// empty set.
+    fn filtered(&mut self, site: usize, kept: &[Candidate]) {
+        let _ = (site, kept);
+    }
+
+    /// The scorer at call site `site`, of weight `weight` in its profile,
+    /// wrote `scores[i]` for `candidates[i]`, as it wrote them: the profile
+    /// adds `weight` times each, clamped to `[0, 1]` (NaN as 0).
+    fn scored(&mut self, site: usize, candidates: &[Candidate], weight: f64, scores: &[f64]) {
+        let _ = (site, candidates, weight, scores);
+    }
+
+    /// The picker of profile `profile` (an index into
+    /// [`crate::Scheduler::profiles`]) chose `picks` (indices into
+    /// `candidates`, target first, then fallbacks) from `candidates`, whose
+    /// weighted totals are `totals`.
+    fn picked(
+        &mut self,
+        profile: usize,
+        candidates: &[Candidate],
+        totals: &[f64],
+        picks: &[usize],
+    ) {
+        let _ = (profile, candidates, totals, picks);
+    }
 }
 
 /// Chains clock reads so each timed call costs one: a lap ends at the read
@@ -122,6 +176,8 @@ pub(crate) struct Laps<'o, 'r> {
     observer: Option<&'o dyn SchedulerObserver>,
     recorder: Option<&'r mut dyn CycleRecorder>,
     last: Option<Instant>,
+    /// The recorder wants the candidates ([`CycleRecorder::records_candidates`]).
+    candidates: bool,
 }
 
 impl<'o, 'r> Laps<'o, 'r> {
@@ -131,10 +187,14 @@ impl<'o, 'r> Laps<'o, 'r> {
         recorder: Option<&'r mut dyn CycleRecorder>,
         start: Instant,
     ) -> Self {
+        let candidates = recorder
+            .as_deref()
+            .is_some_and(CycleRecorder::records_candidates);
         Self {
             observer,
             recorder,
             last: Some(start),
+            candidates,
         }
     }
 
@@ -144,6 +204,7 @@ impl<'o, 'r> Laps<'o, 'r> {
             last: observer.map(|_| Instant::now()),
             observer,
             recorder: None,
+            candidates: false,
         }
     }
 
@@ -179,6 +240,19 @@ impl<'o, 'r> Laps<'o, 'r> {
     /// When the last lap ended (with a recorder: the clock was read).
     pub(crate) fn last(&self) -> Option<Instant> {
         self.last
+    }
+
+    /// Tells the recorder what `tell` says when it records candidates. The
+    /// time it takes goes to no plugin: the next lap starts after it.
+    #[inline]
+    pub(crate) fn candidates(&mut self, tell: impl FnOnce(&mut dyn CycleRecorder)) {
+        if !self.candidates {
+            return;
+        }
+        if let Some(r) = self.recorder.as_deref_mut() {
+            tell(r);
+            self.last = Some(Instant::now());
+        }
     }
 
     /// Tells the recorder, if any, of a profile run.

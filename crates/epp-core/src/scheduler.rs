@@ -597,7 +597,9 @@ impl Scheduler {
 
     /// Schedules `request` as [`Self::schedule`] does, telling `recorder`
     /// when each plugin call and each profile run started and ended (for a
-    /// traced request).
+    /// traced request) and, when it asks, what each filter kept, each scorer
+    /// gave and each picker chose ([`CycleRecorder`]). The decision is the
+    /// same as unrecorded.
     ///
     /// # Errors
     /// See [`SchedulingError`].
@@ -749,6 +751,7 @@ impl Scheduler {
         };
 
         let mut laps = Laps::new(self.observer.as_deref(), recorder, now);
+        laps.candidates(|r| r.cycle_candidates(base));
         if request.is_sheddable()
             && let Some(det) = &self.saturation
             && let Some(det) = det.plugin().as_saturation_detector()
@@ -824,7 +827,14 @@ impl Scheduler {
                 &mut timing,
             );
             let scored: &[Candidate] = if scored { candidates } else { base };
-            if let (Some(start), Some(end)) = (started, laps.last()) {
+            let ended = laps.last();
+            laps.candidates(|r| {
+                // The scorers did not run (nor resize `totals`) when the
+                // filters left nothing.
+                let totals = totals.get(..scored.len()).unwrap_or_default();
+                r.picked(pi, scored, totals, picks);
+            });
+            if let (Some(start), Some(end)) = (started, ended) {
                 laps.profile_run(|| ProfileRun {
                     profile: pi,
                     start,
@@ -957,6 +967,9 @@ fn run_profile(
         if let Some(filter) = f.plugin().as_filter() {
             filter.filter(cx, candidates);
             timing.laps.lap(timing.first + i);
+            timing
+                .laps
+                .candidates(|r| r.filtered(timing.first + i, candidates));
         }
         if candidates.is_empty() {
             return true;
@@ -992,6 +1005,9 @@ fn score_and_pick(
             *t += ws.weight * s;
         }
         timing.laps.lap(first_scorer + i);
+        timing
+            .laps
+            .candidates(|r| r.scored(first_scorer + i, candidates, ws.weight, partial));
     }
     if let Some(picker) = profile.picker.as_ref().and_then(|p| p.plugin().as_picker()) {
         picker.pick(cx, candidates, totals, picks);

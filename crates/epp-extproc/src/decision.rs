@@ -24,13 +24,14 @@ use std::{
     time::Instant,
 };
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use epp_core::{
     Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler, SchedulingError,
 };
 
 use crate::{
     body::{ParsedBody, parse_body, splice_model},
+    decision_log::{CycleDetail, DecisionLog, DecisionRecord, Recorders},
     error::ExtProcError,
     flow::{Admitted, Controllers, FlowKick, FlowMetrics, Waited, Waiting},
     metrics::{Metrics, RequestSeries},
@@ -175,6 +176,8 @@ pub(crate) struct Decider {
     /// The flow controllers (none runs unless the `flowControl` gate is on).
     pub(crate) flow: Controllers,
     pub(crate) flow_metrics: Arc<FlowMetrics>,
+    /// Where sampled decisions are kept for the decision view (none: off).
+    pub(crate) decision_log: ArcSwapOption<DecisionLog>,
 }
 
 /// The first step of a decision: decided, or waiting in flow control.
@@ -208,6 +211,7 @@ impl Decider {
             flow_metrics: Arc::new(FlowMetrics::with_fairness_cap(metrics.fairness_ids())),
             metrics,
             flow: Controllers::default(),
+            decision_log: ArcSwapOption::empty(),
         }
     }
 
@@ -272,7 +276,7 @@ impl Decider {
         }
         match self.admit(prepared, received) {
             Admitted::Now(p) => Started::Decided(self.route(p, subset, body, trace)),
-            Admitted::Refused(p, e) => Started::Decided(self.reject_request(e, &p.request)),
+            Admitted::Refused(p, e) => Started::Decided(self.refuse_unscheduled(e, &p.request)),
             Admitted::Queued(w) => Started::Queued(Box::new(w)),
         }
     }
@@ -292,7 +296,7 @@ impl Decider {
                 drop(release);
                 decision
             }
-            Waited::Evicted(prepared, err) => self.reject_request(err, &prepared.request),
+            Waited::Evicted(prepared, err) => self.refuse_unscheduled(err, &prepared.request),
             Waited::Held(prepared) => self.route(prepared, subset, body, trace),
             // The exchange resumes a rendered request ([`Self::resume`]).
             Waited::Rendered(prepared) => self.route(prepared, subset, body, trace),
@@ -460,12 +464,25 @@ impl Decider {
         request.subset = subset.map(|s| resolve_subset(s, &snapshot));
 
         let t0 = Instant::now();
+        let log = self.decision_log.load();
+        let mut detail = log
+            .as_deref()
+            .filter(|log| log.claim(t0))
+            .map(|_| CycleDetail::default());
         let mut events = trace.is_some().then(CycleEvents::default);
-        let result = match events.as_mut() {
-            None => scheduler.schedule(&request, &snapshot),
-            Some(events) => scheduler.schedule_recorded(&request, &snapshot, events),
+        let result = if events.is_none() && detail.is_none() {
+            scheduler.schedule(&request, &snapshot)
+        } else {
+            let mut recorders = Recorders {
+                events: events.as_mut(),
+                detail: detail.as_mut(),
+            };
+            scheduler.schedule_recorded(&request, &snapshot, &mut recorders)
         };
         let took = t0.elapsed();
+        // Kept once the outcome is known (refused or routed, below).
+        let mut view = detail
+            .map(|d| d.into_record(&scheduler, &snapshot, &request, result.as_ref().ok(), took));
         self.metrics.scheduling_took(took);
         let primary = result.as_ref().ok().and_then(|r| r.primary());
         self.metrics
@@ -507,6 +524,7 @@ impl Decider {
                     }
                     (e, _) => e.into(),
                 };
+                keep(log.as_deref(), view, Some(&err));
                 return self.reject_request(err, &request);
             }
         };
@@ -580,9 +598,11 @@ impl Decider {
                 let err: ExtProcError = e.into();
                 tracing::debug!(status = err.http_status(), error = %err, "request refused");
                 self.metrics.series_error(&series, err.code());
+                keep(log.as_deref(), view.take(), Some(&err));
                 return Decision::Reject(err);
             }
         };
+        keep(log.as_deref(), view, None);
         let mut extra_headers = handler_headers;
         extra_headers.extend(request_id.map(|id| ("x-request-id", id)));
         if let Some(t) = trace {
@@ -674,6 +694,27 @@ impl Decider {
 
     fn reject_request(&self, err: ExtProcError, request: &InferenceRequest) -> Decision {
         self.reject(err, &request.request_id, Some(request))
+    }
+
+    /// Refuses a request that was never scheduled (flow control), keeping
+    /// the refusal in the decision log when it samples the request.
+    fn refuse_unscheduled(&self, err: ExtProcError, request: &InferenceRequest) -> Decision {
+        if let Some(log) = self.decision_log.load().as_deref()
+            && log.claim(Instant::now())
+        {
+            log.push(DecisionRecord::unscheduled(request, &err));
+        }
+        self.reject_request(err, request)
+    }
+}
+
+/// Keeps a sampled decision's record in `log`, refused with `err` if any.
+fn keep(log: Option<&DecisionLog>, record: Option<DecisionRecord>, err: Option<&ExtProcError>) {
+    if let (Some(log), Some(mut record)) = (log, record) {
+        if let Some(err) = err {
+            record.refuse(err);
+        }
+        log.push(record);
     }
 }
 

@@ -48,6 +48,7 @@
 
 mod body;
 mod decision;
+mod decision_log;
 mod error;
 mod exchange;
 mod flow;
@@ -65,6 +66,10 @@ pub use decision::{
     CONTROL_HEADERS, DESTINATION_HEADER, DESTINATION_NAMESPACE, FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE,
     UPSTREAM_ADDRESS_ATTRIBUTE,
+};
+pub use decision_log::{
+    CandidateRecord, DecisionLog, DecisionRecord, EndpointRef, Excluded, PluginId, Refusal,
+    RunRecord, ScorerId,
 };
 pub use epp_core::FOLDED_LABEL;
 pub use error::{ExtProcError, Result};

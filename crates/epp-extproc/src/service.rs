@@ -76,6 +76,12 @@ impl ExtProcService {
         self.decider.options.load_full()
     }
 
+    /// Keeps sampled decisions in `log` from now on (`None`: stops), for a
+    /// view of why requests went where they did ([`crate::DecisionLog`]).
+    pub fn set_decision_log(&self, log: Option<Arc<crate::DecisionLog>>) {
+        self.decider.decision_log.store(log);
+    }
+
     /// Registers the per-request and flow-control metrics in `registry`
     /// under every generation of names ([`MetricGenerations::ALL`]).
     pub fn register_metrics(&self, registry: &mut Registry) {

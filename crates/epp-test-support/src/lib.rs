@@ -16,6 +16,8 @@
 //!   rendering the charts under `deploy/charts/`.
 //! - [`otelcol`]: a real OpenTelemetry Collector (built from its Go modules
 //!   by `scripts/otelcol.sh`) and the spans it wrote.
+//! - [`chromium`]: headless Chromium (Debian's package) loading a page and
+//!   returning the DOM its script built.
 //! - [`wait`]: bounded waiting for what another task or process does.
 //! - [`stats`]: percentiles of measured samples.
 //! - [`tokenizer`]: a small byte-level BPE `tokenizer.json` built here, for
@@ -45,6 +47,7 @@
     reason = "test support: a failed set-up is a failed test, and panics say where"
 )]
 
+pub mod chromium;
 pub mod endpoints;
 pub mod flow;
 pub mod helm;

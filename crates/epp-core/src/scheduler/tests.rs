@@ -504,3 +504,122 @@ fn a_recorded_cycle_reports_calls_in_order_and_each_profile_run() {
     assert_eq!(cycle.runs.len(), 1);
     assert_eq!((cycle.runs[0].candidates, cycle.runs[0].filtered), (2, 0));
 }
+
+/// Keeps odd endpoint ids only.
+#[derive(Debug)]
+struct KeepOdd;
+impl Plugin for KeepOdd {
+    fn type_name(&self) -> &str {
+        "keep-odd"
+    }
+    fn name(&self) -> &str {
+        "odd"
+    }
+    fn as_filter(&self) -> Option<&dyn Filter> {
+        Some(self)
+    }
+}
+impl Filter for KeepOdd {
+    fn filter(&self, _: &mut CycleContext<'_>, c: &mut Vec<Candidate>) {
+        c.retain(|c| c.id().0 % 2 == 1);
+    }
+}
+
+/// Keeps the candidates a recorded cycle reports, as ids, event by event.
+#[derive(Debug, Default)]
+struct Detail {
+    wants: bool,
+    events: Vec<String>,
+}
+impl crate::CycleRecorder for Detail {
+    fn plugin_call(&mut self, _: usize, _: std::time::Instant, _: std::time::Instant) {}
+    fn profile_run(&mut self, run: crate::ProfileRun) {
+        self.events.push(format!("run {}", run.profile));
+    }
+    fn records_candidates(&self) -> bool {
+        self.wants
+    }
+    fn cycle_candidates(&mut self, c: &[Candidate]) {
+        self.events.push(format!("cycle {:?}", id_list(c)));
+    }
+    fn filtered(&mut self, site: usize, kept: &[Candidate]) {
+        self.events
+            .push(format!("filter@{site} kept {:?}", id_list(kept)));
+    }
+    fn scored(&mut self, site: usize, c: &[Candidate], weight: f64, scores: &[f64]) {
+        self.events.push(format!(
+            "scorer@{site} w{weight} {:?} {scores:?}",
+            id_list(c)
+        ));
+    }
+    fn picked(&mut self, profile: usize, c: &[Candidate], totals: &[f64], picks: &[usize]) {
+        self.events.push(format!(
+            "picker of {profile} {:?} {totals:?} {picks:?}",
+            id_list(c)
+        ));
+    }
+}
+
+fn id_list(c: &[Candidate]) -> Vec<u32> {
+    c.iter().map(|c| c.id().0).collect()
+}
+
+#[test]
+fn a_recorder_of_candidates_sees_every_filter_scorer_and_pick() {
+    let keep_odd = SchedulingProfile::new("odd")
+        .with_filter(PluginRef::new(Arc::new(KeepOdd)))
+        .with_scorer(
+            PluginRef::new(Arc::new(Fixed(vec![0.5, f64::NAN, 7.0, 0.25, 0.0]))),
+            2.0,
+        )
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    let s = Scheduler::new(vec![keep_odd], Arc::new(SingleProfileHandler::default())).unwrap();
+    let snap = snapshot(5);
+    // Endpoint 4 is outside the subset: no profile run sees it.
+    let subset = (0..4).map(|i| snap.endpoints()[i].addr()).collect();
+    let req = InferenceRequest::builder("m").subset(subset).build();
+    let mut detail = Detail {
+        wants: true,
+        ..Detail::default()
+    };
+    let r = s.schedule_recorded(&req, &snap, &mut detail).unwrap();
+    assert_eq!(ids(&r), vec![3, 1], "the same decision as unrecorded");
+    // Sites: 0 the profile picker, 1 the filter, 2 the scorer, 3 the picker.
+    // Scores as the scorer wrote them (NaN included); totals weighted and clamped.
+    assert_eq!(
+        detail.events,
+        [
+            "cycle [0, 1, 2, 3]",
+            "filter@1 kept [1, 3]",
+            "scorer@2 w2 [1, 3] [NaN, 0.25]",
+            "picker of 0 [1, 3] [0.0, 0.5] [1, 0]",
+            "run 0",
+        ]
+    );
+
+    // A run whose filter drops everything: the picker's report is empty.
+    let strict = SchedulingProfile::new("strict")
+        .with_filter(PluginRef::new(Arc::new(DropAll)))
+        .with_picker(PluginRef::new(Arc::new(AllDesc)));
+    let s = Scheduler::new(vec![strict], Arc::new(SingleProfileHandler::default())).unwrap();
+    let mut detail = Detail {
+        wants: true,
+        ..Detail::default()
+    };
+    let req = InferenceRequest::builder("m").build();
+    assert!(s.schedule_recorded(&req, &snap, &mut detail).is_err());
+    assert_eq!(
+        detail.events,
+        [
+            "cycle [0, 1, 2, 3, 4]",
+            "filter@1 kept []",
+            "picker of 0 [] [] []",
+            "run 0",
+        ]
+    );
+
+    // A recorder that does not ask for candidates is told of runs only.
+    let mut timing_only = Detail::default();
+    assert!(s.schedule_recorded(&req, &snap, &mut timing_only).is_err());
+    assert_eq!(timing_only.events, ["run 0"]);
+}

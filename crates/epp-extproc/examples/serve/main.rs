@@ -13,12 +13,18 @@
 //! `SERVE_TRACE=none|all` installs a tracer that samples no request (the
 //! cost of tracing on for a request not sampled) or every one (the cost of
 //! recording its spans; they are then dropped, not exported).
+//! `SERVE_DECISIONS=sampled|every` keeps decisions in a 50-entry
+//! `DecisionLog`, as the binary's decision view does, recording at most one
+//! request per 100 ms (the binary's default) or every request (the cost of
+//! recording one).
 
 use std::{net::SocketAddr, sync::Arc};
 
 use arc_swap::ArcSwap;
 use epp_core::{Endpoint, EndpointMetrics, EndpointSnapshot};
-use epp_extproc::{ExtProcOptions, ExtProcService, RequestTrace, RequestTracer, TraceParent};
+use epp_extproc::{
+    DecisionLog, ExtProcOptions, ExtProcService, RequestTrace, RequestTracer, TraceParent,
+};
 use rand::Rng;
 
 mod profile;
@@ -86,6 +92,12 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         ..ExtProcOptions::default()
     };
     let service = ExtProcService::new(Arc::new(scheduler), source, options);
+    let interval = match std::env::var("SERVE_DECISIONS").as_deref() {
+        Ok("sampled") => Some(std::time::Duration::from_millis(100)),
+        Ok("every") => Some(std::time::Duration::ZERO),
+        _ => None,
+    };
+    service.set_decision_log(interval.map(|i| Arc::new(DecisionLog::new(50, i))));
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     println!("ext_proc listening on {addr} (pid {})", std::process::id());
     tonic::transport::Server::builder()
