@@ -25,6 +25,8 @@ echo "[test] building Prometheus and promtool for the observability tests (cache
 scripts/prometheus.sh build
 echo "[test] building llm-d's routing sidecar for the P/D tests (cached after the first time)" >&2
 scripts/reference-epp.sh build-sidecar
+echo "[test] building llm-d's inference simulator for the KV-event test (cached after the first time)" >&2
+scripts/reference-epp.sh build-sim
 echo "[test] building binaries the end-to-end tests start" >&2
 cargo build --workspace --bins --quiet
 echo "[test] cargo test" >&2

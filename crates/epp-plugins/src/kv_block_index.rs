@@ -402,16 +402,20 @@ impl KvBlockIndex {
 
     fn stored(&self, id: EndpointId, b: &mut EndpointBlocks, model: Option<&str>, s: &BlockStored) {
         let medium = b.medium(s.medium.as_deref());
+        let root = || Chain {
+            key: root_key(
+                self.seed,
+                s.lora_name.as_deref().or(model).unwrap_or_default(),
+            ),
+            carry: Vec::new(),
+        };
         let mut chain = match s.parent_block_hash {
-            None => Chain {
-                key: root_key(
-                    self.seed,
-                    s.lora_name.as_deref().or(model).unwrap_or_default(),
-                ),
-                carry: Vec::new(),
-            },
+            None => root(),
             Some(p) => match b.engine.get(&(p, medium)).or_else(|| b.engine.get(&(p, 0))) {
                 Some(parent) => parent.chain.clone(),
+                // llm-d's publishers (its simulator, its KV-cache library)
+                // send 0, their empty block hash, for "no parent".
+                None if p == 0 => root(),
                 None => {
                     // Evicted or never seen: its children cannot be keyed.
                     self.counters.orphans.fetch_add(1, Ordering::Relaxed);

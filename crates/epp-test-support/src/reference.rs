@@ -42,6 +42,31 @@ pub fn reference_bin() -> &'static Path {
     })
 }
 
+/// llm-d's inference simulator (`llm-d/llm-d-inference-sim`), built once
+/// per process when not cached (`scripts/reference-epp.sh build-sim`).
+pub fn sim_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        run_script("build-sim");
+        PathBuf::from(run_script("sim-path"))
+    })
+}
+
+/// Starts llm-d's simulator as pod `pod` with IP `pod_ip` (its `POD_IP`,
+/// which names it in its KV-event topic `kv@<pod_ip>@<model>`), serving on
+/// `port` on every address, then `extra` flags. Returns once it serves.
+pub fn start_llm_d_sim(dir: &Path, pod: &str, pod_ip: &str, port: u16, extra: &[&str]) -> Proc {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" 2>&1"])
+        .arg(sim_bin())
+        .args(["--port", &port.to_string()])
+        .args(extra)
+        .env("POD_IP", pod_ip)
+        .env("POD_NAME", pod);
+    let (proc, _) = Proc::spawn(pod, cmd, "Server starting", dir.join(format!("{pod}.log")));
+    proc
+}
+
 /// The Go module and version the binary is built from (`module@version`).
 pub fn reference_version() -> String {
     run_script("version")

@@ -3,7 +3,8 @@
 //! `--endpoints`), tokenizes completions with the same tokenizer, and routes
 //! to the server whose engine reports holding the prompt's blocks, including
 //! blocks it cached for requests epp never routed, and stops as soon as the
-//! engine reports evicting them.
+//! engine reports evicting them. The same with llm-d's own simulator as the
+//! model servers: a publisher nobody here wrote.
 
 use std::{path::Path, time::Duration};
 
@@ -438,4 +439,142 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
         .await
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// llm-d's simulator (llm-d/llm-d-inference-sim, built from its Go module)
+/// as two model servers: each publishes its KV-cache events to the socket
+/// epp binds (`zmqEndpoint`), naming itself by `POD_IP` in the topic, and
+/// renders prompts with its own tokenizer, which the token producer's
+/// `vllm` backend asks for (offline it is llm-d's simulated tokenizer, so
+/// epp's ids are the engine's only if epp asks the engine). A prefix one
+/// server cached for a request epp never routed draws every later request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_ds_simulator_publishes_and_epp_follows_its_blocks() {
+    // Not a Hugging Face model: the simulator then never looks one up.
+    const LLM_D_MODEL: &str = "epp-test/llm-d-sim";
+    let dir = scratch_dir("llm-d-sim-events");
+    let kv_port = free_port_on("127.0.0.1");
+    let ips = ["127.0.0.2", "127.0.0.3"];
+    let ports = [free_port_on("0.0.0.0"), free_port_on("0.0.0.0")];
+    let zmq = format!("tcp://127.0.0.1:{kv_port}");
+    let sims: Vec<_> = (0..2)
+        .map(|i| {
+            epp_test_support::reference::start_llm_d_sim(
+                &dir,
+                &format!("lsim-{i}"),
+                ips[i],
+                ports[i],
+                &[
+                    "--model",
+                    LLM_D_MODEL,
+                    "--enable-kvcache",
+                    "--kv-cache-size",
+                    "1024",
+                    "--block-size",
+                    "16",
+                    "--zmq-endpoint",
+                    &zmq,
+                ],
+            )
+        })
+        .collect();
+    let config = format!(
+        "\
+plugins:
+- type: token-producer
+  parameters:
+    modelName: {LLM_D_MODEL}
+    vllm: {{url: \"http://{}:{}\"}}
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {{blockSize: 16}}
+    kvEventsConfig: {{zmqEndpoint: \"{zmq}\", discoverPods: false}}
+- type: prefix-cache-scorer
+  parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: max-score-picker
+",
+        ips[0], ports[0]
+    );
+    let file = dir.join("precise.yaml");
+    std::fs::write(&file, config).unwrap();
+    let endpoints = format!("{}:{},{}:{}", ips[0], ports[0], ips[1], ports[1]);
+    let epp = start_epp(
+        &dir,
+        &[
+            "--config-file",
+            file.to_str().unwrap(),
+            "--endpoints",
+            &endpoints,
+        ],
+    );
+    let envoy = start_envoy(&dir, BodyMode::Streamed, epp.grpc_port);
+    let complete_at = |host: &'static str, port: u16, prompt: String| async move {
+        let body = serde_json::json!({"model": LLM_D_MODEL, "prompt": prompt, "max_tokens": 2});
+        let r = http::post_json_at(host, port, "/v1/completions", &body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.header("x-inference-pod").unwrap().to_owned()
+    };
+    // The simulator's publisher dials epp's socket in the background, and
+    // a PUB socket drops what it publishes before then: probe with prompts
+    // of their own until epp has seen lsim-1's blocks.
+    let stored = format!(
+        "epp_kv_events_blocks_total{{endpoint=\"{}:{}\",kind=\"stored\"}}",
+        ips[1], ports[1]
+    );
+    let blocks = async || {
+        let page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
+            .await
+            .unwrap()
+            .text();
+        series(&page, &stored)
+    };
+    let mut seen = 0.0;
+    for probe in 0..100 {
+        let words = (0..40)
+            .map(|w| format!("probe{probe}word{w}"))
+            .collect::<Vec<_>>();
+        complete_at(ips[1], ports[1], words.join(" ")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = blocks().await;
+        if seen > 0.0 {
+            break;
+        }
+    }
+    assert!(seen > 0.0, "epp never saw a block from lsim-1");
+    // Warm lsim-1 DIRECTLY: epp never routes this prompt, so only the
+    // engine's events can tell it where the prefix is cached.
+    let system = "Every answer starts from the same long system prompt of this application, \
+                  written once and sent with every question. "
+        .repeat(4);
+    complete_at(ips[1], ports[1], format!("{system}Warm up.")).await;
+    let mut after = seen;
+    for _ in 0..100 {
+        after = blocks().await;
+        if after >= seen + 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        after >= seen + 2.0,
+        "the warm-up's blocks reached epp ({seen} -> {after})"
+    );
+    for q in 0..8 {
+        let pod = complete_at("127.0.0.1", envoy.port, format!("{system}Question {q}?")).await;
+        if pod != "lsim-1" {
+            let why = http::send(epp.metrics_port, "GET", "/debug/decisions.json", &[], "")
+                .await
+                .unwrap()
+                .text();
+            panic!("question {q} went to {pod}, not to lsim-1 which holds its prefix:\n{why}");
+        }
+    }
+    drop((envoy, sims));
 }

@@ -133,6 +133,25 @@ fn an_unknown_parent_is_an_orphan_and_indexes_nothing() {
 }
 
 #[test]
+fn a_parent_of_zero_is_llm_ds_no_parent() {
+    // llm-d's simulator and KV-cache library send their empty block hash, 0,
+    // as the first block's parent.
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(8);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[7, 8], Some(0), &t, 4)]));
+    assert_eq!(matched(&ix, "m", &t), (2, 0, 2));
+    assert_eq!(ix.counters().orphans.load(Ordering::Relaxed), 0);
+    // A known block hashed 0 is still a parent like any other.
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[0], None, &t[..4], 4)]));
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[9], Some(0), &t[4..], 4)]),
+    );
+    assert_eq!(matched(&ix, "m", &t), (2, 0, 2));
+}
+
+#[test]
 fn the_root_is_the_lora_name_else_the_topics_model() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(4);
