@@ -32,8 +32,8 @@ use epp_core::{
 use crate::{
     body::{ParsedBody, parse_body, splice_model},
     error::ExtProcError,
-    flow::{Admitted, Controllers, FlowKick, FlowMetrics, Waited, Waiting},
-    metrics::{Metrics, RequestSeries},
+    flow::{Admitted, Controllers, FlowKick, Waited, Waiting},
+    metrics::{FlowMetrics, Metrics, RequestSeries},
     options::ExtProcOptions,
     trace::{ActiveTrace, AttrValue, CycleEvents, TRACEPARENT_HEADER, TRACESTATE_HEADER},
 };

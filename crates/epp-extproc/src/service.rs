@@ -25,7 +25,7 @@ use tonic::{
 use crate::{
     decision::Decider,
     exchange::Exchange,
-    metrics::MetricGenerations,
+    metrics::{FlowCollector, MetricGenerations},
     options::ExtProcOptions,
     wire::{ProcessingRequest, ProcessingResponse},
 };
@@ -86,7 +86,11 @@ impl ExtProcService {
     /// under the names of `generations` (each fed by the same observations).
     pub fn register_metrics_as(&self, registry: &mut Registry, generations: MetricGenerations) {
         self.decider.metrics.register(registry, generations);
-        self.decider.flow_metrics.register(registry, generations);
+        registry.register_collector(Box::new(FlowCollector {
+            metrics: Arc::clone(&self.decider.flow_metrics),
+            decider: Arc::downgrade(&self.decider),
+            generations,
+        }));
     }
 
     /// The tonic service to mount (`Server::builder().add_service(...)`).

@@ -11,6 +11,7 @@
 //! request costs the same whichever generations are served.
 
 mod encode;
+mod flow;
 mod hist;
 
 use std::{
@@ -26,6 +27,7 @@ use std::{
 };
 
 use epp_core::{Endpoint, Usage};
+pub(crate) use flow::{FlowCollector, FlowMetrics};
 use hist::AtomicHistogram;
 use prometheus_client::{
     metrics::{
