@@ -25,7 +25,7 @@ use tonic::{
 use crate::{
     decision::Decider,
     exchange::Exchange,
-    metrics::{FlowCollector, MetricGenerations},
+    metrics::{FlowCollector, MetricGenerations, OpenStream, StreamEnd},
     options::ExtProcOptions,
     wire::{ProcessingRequest, ProcessingResponse},
 };
@@ -176,6 +176,7 @@ impl StreamingService<ProcessingRequest> for Process {
             exchange: Exchange::new(Arc::clone(&self.0)),
             pending: VecDeque::with_capacity(4),
             done: false,
+            stream: self.0.metrics.stream_opened(),
         })))
     }
 }
@@ -187,6 +188,8 @@ pub(crate) struct ProcessStream {
     exchange: Exchange,
     pending: VecDeque<ProcessingResponse>,
     done: bool,
+    /// Counted open until dropped (last: after the exchange's accounting).
+    stream: OpenStream,
 }
 
 impl fmt::Debug for ProcessStream {
@@ -196,6 +199,15 @@ impl fmt::Debug for ProcessStream {
             .field("pending", &self.pending.len())
             .field("done", &self.done)
             .finish_non_exhaustive()
+    }
+}
+
+impl ProcessStream {
+    /// Nothing more is read; the stream ends (after the replies left)
+    /// this way.
+    fn finish(&mut self, end: StreamEnd) {
+        self.done = true;
+        self.stream.end(end);
     }
 }
 
@@ -216,7 +228,7 @@ impl Stream for ProcessStream {
             // a reset or end removes it from its queue at once.
             if this.exchange.poll_wait(cx, &mut this.pending) {
                 if this.exchange.is_closed() {
-                    this.done = true;
+                    this.finish(StreamEnd::Ok);
                 }
                 continue;
             }
@@ -225,17 +237,17 @@ impl Stream for ProcessStream {
                     this.exchange.handle(msg, &mut this.pending);
                     if this.exchange.is_closed() {
                         // Answered locally: send the reply and end the stream.
-                        this.done = true;
+                        this.finish(StreamEnd::Ok);
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
                     tracing::debug!(%status, "ext_proc stream broken");
                     this.exchange.abandon();
-                    this.done = true;
+                    this.finish(StreamEnd::read_failed(status.code()));
                 }
                 Poll::Ready(None) => {
                     this.exchange.end();
-                    this.done = true;
+                    this.finish(StreamEnd::Ok);
                 }
                 Poll::Pending => return Poll::Pending,
             }

@@ -260,6 +260,9 @@ impl Collector for RequestCollector {
                 &sums,
             )?;
         }
+        if g.llm_d {
+            self.store.streams.encode(&mut enc)?;
+        }
         self.encode_errors(&mut enc)?;
         self.encode_attempts(&mut enc)?;
         self.encode_rewrites(&mut enc)?;

@@ -13,6 +13,7 @@
 mod encode;
 mod flow;
 mod hist;
+mod stream;
 
 use std::{
     collections::HashMap,
@@ -36,6 +37,7 @@ use prometheus_client::{
     },
     registry::Registry,
 };
+pub(crate) use stream::{OpenStream, StreamEnd, StreamMetrics};
 
 use epp_core::LabelCap;
 
@@ -293,6 +295,7 @@ pub(crate) struct Store {
     /// `(rewrite source, model, target model)`.
     rewrites: Mutex<HashMap<(&'static str, String, String), u64>>,
     prefix_hit_ratio: PrefixHistograms,
+    streams: StreamMetrics,
 }
 
 #[derive(Debug)]
@@ -366,6 +369,17 @@ impl Metrics {
 
     pub(crate) fn served_by_fallback(&self) {
         self.served_by_fallback.inc();
+    }
+
+    /// An ext_proc stream opened: it counts as open until the returned
+    /// value is dropped.
+    pub(crate) fn stream_opened(&self) -> OpenStream {
+        OpenStream::new(Arc::clone(&self.store))
+    }
+
+    /// What requests and responses cost epp.
+    pub(crate) fn streams(&self) -> &StreamMetrics {
+        &self.store.streams
     }
 
     /// The series of a request's labels. One that exists is found without
