@@ -262,8 +262,10 @@ impl Exchange {
     /// A request still waiting (in flow control, a hold or its render)
     /// goes: its processing ends here.
     fn give_up_waiting(&mut self) {
-        if self.waiting.take().is_some() {
+        if self.waiting.is_some() {
+            // Recorded before the wait ends, which counts it as cancelled.
             self.processed();
+            self.waiting = None;
         }
     }
 
