@@ -76,14 +76,18 @@ impl ExtProcService {
         self.decider.options.load_full()
     }
 
-    /// Registers the per-request and flow-control metrics in `registry`
-    /// under every generation of names ([`MetricGenerations::ALL`]).
+    /// Registers the per-request, ext_proc stream and flow-control metrics
+    /// in `registry` under every generation of names
+    /// ([`MetricGenerations::ALL`]).
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.register_metrics_as(registry, MetricGenerations::ALL);
     }
 
-    /// Registers the per-request and flow-control metrics in `registry`
-    /// under the names of `generations` (each fed by the same observations).
+    /// Registers the per-request, ext_proc stream and flow-control metrics
+    /// in `registry` under the names of `generations` (each fed by the same
+    /// observations). Flow control's pool-level series (saturation, band
+    /// utilisation, stale endpoints) are read from the running controller
+    /// at each scrape, labelled with [`ExtProcOptions::pool_name`].
     pub fn register_metrics_as(&self, registry: &mut Registry, generations: MetricGenerations) {
         self.decider.metrics.register(registry, generations);
         registry.register_collector(Box::new(FlowCollector {
