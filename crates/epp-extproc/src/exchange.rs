@@ -178,6 +178,11 @@ impl Exchange {
         }
     }
 
+    /// When the stream began.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// Whether the exchange was answered locally: nothing more will be processed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed

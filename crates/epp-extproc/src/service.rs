@@ -175,12 +175,14 @@ impl StreamingService<ProcessingRequest> for Process {
     type Future = Ready<Result<Response<ProcessStream>, Status>>;
 
     fn call(&mut self, request: Request<Streaming<ProcessingRequest>>) -> Self::Future {
+        let exchange = Exchange::new(Arc::clone(&self.0));
+        let stream = self.0.metrics.stream_opened(exchange.started());
         ready(Ok(Response::new(ProcessStream {
             inbound: request.into_inner(),
-            exchange: Exchange::new(Arc::clone(&self.0)),
+            exchange,
             pending: VecDeque::with_capacity(4),
             done: false,
-            stream: self.0.metrics.stream_opened(),
+            stream,
         })))
     }
 }

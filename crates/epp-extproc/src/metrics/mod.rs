@@ -24,7 +24,7 @@ use std::{
         Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use epp_core::{Endpoint, Usage};
@@ -371,10 +371,10 @@ impl Metrics {
         self.served_by_fallback.inc();
     }
 
-    /// An ext_proc stream opened: it counts as open until the returned
-    /// value is dropped.
-    pub(crate) fn stream_opened(&self) -> OpenStream {
-        OpenStream::new(Arc::clone(&self.store))
+    /// An ext_proc stream opened at `opened`: it counts as open until the
+    /// returned value is dropped.
+    pub(crate) fn stream_opened(&self, opened: Instant) -> OpenStream {
+        OpenStream::new(Arc::clone(&self.store), opened)
     }
 
     /// What requests and responses cost epp.

@@ -163,11 +163,11 @@ pub(crate) struct OpenStream {
 }
 
 impl OpenStream {
-    pub(super) fn new(store: Arc<Store>) -> Self {
+    pub(super) fn new(store: Arc<Store>, opened: Instant) -> Self {
         store.streams.open.fetch_add(1, Relaxed);
         Self {
             store,
-            opened: Instant::now(),
+            opened,
             end: StreamEnd::Canceled,
         }
     }

@@ -215,12 +215,12 @@ fn attempts_rewrites_and_prefix_matches_are_counted() {
 #[test]
 fn streams_count_as_open_until_dropped_then_by_how_they_ended() {
     let m = Metrics::default();
-    let plain = m.stream_opened();
-    let mut reset = m.stream_opened();
+    let plain = m.stream_opened(Instant::now());
+    let mut reset = m.stream_opened(Instant::now());
     reset.end(StreamEnd::read_failed(tonic::Code::Cancelled));
-    let mut broken = m.stream_opened();
+    let mut broken = m.stream_opened(Instant::now());
     broken.end(StreamEnd::read_failed(tonic::Code::Internal));
-    let mut done = m.stream_opened();
+    let mut done = m.stream_opened(Instant::now());
     done.end(StreamEnd::Ok);
     let text = page(&m, MetricGenerations::ALL);
     assert!(
