@@ -202,6 +202,7 @@ fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOpti
         model_rewrite,
         parsers: built.parsers.clone(),
         renderer: renderer(built),
+        pool_name: args.pool_label().to_owned(),
         ..epp_extproc::ExtProcOptions::default()
     }
 }

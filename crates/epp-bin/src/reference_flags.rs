@@ -64,6 +64,11 @@ pub(crate) struct ReferenceFlags {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) enable_cert_reload: Option<bool>,
 
+    /// Serve the ext_proc stream series `llm_d_epp_extproc_*` (accepted;
+    /// epp serves them with the llm-d generation of names).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) enable_grpc_stream_metrics: Option<bool>,
+
     /// Authenticate metrics-port requests with a TokenReview and authorise
     /// them with a SubjectAccessReview (`get` on the request's path) against
     /// the cluster. Default: on whenever epp runs against a cluster (pool or
@@ -222,6 +227,11 @@ impl ReferenceFlags {
                 "--enable-cert-reload=false: --cert-path is always watched and reloaded",
             ),
             (
+                self.enable_grpc_stream_metrics == Some(false),
+                "--enable-grpc-stream-metrics=false: the llm_d_epp_extproc_* series are served \
+                 with the llm-d generation (--metrics-generations)",
+            ),
+            (
                 self.zap_devel.is_some()
                     || self.zap_stacktrace_level.is_some()
                     || self.zap_time_encoding.is_some(),
@@ -266,6 +276,14 @@ mod tests {
         assert_eq!(f.tracing, Some(false));
         let f = parse(&["--v=4", "--enable-pprof", "--metrics-endpoint-auth=false"]);
         assert_eq!(f.verbosity(), Some(2));
+        assert_eq!(
+            parse(&["--enable-grpc-stream-metrics"]).enable_grpc_stream_metrics,
+            Some(true)
+        );
+        assert_eq!(
+            parse(&["--enable-grpc-stream-metrics=false"]).enable_grpc_stream_metrics,
+            Some(false)
+        );
         assert_eq!(f.enable_pprof, Some(true));
         assert_eq!(f.metrics_endpoint_auth, Some(false));
         let f = parse(&[

@@ -483,4 +483,13 @@ pub trait SaturationDetector: Plugin {
 
     /// Whether one endpoint has room for more work.
     fn has_capacity(&self, cx: &CycleContext<'_>, endpoint: &Candidate) -> bool;
+
+    /// How many of `endpoints` [`Self::saturation`] scores as saturated
+    /// only because their metrics are missing or stale (fail-closed), for a
+    /// detector that judges staleness; `None` (the default) for one that
+    /// does not.
+    fn stale_endpoints(&self, cx: &CycleContext<'_>, endpoints: &[Candidate]) -> Option<usize> {
+        let _ = (cx, endpoints);
+        None
+    }
 }

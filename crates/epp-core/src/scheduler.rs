@@ -267,6 +267,35 @@ impl Default for Scratch {
     }
 }
 
+/// Runs `f` over every endpoint of `snapshot` as candidates, outside any
+/// request (no request, this thread's scratch when it is free).
+fn over_pool<R>(
+    snapshot: &EndpointSnapshot,
+    f: impl Fn(&CycleContext<'_>, &[Candidate]) -> R,
+) -> R {
+    static NO_REQUEST: std::sync::LazyLock<InferenceRequest> =
+        std::sync::LazyLock::new(InferenceRequest::default);
+    let measure = |scratch: &mut Scratch| {
+        let Scratch {
+            rng,
+            state,
+            pool,
+            pool_versions,
+            ..
+        } = scratch;
+        refresh_pool(pool, pool_versions, snapshot.endpoints());
+        let cx = CycleContext {
+            request: &NO_REQUEST,
+            now: Instant::now(),
+            rng,
+            state,
+        };
+        f(&cx, pool)
+    };
+    let borrowed = SCRATCH.with(|cell| cell.try_borrow_mut().ok().map(|mut s| measure(&mut s)));
+    borrowed.unwrap_or_else(|| measure(&mut Scratch::new()))
+}
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
@@ -639,8 +668,6 @@ impl Scheduler {
     /// no detector is set.
     #[must_use]
     pub fn pool_saturation(&self, snapshot: &EndpointSnapshot) -> Option<f64> {
-        static NO_REQUEST: std::sync::LazyLock<InferenceRequest> =
-            std::sync::LazyLock::new(InferenceRequest::default);
         if snapshot.is_empty() {
             return None;
         }
@@ -651,25 +678,19 @@ impl Scheduler {
         else {
             return Some(0.0);
         };
-        let measure = |scratch: &mut Scratch| {
-            let Scratch {
-                rng,
-                state,
-                pool,
-                pool_versions,
-                ..
-            } = scratch;
-            refresh_pool(pool, pool_versions, snapshot.endpoints());
-            let cx = CycleContext {
-                request: &NO_REQUEST,
-                now: Instant::now(),
-                rng,
-                state,
-            };
-            det.saturation(&cx, pool)
-        };
-        let borrowed = SCRATCH.with(|cell| cell.try_borrow_mut().ok().map(|mut s| measure(&mut s)));
-        Some(borrowed.unwrap_or_else(|| measure(&mut Scratch::new())))
+        Some(over_pool(snapshot, |cx, pool| det.saturation(cx, pool)))
+    }
+
+    /// The saturation detector's name and how many of `snapshot`'s
+    /// endpoints it scores as saturated because their metrics are missing
+    /// or stale ([`SaturationDetector::stale_endpoints`]). `None` without a
+    /// detector, or when it does not judge staleness.
+    #[must_use]
+    pub fn pool_stale_endpoints(&self, snapshot: &EndpointSnapshot) -> Option<(&str, usize)> {
+        let plugin = self.saturation.as_ref()?.plugin();
+        let det = plugin.as_saturation_detector()?;
+        let stale = over_pool(snapshot, |cx, pool| det.stale_endpoints(cx, pool))?;
+        Some((plugin.name(), stale))
     }
 
     /// Schedules `request` with caller-owned buffers, writing into `result`

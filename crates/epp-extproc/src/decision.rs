@@ -33,8 +33,8 @@ use crate::{
     body::{ParsedBody, parse_body, splice_model},
     decision_log::{CycleDetail, DecisionLog, DecisionRecord, Recorders},
     error::ExtProcError,
-    flow::{Admitted, Controllers, FlowKick, FlowMetrics, Waited, Waiting},
-    metrics::{Metrics, RequestSeries},
+    flow::{Admitted, Controllers, FlowKick, Waited, Waiting},
+    metrics::{FlowMetrics, Metrics, RequestSeries},
     options::ExtProcOptions,
     trace::{ActiveTrace, AttrValue, CycleEvents, TRACEPARENT_HEADER, TRACESTATE_HEADER},
 };

@@ -72,6 +72,11 @@ struct Routed {
     flow_kick: Option<FlowKick>,
     /// Targets are reached on this port instead of their own.
     forward_port: Option<u16>,
+    /// Time spent handling the response's messages.
+    response_spent: Duration,
+    /// A plain JSON body held to write the model back: since its headers,
+    /// until its end.
+    held: Option<(Instant, Option<Instant>)>,
 }
 
 /// State of one ext_proc stream.
@@ -97,6 +102,8 @@ pub(crate) struct Exchange {
     /// Waiting in flow control, with the message its decision answers and
     /// the messages that came meanwhile (handled after the decision).
     waiting: Option<(Box<Waiting>, Phase, Vec<ProcessingRequest>)>,
+    /// The request's processing time was recorded.
+    processed: bool,
 }
 
 impl Exchange {
@@ -116,6 +123,7 @@ impl Exchange {
             routed: None,
             trace: None,
             waiting: None,
+            processed: false,
         }
     }
 
@@ -170,6 +178,11 @@ impl Exchange {
         }
     }
 
+    /// When the stream began.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// Whether the exchange was answered locally: nothing more will be processed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed
@@ -216,12 +229,20 @@ impl Exchange {
                 }
             }
             Some(Request::ResponseHeaders(ref h)) => {
+                let t = Instant::now();
                 self.response_headers(h, proto::served_endpoint(&msg), out);
+                self.response_took(t);
             }
-            Some(Request::ResponseBody(b)) => self.response_body(b, out),
+            Some(Request::ResponseBody(b)) => {
+                let t = Instant::now();
+                self.response_body(b, out);
+                self.response_took(t);
+            }
             Some(Request::ResponseTrailers(_)) => {
+                let t = Instant::now();
                 self.complete(true);
                 out.push_back(proto::reply(proto::response_trailers()));
+                self.response_took(t);
             }
             None => {}
         }
@@ -233,14 +254,40 @@ impl Exchange {
     /// The stream broke (reset, gateway timeout): a request waiting in flow
     /// control leaves its queue now, counted as cancelled.
     pub(crate) fn abandon(&mut self) {
-        self.waiting = None;
+        self.give_up_waiting();
     }
 
     /// The gateway closed the stream cleanly.
     pub(crate) fn end(&mut self) {
         // A request still waiting in flow control leaves its queue now.
-        self.waiting = None;
+        self.give_up_waiting();
         self.complete(true);
+    }
+
+    /// A request still waiting (in flow control, a hold or its render)
+    /// goes: its processing ends here.
+    fn give_up_waiting(&mut self) {
+        if self.waiting.is_some() {
+            // Recorded before the wait ends, which counts it as cancelled.
+            self.processed();
+            self.waiting = None;
+        }
+    }
+
+    /// The request's processing ended (its decision answered, or it was
+    /// given up while waiting): recorded once.
+    fn processed(&mut self) {
+        if !std::mem::replace(&mut self.processed, true) {
+            let took = self.started.elapsed();
+            self.decider.metrics.streams().request_processed(took);
+        }
+    }
+
+    /// Adds the time since `since` to the response's handling time.
+    fn response_took(&mut self, since: Instant) {
+        if let Some(r) = self.routed.as_mut() {
+            r.response_spent += since.elapsed();
+        }
     }
 
     // === request path ===
@@ -332,6 +379,7 @@ impl Exchange {
 
     /// Encodes `decision` as the reply to the message of `phase`.
     fn answer(&mut self, decision: Decision, phase: Phase, out: &mut VecDeque<ProcessingResponse>) {
+        self.processed();
         let chunks = std::mem::take(&mut self.chunks);
         let route = match decision {
             Decision::Route(route) => *route,
@@ -393,6 +441,8 @@ impl Exchange {
             restorer: None,
             flow_kick,
             forward_port,
+            response_spent: Duration::ZERO,
+            held: None,
         });
 
         let decision = proto::common(Some(mutation), true);
@@ -478,6 +528,16 @@ impl Exchange {
             r.usage = Some(UsageReader::new(streaming, limit));
             if let Some(model) = &r.restore_model {
                 r.restorer = Some(ModelRestorer::new(model.clone(), streaming, limit));
+                if !streaming
+                    && matches!(
+                        self.resp_mode,
+                        BodyMode::FullDuplexStreamed | BodyMode::Streamed
+                    )
+                {
+                    // Its chunks stay here until the end (Envoy buffers a
+                    // BUFFERED body itself).
+                    r.held = Some((Instant::now(), None));
+                }
                 if matches!(
                     self.resp_mode,
                     BodyMode::FullDuplexStreamed | BodyMode::Streamed
@@ -569,6 +629,9 @@ impl Exchange {
         let Some(dispatch) = r.dispatch.take() else {
             return;
         };
+        if clean && let Some((from, None)) = r.held {
+            r.held = Some((from, Some(Instant::now())));
+        }
         let usage = r.usage.as_mut().and_then(UsageReader::finish);
         let outcome = match r.status {
             Some(status) if clean => RequestOutcome::Completed { status },
@@ -639,10 +702,40 @@ impl Exchange {
     }
 }
 
+impl Exchange {
+    /// Records the time spent on a routed request's response, once its
+    /// stream ends (aborted responses too; none for a request whose
+    /// response never came).
+    fn record_response(&self) {
+        let Some(r) = &self.routed else {
+            return;
+        };
+        let spent = response_time(r.response_spent, r.held);
+        if !spent.is_zero() {
+            self.decider.metrics.streams().response_processed(spent);
+        }
+    }
+}
+
+/// The time epp spent on a response: `spent` handling its messages, or,
+/// when it held a plain JSON body to its end, the whole hold (which covers
+/// those slices; a hold cut short by a reset counts only the slices).
+fn response_time(spent: Duration, held: Option<(Instant, Option<Instant>)>) -> Duration {
+    match held {
+        Some((from, Some(until))) => spent.max(until.saturating_duration_since(from)),
+        _ => spent,
+    }
+}
+
 impl Drop for Exchange {
     fn drop(&mut self) {
+        // A request still waiting: its processing ends with the stream.
+        if self.waiting.is_some() {
+            self.processed();
+        }
         // Stream reset or server shutdown: release what the request holds.
         self.complete(false);
+        self.record_response();
         // A traced request that never got a decision still has its span.
         if let Some(t) = self.trace.as_mut() {
             t.error
@@ -684,5 +777,28 @@ fn joined_body(chunks: &[Bytes], len: usize) -> std::borrow::Cow<'_, [u8]> {
             }
             std::borrow::Cow::Owned(all)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_body_counts_its_whole_hold_and_a_cut_one_its_slices() {
+        let from = Instant::now();
+        let ms = Duration::from_millis;
+        let slices = ms(2);
+        assert_eq!(response_time(slices, None), slices);
+        assert_eq!(
+            response_time(slices, Some((from, Some(from + ms(40))))),
+            ms(40)
+        );
+        assert_eq!(response_time(slices, Some((from, None))), slices);
+        // A hold shorter than the slices (clock granularity): the slices.
+        assert_eq!(
+            response_time(slices, Some((from, Some(from + ms(1))))),
+            slices
+        );
     }
 }

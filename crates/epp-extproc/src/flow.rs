@@ -19,22 +19,16 @@ use std::{
 };
 
 use epp_core::{
-    FOLDED_LABEL, LabelCap,
+    FOLDED_LABEL,
     flow::{
         FlowController, FlowObserver, FlowRequest, Outcome, PoolGauge, Rejected, Release, Ticket,
     },
-};
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{family::Family, gauge::Gauge, histogram::Histogram},
-    registry::Registry,
 };
 
 use crate::{
     ExtProcService,
     decision::{Decider, Prepared},
     error::ExtProcError,
-    metrics::MetricGenerations,
 };
 
 /// Header with the time budget (ms) the gateway gives the request; a queued
@@ -344,156 +338,6 @@ impl Decider {
     }
 }
 
-/// `fairness_id`, `priority`.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QueueLabels {
-    fairness_id: String,
-    priority: String,
-}
-
-/// `fairness_id`, `priority`, `outcome`.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
-    fairness_id: String,
-    priority: String,
-    outcome: &'static str,
-}
-
-fn queue_seconds() -> Histogram {
-    // llm-d's buckets.
-    Histogram::new([
-        0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-        60.0,
-    ])
-}
-
 /// The `fairness_id` label of every id past the cap
 /// ([`epp_core::MAX_LABEL_VALUES`] distinct ids).
 pub const FOLDED_FAIRNESS_ID: &str = FOLDED_LABEL;
-
-/// The flow-control metrics (the reference's `flow_control_*` names).
-#[derive(Debug, Clone)]
-pub(crate) struct FlowMetrics {
-    queue_size: Family<QueueLabels, Gauge>,
-    queue_bytes: Family<QueueLabels, Gauge>,
-    queue_duration: Family<OutcomeLabels, Histogram, fn() -> Histogram>,
-    fairness_ids: Arc<LabelCap>,
-}
-
-impl Default for FlowMetrics {
-    fn default() -> Self {
-        Self::with_fairness_cap(Arc::default())
-    }
-}
-
-impl FlowMetrics {
-    /// Metrics whose `fairness_id` label takes `fairness_ids`' cap (the
-    /// request metrics' own, so an id keeps one label everywhere).
-    pub(crate) fn with_fairness_cap(fairness_ids: Arc<LabelCap>) -> Self {
-        Self {
-            queue_size: Family::default(),
-            queue_bytes: Family::default(),
-            queue_duration: Family::new_with_constructor(queue_seconds),
-            fairness_ids,
-        }
-    }
-
-    /// Registers each family under the reference's name
-    /// (`inference_extension_flow_control_*`) and llm-d's
-    /// (`llm_d_epp_flow_control_*`), as `generations` asks; both share
-    /// their values.
-    pub(crate) fn register(&self, r: &mut Registry, generations: MetricGenerations) {
-        let prefixes = [
-            ("inference_extension", generations.reference()),
-            ("llm_d_epp", generations.llm_d),
-        ];
-        for (prefix, _) in prefixes.into_iter().filter(|(_, on)| *on) {
-            r.register(
-                format!("{prefix}_flow_control_queue_size"),
-                "Requests held in the flow-control queues, per flow and priority",
-                self.queue_size.clone(),
-            );
-            r.register(
-                format!("{prefix}_flow_control_queue_bytes"),
-                "Bytes of the requests held in the flow-control queues, per flow and priority",
-                self.queue_bytes.clone(),
-            );
-            r.register(
-                format!("{prefix}_flow_control_request_queue_duration_seconds"),
-                "Time requests spent in flow control, from enqueue to their outcome \
-                 (Dispatched, RejectedCapacity, RejectedNoEndpoints, EvictedTTL, \
-                 EvictedNoEndpoints, EvictedContextCancelled)",
-                self.queue_duration.clone(),
-            );
-        }
-    }
-}
-
-impl FlowObserver for FlowMetrics {
-    fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
-        let labels = QueueLabels {
-            fairness_id: self.fairness_ids.label(fairness_id).to_owned(),
-            priority: priority.to_string(),
-        };
-        self.queue_size.get_or_create(&labels).inc_by(requests);
-        self.queue_bytes.get_or_create(&labels).inc_by(bytes);
-    }
-
-    fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, waited: Duration) {
-        self.queue_duration
-            .get_or_create(&OutcomeLabels {
-                fairness_id: self.fairness_ids.label(fairness_id).to_owned(),
-                priority: priority.to_string(),
-                outcome: outcome.as_str(),
-            })
-            .observe(waited.as_secs_f64());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use prometheus_client::encoding::text::encode;
-
-    use super::*;
-    use epp_core::MAX_LABEL_VALUES;
-
-    #[test]
-    fn fairness_ids_past_the_cap_fold_into_one_series() {
-        let metrics = FlowMetrics::default();
-        let mut registry = Registry::default();
-        metrics.register(&mut registry, MetricGenerations::ALL);
-        for i in 0..=MAX_LABEL_VALUES {
-            let id = format!("tenant-{i}");
-            metrics.queue_changed(&id, 0, 1, 10);
-            metrics.finished(&id, 0, Outcome::Dispatched, Duration::from_millis(1));
-        }
-        // An id seen before the cap keeps its own series afterwards.
-        metrics.queue_changed("tenant-0", 0, -1, -10);
-        let mut text = String::new();
-        encode(&mut text, &registry).unwrap();
-        let series = |id: &str| {
-            text.lines()
-                .filter(|l| l.starts_with("inference_extension_flow_control_queue_size{"))
-                .filter(|l| l.contains(&format!("fairness_id=\"{id}\"")))
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            series("tenant-0"),
-            [
-                "inference_extension_flow_control_queue_size{fairness_id=\"tenant-0\",priority=\"0\"} 0"
-            ]
-        );
-        assert_eq!(series(&format!("tenant-{}", MAX_LABEL_VALUES - 1)).len(), 1);
-        assert!(series(&format!("tenant-{MAX_LABEL_VALUES}")).is_empty());
-        assert_eq!(
-            series(FOLDED_FAIRNESS_ID),
-            ["inference_extension_flow_control_queue_size{fairness_id=\"other\",priority=\"0\"} 1"]
-        );
-        let queue_series = text
-            .lines()
-            .filter(|l| l.starts_with("inference_extension_flow_control_queue_size{"))
-            .count();
-        assert_eq!(queue_series, MAX_LABEL_VALUES + 1);
-    }
-}

@@ -92,6 +92,9 @@ pub struct ExtProcOptions {
     /// Renders prompts to the engine's token ids before scheduling (a
     /// `token-producer` with the `vllm` backend); `None`: no render step.
     pub renderer: Option<Arc<dyn epp_core::PromptRenderer>>,
+    /// The pool this picker serves: the `inference_pool` label of flow
+    /// control's pool and band series (empty by default).
+    pub pool_name: String,
 }
 
 impl Default for ExtProcOptions {
@@ -108,6 +111,7 @@ impl Default for ExtProcOptions {
             tracer: None,
             parsers: epp_core::RequestParsers::default(),
             renderer: None,
+            pool_name: String::new(),
         }
     }
 }

@@ -25,7 +25,7 @@ use tonic::{
 use crate::{
     decision::Decider,
     exchange::Exchange,
-    metrics::MetricGenerations,
+    metrics::{FlowCollector, MetricGenerations, OpenStream, StreamEnd},
     options::ExtProcOptions,
     wire::{ProcessingRequest, ProcessingResponse},
 };
@@ -82,17 +82,25 @@ impl ExtProcService {
         self.decider.decision_log.store(log);
     }
 
-    /// Registers the per-request and flow-control metrics in `registry`
-    /// under every generation of names ([`MetricGenerations::ALL`]).
+    /// Registers the per-request, ext_proc stream and flow-control metrics
+    /// in `registry` under every generation of names
+    /// ([`MetricGenerations::ALL`]).
     pub fn register_metrics(&self, registry: &mut Registry) {
         self.register_metrics_as(registry, MetricGenerations::ALL);
     }
 
-    /// Registers the per-request and flow-control metrics in `registry`
-    /// under the names of `generations` (each fed by the same observations).
+    /// Registers the per-request, ext_proc stream and flow-control metrics
+    /// in `registry` under the names of `generations` (each fed by the same
+    /// observations). Flow control's pool-level series (saturation, band
+    /// utilisation, stale endpoints) are read from the running controller
+    /// at each scrape, labelled with [`ExtProcOptions::pool_name`].
     pub fn register_metrics_as(&self, registry: &mut Registry, generations: MetricGenerations) {
         self.decider.metrics.register(registry, generations);
-        self.decider.flow_metrics.register(registry, generations);
+        registry.register_collector(Box::new(FlowCollector {
+            metrics: Arc::clone(&self.decider.flow_metrics),
+            decider: Arc::downgrade(&self.decider),
+            generations,
+        }));
     }
 
     /// The tonic service to mount (`Server::builder().add_service(...)`).
@@ -173,11 +181,14 @@ impl StreamingService<ProcessingRequest> for Process {
     type Future = Ready<Result<Response<ProcessStream>, Status>>;
 
     fn call(&mut self, request: Request<Streaming<ProcessingRequest>>) -> Self::Future {
+        let exchange = Exchange::new(Arc::clone(&self.0));
+        let stream = self.0.metrics.stream_opened(exchange.started());
         ready(Ok(Response::new(ProcessStream {
             inbound: request.into_inner(),
-            exchange: Exchange::new(Arc::clone(&self.0)),
+            exchange,
             pending: VecDeque::with_capacity(4),
             done: false,
+            stream,
         })))
     }
 }
@@ -189,6 +200,8 @@ pub(crate) struct ProcessStream {
     exchange: Exchange,
     pending: VecDeque<ProcessingResponse>,
     done: bool,
+    /// Counted open until dropped (last: after the exchange's accounting).
+    stream: OpenStream,
 }
 
 impl fmt::Debug for ProcessStream {
@@ -198,6 +211,15 @@ impl fmt::Debug for ProcessStream {
             .field("pending", &self.pending.len())
             .field("done", &self.done)
             .finish_non_exhaustive()
+    }
+}
+
+impl ProcessStream {
+    /// Nothing more is read; the stream ends (after the replies left)
+    /// this way.
+    fn finish(&mut self, end: StreamEnd) {
+        self.done = true;
+        self.stream.end(end);
     }
 }
 
@@ -218,7 +240,7 @@ impl Stream for ProcessStream {
             // a reset or end removes it from its queue at once.
             if this.exchange.poll_wait(cx, &mut this.pending) {
                 if this.exchange.is_closed() {
-                    this.done = true;
+                    this.finish(StreamEnd::Ok);
                 }
                 continue;
             }
@@ -227,17 +249,17 @@ impl Stream for ProcessStream {
                     this.exchange.handle(msg, &mut this.pending);
                     if this.exchange.is_closed() {
                         // Answered locally: send the reply and end the stream.
-                        this.done = true;
+                        this.finish(StreamEnd::Ok);
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
                     tracing::debug!(%status, "ext_proc stream broken");
                     this.exchange.abandon();
-                    this.done = true;
+                    this.finish(StreamEnd::read_failed(status.code()));
                 }
                 Poll::Ready(None) => {
                     this.exchange.end();
-                    this.done = true;
+                    this.finish(StreamEnd::Ok);
                 }
                 Poll::Pending => return Poll::Pending,
             }

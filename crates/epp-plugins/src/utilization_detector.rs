@@ -172,6 +172,16 @@ impl SaturationDetector for UtilizationDetector {
         endpoints.iter().map(|c| self.load(cx, c)).sum::<f64>() / endpoints.len() as f64
     }
 
+    /// The endpoints whose metrics are older than
+    /// `metricsStalenessThreshold` (each counted as fully saturated).
+    fn stale_endpoints(&self, cx: &CycleContext<'_>, endpoints: &[Candidate]) -> Option<usize> {
+        let stale = |c: &&Candidate| {
+            c.metrics
+                .is_stale(cx.now, self.params.metrics_staleness_threshold)
+        };
+        Some(endpoints.iter().filter(stale).count())
+    }
+
     /// Fresh, and below both thresholds relaxed by `headroom` (llm-d's
     /// filter limits: `threshold × (1 + headroom)`).
     fn has_capacity(&self, cx: &CycleContext<'_>, c: &Candidate) -> bool {
@@ -244,6 +254,25 @@ mod tests {
         with_cx(&req, 0, |cx| {
             cx.now += Duration::from_secs(5);
             assert!(!d.has_capacity(cx, &c[0]), "stale counts as full");
+            assert!((d.saturation(cx, &c) - 1.0).abs() < 1e-12);
+        });
+    }
+
+    #[test]
+    fn stale_endpoints_are_counted_as_the_saturation_scores_them() {
+        let d = UtilizationDetector::build("u", UtilizationDetectorParams::default()).unwrap();
+        let eps = crate::testing::endpoints(vec![EndpointMetrics::default(); 3]);
+        // Endpoint 1 was never scraped: missing metrics count as stale.
+        eps[1].set_metrics(EndpointMetrics::default());
+        let c: Vec<Candidate> = eps.iter().map(Candidate::new).collect();
+        let req = InferenceRequest::builder("m").build();
+        with_cx(&req, 0, |cx| {
+            assert_eq!(d.stale_endpoints(cx, &c), Some(1));
+            assert!((d.saturation(cx, &c) - 1.0 / 3.0).abs() < 1e-12);
+            assert_eq!(d.stale_endpoints(cx, &[]), Some(0));
+            // Past the threshold every endpoint is stale, and saturated.
+            cx.now += Duration::from_secs(5);
+            assert_eq!(d.stale_endpoints(cx, &c), Some(3));
             assert!((d.saturation(cx, &c) - 1.0).abs() < 1e-12);
         });
     }

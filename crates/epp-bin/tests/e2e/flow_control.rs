@@ -58,6 +58,18 @@ async fn hello(stack: &Stack, fairness: &str) -> http::Response {
 
 const QUEUE: &str = "inference_extension_flow_control_queue_size";
 const WAITED: &str = "inference_extension_flow_control_request_queue_duration_seconds_count";
+const REQUESTS: &str = "llm_d_epp_flow_control_requests_total";
+const ENQUEUED: &str = "llm_d_epp_flow_control_request_enqueue_duration_seconds_count";
+
+/// Whether the page has a sample of `name` (any labels, any value).
+async fn served(stack: &Stack, name: &str) -> bool {
+    let r = http::send(stack.epp.metrics_port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap();
+    r.text()
+        .lines()
+        .any(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+}
 
 async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
     let cfg = config("  defaultRequestTTL: 60s\n");
@@ -86,6 +98,43 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
         metric(&stack, QUEUE, &["fairness_id=\"tenant-a\""]).await,
         1.0
     );
+    // What dispatch is gated by, read while the request waits: the pool is
+    // saturated (40 waiting against a threshold of 5), and the default band
+    // holds one request of its 5,000.
+    for prefix in ["inference_extension", "llm_d_epp"] {
+        let saturation = metric(
+            &stack,
+            &format!("{prefix}_flow_control_pool_saturation"),
+            &["inference_pool=\"epp-pool\"", "stage=\"effective\""],
+        )
+        .await;
+        assert!(saturation >= 1.0, "{prefix}: saturation {saturation}");
+    }
+    assert_eq!(
+        metric(
+            &stack,
+            "llm_d_epp_flow_control_capacity_utilization_requests",
+            &["priority=\"0\""]
+        )
+        .await,
+        1.0 / 5000.0
+    );
+    assert!(served(&stack, "llm_d_epp_flow_control_capacity_utilization_bytes").await);
+    assert!(
+        served(
+            &stack,
+            "llm_d_epp_flow_control_stale_endpoints{detector=\"utilization-detector\"}"
+        )
+        .await
+    );
+    // No global limit configured: no global series.
+    assert!(
+        !served(
+            &stack,
+            "llm_d_epp_flow_control_global_capacity_utilization_requests"
+        )
+        .await
+    );
 
     saturate(&stack, 0).await;
     let r = queued.await.unwrap();
@@ -96,6 +145,37 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
             &stack,
             WAITED,
             &["fairness_id=\"tenant-a\"", "outcome=\"Dispatched\""]
+        )
+        .await,
+        2.0
+    );
+    // Both were enqueued (and not refused), both dispatched, each through
+    // dispatch cycles.
+    for prefix in ["inference_extension", "llm_d_epp"] {
+        let enqueued = metric(
+            &stack,
+            &format!("{prefix}_flow_control_request_enqueue_duration_seconds_count"),
+            &["fairness_id=\"tenant-a\"", "outcome=\"NotYetFinalized\""],
+        )
+        .await;
+        assert_eq!(enqueued, 2.0, "{prefix}");
+        let cycles = metric(
+            &stack,
+            &format!("{prefix}_flow_control_dispatch_cycle_duration_seconds_count"),
+            &[],
+        )
+        .await;
+        assert!(cycles >= 2.0, "{prefix}: {cycles} dispatch cycles");
+    }
+    assert_eq!(
+        metric(
+            &stack,
+            REQUESTS,
+            &[
+                "outcome=\"Dispatched\"",
+                "priority=\"0\"",
+                "inference_pool=\"epp-pool\""
+            ]
         )
         .await,
         2.0
@@ -174,6 +254,23 @@ async fn a_full_band_answers_429_and_the_others_still_queue() {
         .await,
         1.0
     );
+    for (name, labels) in [
+        (
+            ENQUEUED,
+            ["priority=\"-1\"", "outcome=\"RejectedCapacity\""],
+        ),
+        (
+            REQUESTS,
+            ["priority=\"-1\"", "outcome=\"RejectedCapacity\""],
+        ),
+        // The band is full: one request of one.
+        (
+            "llm_d_epp_flow_control_capacity_utilization_requests",
+            ["priority=\"-1\"", "inference_pool=\"epp-pool\""],
+        ),
+    ] {
+        assert_eq!(metric(&stack, name, &labels).await, 1.0, "{name}");
+    }
     // Priority 0 has room: it queues (not refused) and both are served.
     let other = tokio::spawn(async move { http::post_hello(port, None).await.unwrap() });
     poll("the default-band request queued", 200, || async {
@@ -223,6 +320,20 @@ async fn a_client_that_gives_up_leaves_the_queue() {
         },
     )
     .await;
+    assert_eq!(
+        metric(&stack, REQUESTS, &["outcome=\"EvictedContextCancelled\""]).await,
+        1.0
+    );
+    // Its processing ended when it was given up (no decision was answered).
+    assert_eq!(
+        metric(
+            &stack,
+            "llm_d_epp_request_processing_duration_seconds_count",
+            &[]
+        )
+        .await,
+        1.0
+    );
     // Nothing was sent to a model server for it.
     saturate(&stack, 0).await;
     assert_eq!(hello(&stack, "other").await.status, 200);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use epp_test_support::{
     http,
     process::{BodyMode, Stack},
+    wait::poll,
 };
 
 /// The largest value among the samples of `name` (any labels), or `None`
@@ -20,6 +21,17 @@ fn largest(page: &str, name: &str) -> Option<f64> {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .reduce(f64::max)
+}
+
+/// The sum of the samples of `name` (any labels).
+fn sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Every EPP metric of the seed's list (the first reference releases'
@@ -42,7 +54,8 @@ const SEED: &[(&str, bool)] = &[
     ("inference_extension_info", true),
 ];
 
-/// What llm-d has that the seed's list lacks, fed by the same traffic.
+/// What llm-d has that the seed's list lacks, fed by the same traffic
+/// (flow control's are checked in `flow_control.rs`, with it on).
 const LLM_D: &[(&str, bool)] = &[
     ("llm_d_epp_request_total", true),
     ("llm_d_epp_request_error_total", true),
@@ -62,6 +75,11 @@ const LLM_D: &[(&str, bool)] = &[
     ("llm_d_epp_std_dev_kv_cache_utilization", false),
     ("llm_d_epp_per_endpoint_queue_size", false),
     ("llm_d_epp_info", true),
+    ("llm_d_epp_request_processing_duration_seconds_count", true),
+    ("llm_d_epp_response_processing_duration_seconds_count", true),
+    ("llm_d_epp_extproc_streams_inflight", false),
+    ("llm_d_epp_extproc_stream_duration_seconds_count", true),
+    ("llm_d_epp_extproc_streams_total", true),
     ("inference_objective_request_total", true),
     ("inference_objective_prompt_cached_tokens_count", true),
     ("inference_extension_scheduler_attempts_total", true),
@@ -148,6 +166,21 @@ async fn every_generation_of_names_is_served_with_data_after_traffic() {
         format!("llm_d_epp_model_rewrite_decisions_total{{model_rewrite_name=\"header\",model_name=\"chat\",target_model=\"{model}\"}} 1"),
     ] {
         assert!(page.contains(&sample), "missing {sample} in\n{page}");
+    }
+    // Eight requests, one stream each, every one decided (routed or
+    // refused); the seven routed ones had a response, counted when their
+    // stream ends (Envoy closes it just after the response).
+    let page = poll("every ext_proc stream ended", 100, || async {
+        let (_, page) = http::get_blocking(stack.epp.metrics_port, "/metrics").ok()?;
+        (sum(&page, "llm_d_epp_extproc_streams_total") == 8.0).then_some(page)
+    })
+    .await;
+    for (name, want) in [
+        ("llm_d_epp_extproc_streams_inflight", 0.0),
+        ("llm_d_epp_request_processing_duration_seconds_count", 8.0),
+        ("llm_d_epp_response_processing_duration_seconds_count", 7.0),
+    ] {
+        assert_eq!(sum(&page, name), want, "{name} in\n{page}");
     }
     // Three streamed responses: their first tokens, and the gaps between
     // their chunks.

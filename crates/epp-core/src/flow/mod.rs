@@ -63,6 +63,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Self; 6] = [
+        Self::Dispatched,
+        Self::RejectedCapacity,
+        Self::RejectedNoEndpoints,
+        Self::EvictedTtl,
+        Self::EvictedNoEndpoints,
+        Self::EvictedContextCancelled,
+    ];
+
     /// llm-d's label value.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -97,6 +107,12 @@ pub trait FlowObserver: Send + Sync + fmt::Debug {
     fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64);
     /// A request's time in flow control ended after `waited`.
     fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, waited: Duration);
+    /// Enqueueing a request took `took`: it is queued (`refused: None`;
+    /// it may be released at once after), or was refused at the door.
+    fn enqueued(&self, fairness_id: &str, priority: i32, refused: Option<Outcome>, took: Duration);
+    /// One dispatch cycle (a look for a request to release, made while
+    /// some wait and none is being routed) took `took`.
+    fn dispatch_cycle(&self, took: Duration);
 }
 
 /// Something that wants to hear that endpoint metrics were refreshed (the
@@ -214,6 +230,32 @@ impl fmt::Debug for FlowController {
     }
 }
 
+/// What the queues hold now, against their limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowUsage {
+    /// Requests queued over every band (released ones not counted).
+    pub requests: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Each band the controller knows, highest priority first.
+    pub bands: Vec<BandUsage>,
+}
+
+/// What one priority band holds now, against its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BandUsage {
+    /// The band's priority.
+    pub priority: i32,
+    /// Requests queued in it.
+    pub requests: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Requests it may hold (0: no limit).
+    pub max_requests: u64,
+    /// Bytes it may hold (0: no limit).
+    pub max_bytes: u64,
+}
+
 /// Why a request was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rejected(pub Outcome);
@@ -269,6 +311,34 @@ impl FlowController {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What every band holds now, against its limits.
+    #[must_use]
+    pub fn usage(&self) -> FlowUsage {
+        let st = self.lock();
+        FlowUsage {
+            requests: st.len as u64,
+            bytes: st.bytes,
+            bands: st
+                .bands
+                .values()
+                .map(|b| BandUsage {
+                    priority: b.settings.priority,
+                    requests: b.len as u64,
+                    bytes: b.bytes,
+                    max_requests: b.settings.max_requests,
+                    max_bytes: b.settings.max_bytes,
+                })
+                .collect(),
+        }
+    }
+
+    /// The pool's saturation as dispatch reads it (`None`: the pool has no
+    /// endpoint; nothing is released).
+    #[must_use]
+    pub fn saturation(&self) -> Option<f64> {
+        self.gauge.saturation()
     }
 
     /// The TTL a request gets: the configured one (`noEndpointRequestTTL`
@@ -334,6 +404,12 @@ impl FlowController {
                 Outcome::RejectedCapacity
             };
             if let Some(o) = &self.observer {
+                o.enqueued(
+                    request.fairness_id,
+                    request.priority,
+                    Some(outcome),
+                    now.elapsed(),
+                );
                 o.finished(
                     request.fairness_id,
                     request.priority,
@@ -391,6 +467,7 @@ impl FlowController {
                 1,
                 i64::try_from(request.bytes).unwrap_or(i64::MAX),
             );
+            o.enqueued(request.fairness_id, request.priority, None, now.elapsed());
         }
         let waker = self.release_next(st);
         drop(guard);
@@ -422,6 +499,17 @@ impl FlowController {
         if st.releasing || st.len == 0 {
             return None;
         }
+        let Some(observer) = &self.observer else {
+            return self.dispatch_cycle(st);
+        };
+        let start = Instant::now();
+        let waker = self.dispatch_cycle(st);
+        observer.dispatch_cycle(start.elapsed());
+        waker
+    }
+
+    /// One dispatch cycle of [`Self::release_next`].
+    fn dispatch_cycle(&self, st: &mut State) -> Option<Waker> {
         let saturation = self.gauge.saturation()?;
         let State {
             bands,

@@ -90,6 +90,8 @@ impl PoolGauge for Gauge {
 struct Recorder {
     finished: Mutex<Vec<(String, i32, Outcome)>>,
     queued: Mutex<BTreeMap<(String, i32), (i64, i64)>>,
+    enqueued: Mutex<Vec<(String, i32, Option<Outcome>)>>,
+    cycles: AtomicUsize,
 }
 impl FlowObserver for Recorder {
     fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
@@ -103,6 +105,15 @@ impl FlowObserver for Recorder {
             .lock()
             .unwrap()
             .push((fairness_id.to_owned(), priority, outcome));
+    }
+    fn enqueued(&self, fairness_id: &str, priority: i32, refused: Option<Outcome>, _: Duration) {
+        self.enqueued
+            .lock()
+            .unwrap()
+            .push((fairness_id.to_owned(), priority, refused));
+    }
+    fn dispatch_cycle(&self, _: Duration) {
+        self.cycles.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -369,4 +380,62 @@ fn flows_within_a_band_follow_the_fairness_policy() {
     assert!(poll(&mut a1).is_none());
     drop(poll(&mut b1).unwrap());
     assert!(poll(&mut a1).is_some());
+}
+
+#[test]
+fn enqueues_and_dispatch_cycles_are_observed() {
+    let mut st = settings(vec![]);
+    st.max_requests = 2;
+    let s = setup(st, Some(1.0));
+    let mut a = s.fc.enqueue(&req("a", 0, 1), None).unwrap();
+    let _b = s.fc.enqueue(&req("b", 3, 1), None).unwrap();
+    assert!(s.fc.enqueue(&req("c", 0, 1), None).is_err());
+    assert_eq!(
+        *s.rec.enqueued.lock().unwrap(),
+        [
+            ("a".to_owned(), 0, None),
+            ("b".to_owned(), 3, None),
+            ("c".to_owned(), 0, Some(Outcome::RejectedCapacity)),
+        ]
+    );
+    // One cycle per accepted enqueue (the pool is saturated: none released).
+    assert_eq!(s.rec.cycles.load(Ordering::SeqCst), 2);
+    s.fc.kick();
+    assert_eq!(s.rec.cycles.load(Ordering::SeqCst), 3);
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    assert_eq!(s.rec.cycles.load(Ordering::SeqCst), 4);
+    // One released and not routed: no cycle until it is.
+    s.fc.kick();
+    assert_eq!(s.rec.cycles.load(Ordering::SeqCst), 4);
+    assert!(poll(&mut a).is_none(), "band 3 goes first");
+    // Nothing queued: kicks run no cycle.
+    let s = setup(settings(vec![]), Some(0.0));
+    s.fc.kick();
+    assert_eq!(s.rec.cycles.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn usage_reports_every_band_against_its_limits() {
+    let mut st = settings(vec![]);
+    st.bands.insert(2, Arc::new(band(2, 10, 1000)));
+    st.max_requests = 50;
+    let s = setup(st, Some(1.0));
+    let _a = s.fc.enqueue(&req("a", 2, 100), None).unwrap();
+    let _b = s.fc.enqueue(&req("b", 2, 50), None).unwrap();
+    let _c = s.fc.enqueue(&req("c", -1, 7), None).unwrap();
+    let u = s.fc.usage();
+    assert_eq!((u.requests, u.bytes), (3, 157));
+    let bands: Vec<_> = u
+        .bands
+        .iter()
+        .map(|b| (b.priority, b.requests, b.bytes, b.max_requests, b.max_bytes))
+        .collect();
+    // Highest first: the configured band, priority 0 (always known), and
+    // the band made for priority -1 from the template.
+    assert_eq!(
+        bands,
+        [(2, 2, 150, 10, 1000), (0, 0, 0, 0, 0), (-1, 1, 7, 0, 0)]
+    );
+    assert_eq!(s.fc.saturation(), Some(1.0));
 }

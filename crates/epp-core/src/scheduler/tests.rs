@@ -233,6 +233,53 @@ fn sheddable_requests_are_refused_when_saturated() {
     assert!(s.schedule(&critical, &snap).is_ok());
 }
 
+/// Saturation 0.5; every endpoint with an odd id counts as stale.
+#[derive(Debug)]
+struct OddStale;
+impl Plugin for OddStale {
+    fn type_name(&self) -> &str {
+        "odd-stale"
+    }
+    fn name(&self) -> &str {
+        "odd"
+    }
+    fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
+        Some(self)
+    }
+}
+impl SaturationDetector for OddStale {
+    fn saturation(&self, _: &CycleContext<'_>, _: &[Candidate]) -> f64 {
+        0.5
+    }
+    fn has_capacity(&self, _: &CycleContext<'_>, _: &Candidate) -> bool {
+        true
+    }
+    fn stale_endpoints(&self, _: &CycleContext<'_>, c: &[Candidate]) -> Option<usize> {
+        Some(c.iter().filter(|c| c.id().0 % 2 == 1).count())
+    }
+}
+
+#[test]
+fn the_pool_reading_covers_every_endpoint_and_names_the_detector() {
+    let plain = scheduler(vec![0.0; 5]);
+    assert_eq!(plain.pool_saturation(&snapshot(5)), Some(0.0));
+    assert_eq!(plain.pool_stale_endpoints(&snapshot(5)), None);
+    let with = |p: Arc<dyn Plugin>| {
+        scheduler(vec![0.0; 5])
+            .with_saturation_detector(PluginRef::new(p))
+            .unwrap()
+    };
+    let odd = with(Arc::new(OddStale));
+    assert_eq!(odd.pool_saturation(&snapshot(5)), Some(0.5));
+    assert_eq!(odd.pool_stale_endpoints(&snapshot(5)), Some(("odd", 2)));
+    assert_eq!(odd.pool_saturation(&snapshot(0)), None);
+    assert_eq!(odd.pool_stale_endpoints(&snapshot(0)), Some(("odd", 0)));
+    // A detector that does not judge staleness reports none.
+    let sat = with(Arc::new(AlwaysSaturated));
+    assert_eq!(sat.pool_saturation(&snapshot(2)), Some(1.0));
+    assert_eq!(sat.pool_stale_endpoints(&snapshot(2)), None);
+}
+
 #[test]
 fn an_admitter_refuses_before_any_profile_runs() {
     let s = scheduler(vec![1.0, 2.0]).with_hooks([PluginRef::new(Arc::new(NeedsTwo))]);

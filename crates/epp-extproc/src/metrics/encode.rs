@@ -10,7 +10,7 @@ use std::{
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, NoLabelSet},
+    encoding::{DescriptorEncoder, EncodeGaugeValue, NoLabelSet},
     metrics::MetricType,
 };
 
@@ -56,7 +56,7 @@ impl Labels {
     }
 }
 
-type LabelValues = Vec<(&'static str, String)>;
+pub(super) type LabelValues = Vec<(&'static str, String)>;
 
 /// One family's name in each generation (`None`: not in that generation).
 struct Names {
@@ -230,10 +230,7 @@ impl Collector for RequestCollector {
         };
         for (name, labels) in running.served(g) {
             let sums = sum_by(&series, labels, |s| s.running.load(Relaxed));
-            let mut m = enc.encode_descriptor(name, running.help, None, MetricType::Gauge)?;
-            for (l, v) in &sums {
-                m.encode_family(l)?.encode_gauge(v)?;
-            }
+            encode_gauges(&mut enc, name, running.help, &sums)?;
         }
         for (family, of) in histograms() {
             for (name, labels) in family.served(g) {
@@ -262,6 +259,9 @@ impl Collector for RequestCollector {
                  (non-streamed responses: the whole duration)",
                 &sums,
             )?;
+        }
+        if g.llm_d {
+            self.store.streams.encode(&mut enc)?;
         }
         self.encode_errors(&mut enc)?;
         self.encode_attempts(&mut enc)?;
@@ -397,7 +397,7 @@ fn sum_by<T: std::ops::AddAssign + Default + Copy>(
     sums
 }
 
-fn encode_counters(
+pub(super) fn encode_counters(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -411,7 +411,20 @@ fn encode_counters(
     Ok(())
 }
 
-fn encode_histograms(
+pub(super) fn encode_gauges<V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &BTreeMap<LabelValues, V>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (l, v) in values {
+        m.encode_family(l)?.encode_gauge(v)?;
+    }
+    Ok(())
+}
+
+pub(super) fn encode_histograms(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -115,6 +115,28 @@ pub(crate) const TPOT: &[f64] = &[
 pub(crate) const ITL: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
 ];
+/// Time in flow control, enqueue to outcome: 0.1 ms … 60 s.
+pub(crate) const QUEUE: &[f64] = &[
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+/// Flow control's enqueues and dispatch cycles: 0.1 ms … 100 ms.
+pub(crate) const FLOW_STEP: &[f64] = &[
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+];
+/// Request processing, headers to the decision's answer: 0.5 ms … 10 s.
+pub(crate) const REQUEST_PROCESSING: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0,
+];
+/// Response processing: 0.1 ms … 5 s.
+pub(crate) const RESPONSE_PROCESSING: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// How long an ext_proc stream stays open: 1 ms … 10 min.
+pub(crate) const STREAM: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
 /// Share of the prompt the picked endpoint has cached.
 pub(crate) const RATIO: &[f64] = &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 /// Bytes of the prompt the picked endpoint has cached.

@@ -11,7 +11,9 @@
 //! request costs the same whichever generations are served.
 
 mod encode;
+mod flow;
 mod hist;
+mod stream;
 
 use std::{
     collections::HashMap,
@@ -22,10 +24,11 @@ use std::{
         Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use epp_core::{Endpoint, Usage};
+pub(crate) use flow::{FlowCollector, FlowMetrics};
 use hist::AtomicHistogram;
 use prometheus_client::{
     metrics::{
@@ -34,6 +37,7 @@ use prometheus_client::{
     },
     registry::Registry,
 };
+pub(crate) use stream::{OpenStream, StreamEnd, StreamMetrics};
 
 use epp_core::LabelCap;
 
@@ -291,6 +295,7 @@ pub(crate) struct Store {
     /// `(rewrite source, model, target model)`.
     rewrites: Mutex<HashMap<(&'static str, String, String), u64>>,
     prefix_hit_ratio: PrefixHistograms,
+    streams: StreamMetrics,
 }
 
 #[derive(Debug)]
@@ -364,6 +369,17 @@ impl Metrics {
 
     pub(crate) fn served_by_fallback(&self) {
         self.served_by_fallback.inc();
+    }
+
+    /// An ext_proc stream opened at `opened`: it counts as open until the
+    /// returned value is dropped.
+    pub(crate) fn stream_opened(&self, opened: Instant) -> OpenStream {
+        OpenStream::new(Arc::clone(&self.store), opened)
+    }
+
+    /// What requests and responses cost epp.
+    pub(crate) fn streams(&self) -> &StreamMetrics {
+        &self.store.streams
     }
 
     /// The series of a request's labels. One that exists is found without

@@ -211,3 +211,45 @@ fn attempts_rewrites_and_prefix_matches_are_counted() {
         "{text}"
     );
 }
+
+#[test]
+fn streams_count_as_open_until_dropped_then_by_how_they_ended() {
+    let m = Metrics::default();
+    let plain = m.stream_opened(Instant::now());
+    let mut reset = m.stream_opened(Instant::now());
+    reset.end(StreamEnd::read_failed(tonic::Code::Cancelled));
+    let mut broken = m.stream_opened(Instant::now());
+    broken.end(StreamEnd::read_failed(tonic::Code::Internal));
+    let mut done = m.stream_opened(Instant::now());
+    done.end(StreamEnd::Ok);
+    let text = page(&m, MetricGenerations::ALL);
+    assert!(
+        text.contains("llm_d_epp_extproc_streams_inflight 4"),
+        "{text}"
+    );
+    assert!(!text.contains("llm_d_epp_extproc_streams_total{"), "{text}");
+    drop((plain, reset, broken, done));
+    // 3 ms and 300 µs: the 5 ms and 0.5 ms buckets.
+    m.streams().request_processed(Duration::from_millis(3));
+    m.streams().response_processed(Duration::from_micros(300));
+    let text = page(&m, MetricGenerations::ALL);
+    for want in [
+        "llm_d_epp_extproc_streams_inflight 0",
+        "llm_d_epp_extproc_stream_duration_seconds_count 4",
+        // A gateway's reset ends a stream normally (as llm-d counts it);
+        // one dropped before its end was cancelled.
+        "llm_d_epp_extproc_streams_total{code=\"OK\"} 2",
+        "llm_d_epp_extproc_streams_total{code=\"Canceled\"} 1",
+        "llm_d_epp_extproc_streams_total{code=\"Unknown\"} 1",
+        "llm_d_epp_request_processing_duration_seconds_bucket{le=\"0.002\"} 0",
+        "llm_d_epp_request_processing_duration_seconds_bucket{le=\"0.005\"} 1",
+        "llm_d_epp_response_processing_duration_seconds_bucket{le=\"0.00025\"} 0",
+        "llm_d_epp_response_processing_duration_seconds_bucket{le=\"0.0005\"} 1",
+    ] {
+        assert!(text.contains(want), "missing {want} in\n{text}");
+    }
+    let reference: MetricGenerations = "inference-model,inference-objective".parse().unwrap();
+    let text = page(&m, reference);
+    assert!(!text.contains("extproc"), "{text}");
+    assert!(!text.contains("processing_duration"), "{text}");
+}

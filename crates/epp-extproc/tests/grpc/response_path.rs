@@ -264,6 +264,86 @@ async fn metrics_carry_the_reference_names() {
     }
 }
 
+/// The sum of the samples of `name` (any labels) on the page.
+fn sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn streams_and_the_time_spent_on_requests_carry_llm_d_names() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    fx.service.register_metrics(&mut registry);
+    let page = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    };
+
+    // Routed, answered, and closed by the gateway.
+    let mut envoy = routed(&fx, &[], "m").await;
+    envoy
+        .send(response_headers(&[(":status", "200")], false))
+        .await;
+    envoy.recv().await;
+    envoy.send(response_body(b"data: [DONE]\n\n", true)).await;
+    envoy.recv().await;
+    envoy.close();
+    envoy.expect_end().await;
+    // Refused (no model): epp answers and ends the stream.
+    let mut bad = fx.envoy().await;
+    bad.send_post("/v1/completions", b"{}", FULL_DUPLEX, NONE)
+        .await;
+    bad.recv().await;
+    bad.expect_end().await;
+    epp_test_support::wait::eventually("both streams ended", || {
+        std::future::ready(sum(&page(), "llm_d_epp_extproc_streams_total") == 2.0)
+    })
+    .await;
+    let text = page();
+    for (name, want) in [
+        ("llm_d_epp_extproc_streams_inflight", 0.0),
+        ("llm_d_epp_extproc_stream_duration_seconds_count", 2.0),
+        // Both decisions were answered; only the routed one had a response.
+        ("llm_d_epp_request_processing_duration_seconds_count", 2.0),
+        ("llm_d_epp_response_processing_duration_seconds_count", 1.0),
+    ] {
+        assert_eq!(sum(&text, name), want, "{name} in\n{text}");
+    }
+    assert!(
+        text.contains("llm_d_epp_extproc_streams_total{code=\"OK\"} 2"),
+        "{text}"
+    );
+
+    // A stream the gateway drops before the request was decided: open
+    // until then, never processed.
+    let open = fx.envoy().await;
+    open.send_post_headers("/v1/completions", FULL_DUPLEX, NONE)
+        .await;
+    epp_test_support::wait::eventually("the stream is open", || {
+        std::future::ready(sum(&page(), "llm_d_epp_extproc_streams_inflight") == 1.0)
+    })
+    .await;
+    drop(open);
+    epp_test_support::wait::eventually("the dropped stream ended", || {
+        std::future::ready(sum(&page(), "llm_d_epp_extproc_streams_total") == 3.0)
+    })
+    .await;
+    let text = page();
+    assert_eq!(sum(&text, "llm_d_epp_extproc_streams_inflight"), 0.0);
+    assert_eq!(
+        sum(&text, "llm_d_epp_request_processing_duration_seconds_count"),
+        2.0,
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn buffered_response_rewrite_sets_content_length() {
     let fx = start(&[0], ExtProcOptions::default()).await;
