@@ -208,7 +208,10 @@ impl Decider {
             scheduler: ArcSwap::new(scheduler),
             endpoints,
             options: ArcSwap::from_pointee(options),
-            flow_metrics: Arc::new(FlowMetrics::with_fairness_cap(metrics.fairness_ids())),
+            flow_metrics: Arc::new(FlowMetrics::with_caps(
+                metrics.fairness_ids(),
+                metrics.models(),
+            )),
             metrics,
             flow: Controllers::default(),
             decision_log: ArcSwapOption::empty(),

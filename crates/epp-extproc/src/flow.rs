@@ -320,6 +320,9 @@ impl Decider {
             deadline: millis(EXPECTED_TIMEOUT_HEADER).filter(|d| !d.is_zero()),
             slo_ttft: millis(epp_core::TTFT_SLO_HEADER)
                 .or_else(|| millis(epp_core::LEGACY_TTFT_SLO_HEADER)),
+            tag: self
+                .flow_metrics
+                .models_tag(&request.model, &request.target_model),
         };
         let ttl = fc.ttl_for(&flow_request);
         match fc.enqueue(&flow_request, ttl) {

@@ -124,6 +124,7 @@ impl Queued {
                 received: now,
                 deadline: None,
                 slo_ttft: None,
+                tag: 0,
             };
             let mut t = fc.enqueue(&request, None).expect("no limits");
             let w = Waker::from(Arc::new(Woken {

@@ -102,14 +102,34 @@ pub trait PoolGauge: Send + Sync + fmt::Debug {
 
 /// Told of queue changes (metrics). Called under the controller's lock:
 /// must be quick and must not call the controller.
+///
+/// Each event names the request's flow (fairness id, priority) and the
+/// request's [`FlowRequest::tag`], which the controller keeps and hands
+/// back untouched (the observer's own handle on labels the controller does
+/// not know, such as the request's model).
 pub trait FlowObserver: Send + Sync + fmt::Debug {
-    /// A flow's queue changed by `requests` and `bytes` (negative: left).
-    fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64);
+    /// A flow's queue changed by `requests` and `bytes` (negative: left),
+    /// by a request tagged `tag`.
+    fn queue_changed(&self, fairness_id: &str, priority: i32, tag: u64, requests: i64, bytes: i64);
     /// A request's time in flow control ended after `waited`.
-    fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, waited: Duration);
+    fn finished(
+        &self,
+        fairness_id: &str,
+        priority: i32,
+        tag: u64,
+        outcome: Outcome,
+        waited: Duration,
+    );
     /// Enqueueing a request took `took`: it is queued (`refused: None`;
     /// it may be released at once after), or was refused at the door.
-    fn enqueued(&self, fairness_id: &str, priority: i32, refused: Option<Outcome>, took: Duration);
+    fn enqueued(
+        &self,
+        fairness_id: &str,
+        priority: i32,
+        tag: u64,
+        refused: Option<Outcome>,
+        took: Duration,
+    );
     /// One dispatch cycle (a look for a request to release, made while
     /// some wait and none is being routed) took `took`.
     fn dispatch_cycle(&self, took: Duration);
@@ -137,6 +157,9 @@ pub struct FlowRequest<'a> {
     pub deadline: Option<Duration>,
     /// Its time-to-first-token objective, if any.
     pub slo_ttft: Option<Duration>,
+    /// Handed back to the observer with each of its events
+    /// ([`FlowObserver`]); 0 when unused.
+    pub tag: u64,
 }
 
 /// Where a queued request sits.
@@ -164,6 +187,8 @@ struct Slot {
     waker: Option<Waker>,
     bytes: u64,
     enqueued: Instant,
+    /// The request's [`FlowRequest::tag`].
+    tag: u64,
 }
 
 #[derive(Debug, Default)]
@@ -407,12 +432,14 @@ impl FlowController {
                 o.enqueued(
                     request.fairness_id,
                     request.priority,
+                    request.tag,
                     Some(outcome),
                     now.elapsed(),
                 );
                 o.finished(
                     request.fairness_id,
                     request.priority,
+                    request.tag,
                     outcome,
                     Duration::ZERO,
                 );
@@ -431,6 +458,7 @@ impl FlowController {
                     waker: None,
                     bytes: 0,
                     enqueued: now,
+                    tag: 0,
                 });
                 (u32::try_from(st.slots.len() - 1).unwrap_or(u32::MAX), 0)
             }
@@ -460,14 +488,22 @@ impl FlowController {
         s.waker = None;
         s.bytes = request.bytes;
         s.enqueued = now;
+        s.tag = request.tag;
         if let Some(o) = &self.observer {
             o.queue_changed(
                 request.fairness_id,
                 request.priority,
+                request.tag,
                 1,
                 i64::try_from(request.bytes).unwrap_or(i64::MAX),
             );
-            o.enqueued(request.fairness_id, request.priority, None, now.elapsed());
+            o.enqueued(
+                request.fairness_id,
+                request.priority,
+                request.tag,
+                None,
+                now.elapsed(),
+            );
         }
         let waker = self.release_next(st);
         drop(guard);
@@ -564,12 +600,14 @@ impl FlowController {
             o.queue_changed(
                 &flow_id,
                 priority,
+                s.tag,
                 -1,
                 -i64::try_from(bytes).unwrap_or(i64::MAX),
             );
             o.finished(
                 &flow_id,
                 priority,
+                s.tag,
                 Outcome::Dispatched,
                 s.enqueued.elapsed(),
             );
@@ -583,7 +621,7 @@ impl FlowController {
         let SlotState::Queued(place) = std::mem::replace(&mut s.state, SlotState::Done) else {
             return;
         };
-        let bytes = s.bytes;
+        let (bytes, tag) = (s.bytes, s.tag);
         let waited = s.enqueued.elapsed();
         s.waker = None;
         let band_key = -i64::from(place.priority);
@@ -604,10 +642,11 @@ impl FlowController {
             o.queue_changed(
                 &place.flow,
                 place.priority,
+                tag,
                 -1,
                 -i64::try_from(bytes).unwrap_or(i64::MAX),
             );
-            o.finished(&place.flow, place.priority, outcome, waited);
+            o.finished(&place.flow, place.priority, tag, outcome, waited);
         }
     }
 

@@ -92,21 +92,33 @@ struct Recorder {
     queued: Mutex<BTreeMap<(String, i32), (i64, i64)>>,
     enqueued: Mutex<Vec<(String, i32, Option<Outcome>)>>,
     cycles: AtomicUsize,
+    /// The tag of every event, in order.
+    tags: Mutex<Vec<u64>>,
 }
 impl FlowObserver for Recorder {
-    fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
+    fn queue_changed(&self, fairness_id: &str, priority: i32, tag: u64, requests: i64, bytes: i64) {
+        self.tags.lock().unwrap().push(tag);
         let mut q = self.queued.lock().unwrap();
         let e = q.entry((fairness_id.to_owned(), priority)).or_default();
         e.0 += requests;
         e.1 += bytes;
     }
-    fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, _: Duration) {
+    fn finished(&self, fairness_id: &str, priority: i32, tag: u64, outcome: Outcome, _: Duration) {
+        self.tags.lock().unwrap().push(tag);
         self.finished
             .lock()
             .unwrap()
             .push((fairness_id.to_owned(), priority, outcome));
     }
-    fn enqueued(&self, fairness_id: &str, priority: i32, refused: Option<Outcome>, _: Duration) {
+    fn enqueued(
+        &self,
+        fairness_id: &str,
+        priority: i32,
+        tag: u64,
+        refused: Option<Outcome>,
+        _: Duration,
+    ) {
+        self.tags.lock().unwrap().push(tag);
         self.enqueued
             .lock()
             .unwrap()
@@ -173,7 +185,28 @@ fn req(flow: &str, priority: i32, bytes: u64) -> FlowRequest<'_> {
         received: Instant::now(),
         deadline: None,
         slo_ttft: None,
+        tag: 0,
     }
+}
+
+/// Each request's tag comes back with every event of it: queued,
+/// released, refused and cancelled alike.
+#[test]
+fn the_observer_gets_each_requests_tag_back() {
+    let s = setup(settings(vec![]), Some(2.0));
+    let tagged = |tag| FlowRequest {
+        tag,
+        ..req("f", 0, 1)
+    };
+    let mut kept = s.fc.enqueue(&tagged(7), None).unwrap();
+    let gone = s.fc.enqueue(&tagged(9), None).unwrap();
+    drop(gone);
+    assert_eq!(*s.rec.tags.lock().unwrap(), [7, 7, 9, 9, 9, 9]);
+    s.rec.tags.lock().unwrap().clear();
+    s.gauge.set(Some(0.0));
+    s.fc.kick();
+    assert!(poll(&mut kept).is_some());
+    assert_eq!(*s.rec.tags.lock().unwrap(), [7, 7]);
 }
 
 fn poll(t: &mut Ticket) -> Option<Release> {

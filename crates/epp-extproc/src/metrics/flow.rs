@@ -3,10 +3,13 @@
 //! (`llm_d_epp_flow_control_*`).
 //!
 //! Observed as requests pass ([`FlowObserver`]), per flow (fairness id,
-//! priority): the requests and bytes queued, the time requests spent in flow
-//! control and the time their enqueue took, by outcome; and the controller's
-//! dispatch cycles. A flow's series is found by the hash of its labels, so
-//! an observation allocates nothing once the flow was seen. Requests per
+//! priority) and the requests' models (model and target model, as the
+//! reference and llm-d label them): the requests and bytes queued, the time
+//! requests spent in flow control and the time their enqueue took, by
+//! outcome; and the controller's dispatch cycles. A request's models travel
+//! through the controller as its tag (an index of the pair, [`FlowMetrics::
+//! models_tag`]); a series is found by the hash of its labels, so an
+//! observation allocates nothing once its flow and models were seen. Requests per
 //! priority and outcome (`llm_d_epp_flow_control_requests_total`) are the
 //! time-in-flow-control counts added together at scrape time.
 //!
@@ -19,7 +22,7 @@ use std::{
     fmt,
     hash::BuildHasher,
     sync::{
-        Arc, Weak,
+        Arc, PoisonError, RwLock, Weak,
         atomic::{AtomicI64, Ordering::Relaxed},
     },
     time::Duration,
@@ -46,17 +49,28 @@ use crate::decision::Decider;
 /// request's outcome is not final yet).
 const QUEUED: &str = "NotYetFinalized";
 
-/// The labels of one flow (the fairness id capped).
+/// The labels of one flow (the fairness id capped) and models.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct FlowKey {
     fairness: String,
     priority: i32,
+    /// The models' tag ([`FlowMetrics::models_tag`]; 0: none known).
+    tag: u64,
+}
+
+/// A (model, target model) pair, its labels capped, and its tag.
+#[derive(Debug)]
+struct Models {
+    tag: u64,
+    model: String,
+    target: String,
 }
 
 /// Every observation of one flow.
 #[derive(Debug)]
 struct FlowSeries {
     key: FlowKey,
+    models: Option<Arc<Models>>,
     requests: AtomicI64,
     bytes: AtomicI64,
     /// Time in flow control, per [`Outcome::ALL`].
@@ -66,9 +80,10 @@ struct FlowSeries {
 }
 
 impl FlowSeries {
-    fn new(key: FlowKey) -> Self {
+    fn new(key: FlowKey, models: Option<Arc<Models>>) -> Self {
         Self {
             key,
+            models,
             requests: AtomicI64::new(0),
             bytes: AtomicI64::new(0),
             waited: std::array::from_fn(|_| AtomicHistogram::new(hist::QUEUE)),
@@ -76,16 +91,24 @@ impl FlowSeries {
         }
     }
 
-    fn labels(&self) -> LabelValues {
+    /// Its labels, in `pool`.
+    fn labels(&self, pool: &str) -> LabelValues {
+        let (model, target) = self
+            .models
+            .as_deref()
+            .map_or(("", ""), |m| (m.model.as_str(), m.target.as_str()));
         vec![
             ("fairness_id", self.key.fairness.clone()),
             ("priority", self.key.priority.to_string()),
+            ("inference_pool", pool.to_owned()),
+            ("model_name", model.to_owned()),
+            ("target_model_name", target.to_owned()),
         ]
     }
 }
 
-fn flow_is(fairness: &str, priority: i32) -> impl Fn(&FlowSeries) -> bool + '_ {
-    move |s| s.key.priority == priority && s.key.fairness == fairness
+fn flow_is(fairness: &str, priority: i32, tag: u64) -> impl Fn(&FlowSeries) -> bool + '_ {
+    move |s| s.key.priority == priority && s.key.tag == tag && s.key.fairness == fairness
 }
 
 fn outcome_index(outcome: Outcome) -> Option<usize> {
@@ -96,65 +119,126 @@ fn outcome_index(outcome: Outcome) -> Option<usize> {
 #[derive(Debug)]
 pub(crate) struct FlowMetrics {
     fairness_ids: Arc<LabelCap>,
+    model_names: Arc<LabelCap>,
     flows: Interned<FlowSeries>,
+    /// Model pairs by the hash of their labels, and by tag (tag − 1).
+    models: Interned<Models>,
+    by_tag: RwLock<Vec<Arc<Models>>>,
     dispatch_cycles: AtomicHistogram,
 }
 
 impl Default for FlowMetrics {
     fn default() -> Self {
-        Self::with_fairness_cap(Arc::default())
+        Self::with_caps(Arc::default(), Arc::default())
     }
 }
 
 impl FlowMetrics {
-    /// Metrics whose `fairness_id` label takes `fairness_ids`' cap (the
-    /// request metrics' own, so an id keeps one label everywhere).
-    pub(crate) fn with_fairness_cap(fairness_ids: Arc<LabelCap>) -> Self {
+    /// Metrics whose `fairness_id` label takes `fairness_ids`' cap and
+    /// whose model labels take `model_names`' (the request metrics' own, so
+    /// a value keeps one label everywhere).
+    pub(crate) fn with_caps(fairness_ids: Arc<LabelCap>, model_names: Arc<LabelCap>) -> Self {
         Self {
             fairness_ids,
+            model_names,
             flows: Interned::default(),
+            models: Interned::default(),
+            by_tag: RwLock::new(Vec::new()),
             dispatch_cycles: AtomicHistogram::new(hist::FLOW_STEP),
         }
     }
 
+    /// The tag of a request for `model` routed as `target`, to give the
+    /// controller ([`epp_core::flow::FlowRequest::tag`]): found without
+    /// allocating once the pair was seen.
+    pub(crate) fn models_tag(&self, model: &str, target: &str) -> u64 {
+        let (m, t) = (
+            self.model_names.label(model),
+            self.model_names.label(target),
+        );
+        let hash = self.models.hasher.hash_one((m, t));
+        let is = |p: &Models| p.model == m && p.target == t;
+        if let Some(p) = self.models.get(hash, is) {
+            return p.tag;
+        }
+        // Under the tag list's lock, so tags stay dense and unique.
+        let mut by_tag = self.by_tag.write().unwrap_or_else(PoisonError::into_inner);
+        let next = by_tag.len() as u64 + 1;
+        let p = self.models.get_or_insert(hash, is, || Models {
+            tag: next,
+            model: m.to_owned(),
+            target: t.to_owned(),
+        });
+        if p.tag == next {
+            by_tag.push(Arc::clone(&p));
+        }
+        p.tag
+    }
+
+    /// The pair a tag stands for.
+    fn models_of(&self, tag: u64) -> Option<Arc<Models>> {
+        let i = usize::try_from(tag.checked_sub(1)?).ok()?;
+        let by_tag = self.by_tag.read().unwrap_or_else(PoisonError::into_inner);
+        by_tag.get(i).cloned()
+    }
+
     /// The series of a flow: found without allocating once it exists; a
     /// new one takes the fairness-id cap first.
-    fn flow(&self, fairness: &str, priority: i32) -> Arc<FlowSeries> {
-        let raw = self.flows.hasher.hash_one((fairness, priority));
-        if let Some(s) = self.flows.get(raw, flow_is(fairness, priority)) {
+    fn flow(&self, fairness: &str, priority: i32, tag: u64) -> Arc<FlowSeries> {
+        let raw = self.flows.hasher.hash_one((fairness, priority, tag));
+        if let Some(s) = self.flows.get(raw, flow_is(fairness, priority, tag)) {
             return s;
         }
         let f = self.fairness_ids.label(fairness);
-        let hash = self.flows.hasher.hash_one((f, priority));
-        self.flows.get_or_insert(hash, flow_is(f, priority), || {
-            FlowSeries::new(FlowKey {
-                fairness: f.to_owned(),
-                priority,
+        let hash = self.flows.hasher.hash_one((f, priority, tag));
+        self.flows
+            .get_or_insert(hash, flow_is(f, priority, tag), || {
+                FlowSeries::new(
+                    FlowKey {
+                        fairness: f.to_owned(),
+                        priority,
+                        tag,
+                    },
+                    self.models_of(tag),
+                )
             })
-        })
     }
 }
 
 impl FlowObserver for FlowMetrics {
-    fn queue_changed(&self, fairness_id: &str, priority: i32, requests: i64, bytes: i64) {
-        let s = self.flow(fairness_id, priority);
+    fn queue_changed(&self, fairness_id: &str, priority: i32, tag: u64, requests: i64, bytes: i64) {
+        let s = self.flow(fairness_id, priority, tag);
         s.requests.fetch_add(requests, Relaxed);
         s.bytes.fetch_add(bytes, Relaxed);
     }
 
-    fn finished(&self, fairness_id: &str, priority: i32, outcome: Outcome, waited: Duration) {
+    fn finished(
+        &self,
+        fairness_id: &str,
+        priority: i32,
+        tag: u64,
+        outcome: Outcome,
+        waited: Duration,
+    ) {
         if let Some(i) = outcome_index(outcome) {
-            self.flow(fairness_id, priority).waited[i].observe(waited.as_secs_f64());
+            self.flow(fairness_id, priority, tag).waited[i].observe(waited.as_secs_f64());
         }
     }
 
-    fn enqueued(&self, fairness_id: &str, priority: i32, refused: Option<Outcome>, took: Duration) {
+    fn enqueued(
+        &self,
+        fairness_id: &str,
+        priority: i32,
+        tag: u64,
+        refused: Option<Outcome>,
+        took: Duration,
+    ) {
         let i = match refused {
             None => Some(0),
             Some(o) => outcome_index(o).map(|i| i + 1),
         };
         if let Some(i) = i {
-            self.flow(fairness_id, priority).enqueue[i].observe(took.as_secs_f64());
+            self.flow(fairness_id, priority, tag).enqueue[i].observe(took.as_secs_f64());
         }
     }
 
@@ -212,13 +296,17 @@ impl Collector for FlowCollector {
         let g = self.generations;
         let mut flows = self.metrics.flows.all();
         flows.sort_by(|a, b| a.key.cmp(&b.key));
-        let live = self.decider.upgrade().and_then(|d| Live::read(&d));
+        let decider = self.decider.upgrade();
+        let live = decider.as_deref().and_then(Live::read);
+        let pool = decider
+            .map(|d| d.options.load().pool_name.clone())
+            .unwrap_or_default();
         let prefixes = [
             ("inference_extension", g.reference()),
             ("llm_d_epp", g.llm_d),
         ];
         for (prefix, _) in prefixes.into_iter().filter(|(_, on)| *on) {
-            self.encode_flows(&mut enc, prefix, &flows)?;
+            self.encode_flows(&mut enc, prefix, &pool, &flows)?;
             let mut saturation = BTreeMap::new();
             if let Some(l) = &live {
                 let labels = vec![
@@ -249,12 +337,13 @@ impl FlowCollector {
         &self,
         enc: &mut DescriptorEncoder,
         prefix: &str,
+        pool: &str,
         flows: &[Arc<FlowSeries>],
     ) -> fmt::Result {
         let gauge = |of: fn(&FlowSeries) -> i64| {
             flows
                 .iter()
-                .map(|s| (s.labels(), of(s)))
+                .map(|s| (s.labels(pool), of(s)))
                 .collect::<BTreeMap<_, _>>()
         };
         encode_gauges(
@@ -276,7 +365,7 @@ impl FlowCollector {
                     let mut v = HistogramValue::default();
                     h.add_to(&mut v);
                     if v.count() > 0 {
-                        let mut l = s.labels();
+                        let mut l = s.labels(pool);
                         l.push(("outcome", outcome.to_owned()));
                         out.insert(l, v);
                     }

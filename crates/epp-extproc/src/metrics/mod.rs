@@ -286,7 +286,7 @@ impl<V> Interned<V> {
 /// What the collector reads.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
-    models: LabelCap,
+    models: Arc<LabelCap>,
     fairness_ids: Arc<LabelCap>,
     series: Interned<RequestSeries>,
     attempts: Interned<(AttemptKey, AtomicU64)>,
@@ -338,6 +338,11 @@ impl Metrics {
     /// metrics so one id keeps one label everywhere.
     pub(crate) fn fairness_ids(&self) -> Arc<LabelCap> {
         Arc::clone(&self.store.fairness_ids)
+    }
+
+    /// The cap of the model labels, shared with flow control's metrics.
+    pub(crate) fn models(&self) -> Arc<LabelCap> {
+        Arc::clone(&self.store.models)
     }
 
     pub(crate) fn register(&self, r: &mut Registry, generations: MetricGenerations) {

@@ -32,11 +32,11 @@ fn fairness_ids_past_the_cap_fold_into_one_series() {
     let metrics = Arc::new(FlowMetrics::default());
     for i in 0..=MAX_LABEL_VALUES {
         let id = format!("tenant-{i}");
-        metrics.queue_changed(&id, 0, 1, 10);
-        metrics.finished(&id, 0, Outcome::Dispatched, Duration::from_millis(1));
+        metrics.queue_changed(&id, 0, 0, 1, 10);
+        metrics.finished(&id, 0, 0, Outcome::Dispatched, Duration::from_millis(1));
     }
     // An id seen before the cap keeps its own series afterwards.
-    metrics.queue_changed("tenant-0", 0, -1, -10);
+    metrics.queue_changed("tenant-0", 0, 0, -1, -10);
     let text = page(&metrics, MetricGenerations::ALL);
     let queue = |id: &str| {
         lines(&text, "inference_extension_flow_control_queue_size{")
@@ -46,13 +46,17 @@ fn fairness_ids_past_the_cap_fold_into_one_series() {
     };
     assert_eq!(
         queue("tenant-0"),
-        ["inference_extension_flow_control_queue_size{fairness_id=\"tenant-0\",priority=\"0\"} 0"]
+        [
+            "inference_extension_flow_control_queue_size{fairness_id=\"tenant-0\",priority=\"0\",inference_pool=\"\",model_name=\"\",target_model_name=\"\"} 0"
+        ]
     );
     assert_eq!(queue(&format!("tenant-{}", MAX_LABEL_VALUES - 1)).len(), 1);
     assert!(queue(&format!("tenant-{MAX_LABEL_VALUES}")).is_empty());
     assert_eq!(
         queue(FOLDED_FAIRNESS_ID),
-        ["inference_extension_flow_control_queue_size{fairness_id=\"other\",priority=\"0\"} 1"]
+        [
+            "inference_extension_flow_control_queue_size{fairness_id=\"other\",priority=\"0\",inference_pool=\"\",model_name=\"\",target_model_name=\"\"} 1"
+        ]
     );
     assert_eq!(
         lines(&text, "inference_extension_flow_control_queue_size{").len(),
@@ -72,26 +76,26 @@ fn fairness_ids_past_the_cap_fold_into_one_series() {
 fn each_observation_is_served_under_both_prefixes_and_summed_per_priority() {
     let metrics = Arc::new(FlowMetrics::default());
     let ms = Duration::from_millis;
-    metrics.enqueued("a", 0, None, ms(1));
-    metrics.enqueued("b", 0, None, ms(1));
-    metrics.enqueued("b", 0, Some(Outcome::RejectedCapacity), ms(1));
-    metrics.finished("b", 0, Outcome::RejectedCapacity, Duration::ZERO);
-    metrics.finished("a", 0, Outcome::Dispatched, ms(30));
-    metrics.finished("b", 0, Outcome::Dispatched, ms(2));
-    metrics.finished("a", 2, Outcome::EvictedTtl, ms(900));
+    metrics.enqueued("a", 0, 0, None, ms(1));
+    metrics.enqueued("b", 0, 0, None, ms(1));
+    metrics.enqueued("b", 0, 0, Some(Outcome::RejectedCapacity), ms(1));
+    metrics.finished("b", 0, 0, Outcome::RejectedCapacity, Duration::ZERO);
+    metrics.finished("a", 0, 0, Outcome::Dispatched, ms(30));
+    metrics.finished("b", 0, 0, Outcome::Dispatched, ms(2));
+    metrics.finished("a", 2, 0, Outcome::EvictedTtl, ms(900));
     metrics.dispatch_cycle(Duration::from_micros(40));
     metrics.dispatch_cycle(Duration::from_micros(40));
     let text = page(&metrics, MetricGenerations::ALL);
     for prefix in ["inference_extension", "llm_d_epp"] {
         for want in [
             format!(
-                "{prefix}_flow_control_request_enqueue_duration_seconds_count{{fairness_id=\"b\",priority=\"0\",outcome=\"NotYetFinalized\"}} 1"
+                "{prefix}_flow_control_request_enqueue_duration_seconds_count{{fairness_id=\"b\",priority=\"0\",inference_pool=\"\",model_name=\"\",target_model_name=\"\",outcome=\"NotYetFinalized\"}} 1"
             ),
             format!(
-                "{prefix}_flow_control_request_enqueue_duration_seconds_count{{fairness_id=\"b\",priority=\"0\",outcome=\"RejectedCapacity\"}} 1"
+                "{prefix}_flow_control_request_enqueue_duration_seconds_count{{fairness_id=\"b\",priority=\"0\",inference_pool=\"\",model_name=\"\",target_model_name=\"\",outcome=\"RejectedCapacity\"}} 1"
             ),
             format!(
-                "{prefix}_flow_control_request_queue_duration_seconds_count{{fairness_id=\"a\",priority=\"2\",outcome=\"EvictedTTL\"}} 1"
+                "{prefix}_flow_control_request_queue_duration_seconds_count{{fairness_id=\"a\",priority=\"2\",inference_pool=\"\",model_name=\"\",target_model_name=\"\",outcome=\"EvictedTTL\"}} 1"
             ),
             format!("{prefix}_flow_control_dispatch_cycle_duration_seconds_count 2"),
             // 40 µs: the first bucket (100 µs).
@@ -104,7 +108,7 @@ fn each_observation_is_served_under_both_prefixes_and_summed_per_priority() {
         // Outcomes that never happened have no series.
         assert!(
             !text.contains(&format!(
-                "{prefix}_flow_control_request_queue_duration_seconds_count{{fairness_id=\"a\",priority=\"0\",outcome=\"EvictedTTL\"}}"
+                "{prefix}_flow_control_request_queue_duration_seconds_count{{fairness_id=\"a\",priority=\"0\",inference_pool=\"\",model_name=\"\",target_model_name=\"\",outcome=\"EvictedTTL\"}}"
             )),
             "{text}"
         );
@@ -198,6 +202,9 @@ fn service_page(service: &ExtProcService) -> String {
 fn the_running_controller_is_read_at_scrape_time() {
     let service = flow_service();
     let fc = service.decider.flow.current().unwrap();
+    // The request's models ride through the controller as its tag.
+    let tag = service.decider.flow_metrics.models_tag("m", "m-lora");
+    assert_eq!(service.decider.flow_metrics.models_tag("m", "m-lora"), tag);
     let request = |priority, bytes| FlowRequest {
         fairness_id: "t",
         priority,
@@ -205,6 +212,7 @@ fn the_running_controller_is_read_at_scrape_time() {
         received: Instant::now(),
         deadline: None,
         slo_ttft: None,
+        tag,
     };
     // Saturation (2 + 0 + 1) / 3 = 1: nothing is released.
     let _queued = [
@@ -224,8 +232,8 @@ fn the_running_controller_is_read_at_scrape_time() {
         "llm_d_epp_flow_control_capacity_utilization_requests{priority=\"0\",inference_pool=\"pool-a\"} 0.0002",
         // 3 of the 8 requests the whole queue may hold.
         "llm_d_epp_flow_control_global_capacity_utilization_requests{inference_pool=\"pool-a\"} 0.375",
-        "llm_d_epp_flow_control_queue_size{fairness_id=\"t\",priority=\"1\"} 2",
-        "llm_d_epp_flow_control_request_enqueue_duration_seconds_count{fairness_id=\"t\",priority=\"1\",outcome=\"NotYetFinalized\"} 2",
+        "llm_d_epp_flow_control_queue_size{fairness_id=\"t\",priority=\"1\",inference_pool=\"pool-a\",model_name=\"m\",target_model_name=\"m-lora\"} 2",
+        "llm_d_epp_flow_control_request_enqueue_duration_seconds_count{fairness_id=\"t\",priority=\"1\",inference_pool=\"pool-a\",model_name=\"m\",target_model_name=\"m-lora\",outcome=\"NotYetFinalized\"} 2",
         // One cycle per enqueue, none of which released anything.
         "llm_d_epp_flow_control_dispatch_cycle_duration_seconds_count 3",
     ] {
