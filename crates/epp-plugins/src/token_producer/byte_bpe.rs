@@ -175,7 +175,9 @@ fn pre_tokenizer(v: &Value) -> Result<PreTokenizer, Unsupported> {
                 Some(split::LLAMA3) => Pattern::Llama3,
                 Some(split::GPT2) => Pattern::Gpt2,
                 _ => {
-                    return refuse("pre_tokenizer: a Split pattern other than Llama 3's or GPT-2's");
+                    return refuse(
+                        "pre_tokenizer: a Split pattern other than Llama 3's or GPT-2's",
+                    );
                 }
             };
             Ok(PreTokenizer {
@@ -436,8 +438,7 @@ impl ByteBpe {
         for set in [&mut raw, &mut normalized] {
             // Longest first: the first that matches at a position is the
             // leftmost-longest match.
-            set.tokens
-                .sort_by(|a, b| b.content.len().cmp(&a.content.len()));
+            set.tokens.sort_by_key(|t| Reverse(t.content.len()));
         }
         Ok((raw, normalized))
     }
@@ -666,10 +667,10 @@ impl ByteBpe {
                     heap.push(Reverse((rank, p, id)));
                 }
             }
-            if let Some(b) = links[p].0 {
-                if let Some((rank, id)) = self.merge(syms[b], new) {
-                    heap.push(Reverse((rank, b, id)));
-                }
+            if let Some(b) = links[p].0
+                && let Some((rank, id)) = self.merge(syms[b], new)
+            {
+                heap.push(Reverse((rank, b, id)));
             }
         }
         out.extend(syms.iter().filter(|&&s| s != u32::MAX));

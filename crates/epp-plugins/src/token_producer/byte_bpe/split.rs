@@ -191,9 +191,8 @@ impl Scan<'_> {
     fn gpt2(&self, i: usize) -> usize {
         let bytes = self.s.as_bytes();
         if bytes[i] == b'\'' {
-            match bytes.get(i + 1..i + 3) {
-                Some(b"re" | b"ve" | b"ll") => return i + 3,
-                _ => {}
+            if let Some(b"re" | b"ve" | b"ll") = bytes.get(i + 1..i + 3) {
+                return i + 3;
             }
             if let Some(b's' | b't' | b'm' | b'd') = bytes.get(i + 1) {
                 return i + 2;
@@ -227,21 +226,21 @@ impl Scan<'_> {
             return self.s.len();
         };
         let next = self.at(i + c.len_utf8());
-        if c == '\'' {
-            if let Some((n1, _)) = next {
-                let j = i + 1 + n1.len_utf8();
-                match self.cls.fold(n1) {
-                    Some(b's' | b't' | b'm' | b'd') => return j,
-                    Some(first @ (b'r' | b'v' | b'l')) => {
-                        let second = if first == b'l' { b'l' } else { b'e' };
-                        if let Some((n2, _)) = self.at(j) {
-                            if self.cls.fold(n2) == Some(second) {
-                                return j + n2.len_utf8();
-                            }
-                        }
+        if c == '\''
+            && let Some((n1, _)) = next
+        {
+            let j = i + 1 + n1.len_utf8();
+            match self.cls.fold(n1) {
+                Some(b's' | b't' | b'm' | b'd') => return j,
+                Some(first @ (b'r' | b'v' | b'l')) => {
+                    let second = if first == b'l' { b'l' } else { b'e' };
+                    if let Some((n2, _)) = self.at(j)
+                        && self.cls.fold(n2) == Some(second)
+                    {
+                        return j + n2.len_utf8();
                     }
-                    _ => {}
                 }
+                _ => {}
             }
         }
         // [^\r\n\p{L}\p{N}]?\p{L}+

@@ -288,7 +288,8 @@ fn the_word_cache_is_bounded() {
 
 #[test]
 fn files_it_does_not_implement_are_refused_with_the_part() {
-    let cases: [(&str, fn(&mut Value)); 10] = [
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit); 10] = [
         ("normalizer", |v| v["normalizer"] = json!({"type": "NFC"})),
         ("truncation", |v| v["truncation"] = json!({"max_length": 8})),
         ("pre_tokenizer", |v| {
