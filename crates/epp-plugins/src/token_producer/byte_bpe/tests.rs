@@ -321,3 +321,24 @@ fn files_it_does_not_implement_are_refused_with_the_part() {
     }
     assert!(ByteBpe::from_json(&json!("not a tokenizer")).is_err());
 }
+
+#[test]
+fn a_warm_encoder_allocates_nothing() {
+    let text = "<|begin_of_text|>The user's question: what'll the weather be in Paris on \
+                the 14th?\n\n  Answer in three sentences. 日本語 😀";
+    let counted = allocation_counter::measure(|| {
+        std::hint::black_box(Vec::<u8>::with_capacity(8));
+    });
+    assert!(counted.count_total > 0, "the counter counts");
+    for (name, _, fast) in SHAPES.iter() {
+        let mut out = Vec::new();
+        // The first call fills the word cache and grows the buffers.
+        fast.encode(text, true, &mut out);
+        let want = out.clone();
+        out.clear();
+        let allocations =
+            allocation_counter::measure(|| fast.encode(text, true, &mut out)).count_total;
+        assert_eq!(out, want, "{name}");
+        assert_eq!(allocations, 0, "{name}");
+    }
+}
