@@ -45,7 +45,7 @@ use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugi
 use serde::de::IgnoredAny;
 use tokenizers::Tokenizer;
 
-pub use self::byte_bpe::{ByteBpe, Unsupported};
+pub use self::byte_bpe::{ByteBpe, UnsupportedTokenizer};
 use crate::{Builtin, invalid};
 
 mod byte_bpe;
@@ -501,9 +501,23 @@ mod tests {
         }
         let after = ids(&t);
         assert!(after.len() > before.len(), "{before:?} -> {after:?}");
+        assert!(
+            t.uses_byte_bpe(),
+            "the reloaded file is still one epp encodes"
+        );
         // A broken file keeps the last good tokenizer.
         std::fs::write(&file, "{not json").expect("written");
         std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(ids(&t), after);
+        // A file epp's encoder does not implement (a normalizer) is encoded
+        // by the crate, with the same ids here (NFC leaves ASCII alone).
+        json["normalizer"] = serde_json::json!({"type": "NFC"});
+        std::fs::write(&file, json.to_string()).expect("written");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while t.uses_byte_bpe() {
+            assert!(std::time::Instant::now() < deadline, "never reloaded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(ids(&t), after);
     }
 

@@ -25,18 +25,18 @@ use split::{Classes, Pattern};
 
 /// Why a `tokenizer.json` does not take the fast path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unsupported(String);
+pub struct UnsupportedTokenizer(String);
 
-impl std::fmt::Display for Unsupported {
+impl std::fmt::Display for UnsupportedTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for Unsupported {}
+impl std::error::Error for UnsupportedTokenizer {}
 
-fn refuse<T>(why: impl Into<String>) -> Result<T, Unsupported> {
-    Err(Unsupported(why.into()))
+fn refuse<T>(why: impl Into<String>) -> Result<T, UnsupportedTokenizer> {
+    Err(UnsupportedTokenizer(why.into()))
 }
 
 /// An added token, as the crate's `AddedVocabulary` matches it.
@@ -121,7 +121,7 @@ fn byte_symbols() -> [char; 256] {
     out
 }
 
-fn flag(v: &Value, key: &str, default: bool) -> Result<bool, Unsupported> {
+fn flag(v: &Value, key: &str, default: bool) -> Result<bool, UnsupportedTokenizer> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
@@ -137,14 +137,14 @@ fn kind(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
-fn byte_level(v: &Value) -> Result<(bool, bool), Unsupported> {
+fn byte_level(v: &Value) -> Result<(bool, bool), UnsupportedTokenizer> {
     Ok((
         flag(v, "add_prefix_space", true)?,
         flag(v, "use_regex", true)?,
     ))
 }
 
-fn pre_tokenizer(v: &Value) -> Result<PreTokenizer, Unsupported> {
+fn pre_tokenizer(v: &Value) -> Result<PreTokenizer, UnsupportedTokenizer> {
     match kind(v) {
         "ByteLevel" => {
             let (prefix_space, use_regex) = byte_level(v)?;
@@ -191,7 +191,7 @@ fn pre_tokenizer(v: &Value) -> Result<PreTokenizer, Unsupported> {
 }
 
 /// Ids the template puts around `$A` with special tokens.
-fn post_processor(v: &Value) -> Result<(Vec<u32>, Vec<u32>), Unsupported> {
+fn post_processor(v: &Value) -> Result<(Vec<u32>, Vec<u32>), UnsupportedTokenizer> {
     let steps = match kind(v) {
         _ if v.is_null() => return Ok((Vec::new(), Vec::new())),
         "Sequence" => v
@@ -266,8 +266,8 @@ impl ByteBpe {
     ///   of those.
     ///
     /// # Errors
-    /// [`Unsupported`], naming the part of the file that is not accepted.
-    pub fn from_json(json: &Value) -> Result<Self, Unsupported> {
+    /// [`UnsupportedTokenizer`], naming the part of the file that is not accepted.
+    pub fn from_json(json: &Value) -> Result<Self, UnsupportedTokenizer> {
         let Some(classes) = split::classes() else {
             return refuse("the Unicode classes are unavailable");
         };
@@ -349,7 +349,7 @@ impl ByteBpe {
     fn merges(
         model: &Value,
         ids: &HashMap<&str, u32>,
-    ) -> Result<HashMap<u64, (u32, u32), RandomState>, Unsupported> {
+    ) -> Result<HashMap<u64, (u32, u32), RandomState>, UnsupportedTokenizer> {
         let Some(list) = model.get("merges").and_then(Value::as_array) else {
             return refuse("model.merges is not a list");
         };
@@ -387,7 +387,7 @@ impl ByteBpe {
         json: &Value,
         ids: &HashMap<&str, u32>,
         classes: &Classes,
-    ) -> Result<(AddedSet, AddedSet), Unsupported> {
+    ) -> Result<(AddedSet, AddedSet), UnsupportedTokenizer> {
         let (mut raw, mut normalized) = (AddedSet::default(), AddedSet::default());
         let list = json.get("added_tokens").and_then(Value::as_array);
         let mut next = u32::try_from(ids.len()).unwrap_or(u32::MAX);
