@@ -256,7 +256,8 @@ impl ByteBpe {
     ///   `add_prefix_space` honoured), or `Sequence[Split(Llama 3's or
     ///   GPT-2's pattern, Isolated), ByteLevel(use_regex: false)]`;
     /// - model `BPE` without dropout, `continuing_subword_prefix`,
-    ///   `end_of_word_suffix` or `byte_fallback`; `ignore_merges` honoured;
+    ///   `end_of_word_suffix` (empty ones are none) or `byte_fallback`;
+    ///   `ignore_merges` honoured;
     ///   an `unk_token` only when every byte has its symbol;
     /// - added tokens (special or not; `single_word`, `lstrip`, `rstrip`,
     ///   `normalized`) whose content neither starts nor ends with whitespace
@@ -282,7 +283,9 @@ impl ByteBpe {
             return refuse("model: not BPE");
         }
         for key in ["dropout", "continuing_subword_prefix", "end_of_word_suffix"] {
-            if !is_null(model, key) {
+            // An empty prefix or suffix (GPT-2's file) changes nothing.
+            let empty = key != "dropout" && model.get(key).and_then(Value::as_str) == Some("");
+            if !is_null(model, key) && !empty {
                 return refuse(format!("model.{key} is set"));
             }
         }

@@ -61,7 +61,12 @@ static SHAPES: LazyLock<Vec<(&'static str, Tokenizer, ByteBpe)>> = LazyLock::new
     v["post_processor"] = json!({"type": "ByteLevel", "add_prefix_space": false,
                                  "trim_offsets": true, "use_regex": true});
     shapes.push(("gpt2 no regex, ByteLevel post-processor", v));
-    shapes.push(("gpt2 flagged added tokens", with_flagged_tokens(gpt2())));
+    // GPT-2's own file: empty prefix and suffix, `<|endoftext|>` normalized.
+    let mut v = with_flagged_tokens(gpt2());
+    v["model"]["continuing_subword_prefix"] = json!("");
+    v["model"]["end_of_word_suffix"] = json!("");
+    v["added_tokens"][0]["normalized"] = json!(true);
+    shapes.push(("gpt2 flagged added tokens, empty affixes", v));
     let mut v = with_flagged_tokens(llama3());
     v["model"]["ignore_merges"] = json!(false);
     v["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = json!(true);
