@@ -45,7 +45,9 @@ fn with_flagged_tokens(mut json: Value) -> Value {
         tok(1, "foo", [true, false, false, true, false]),
         tok(2, "bar", [false, false, false, true, false]),
         tok(3, "<sep>", [true, true, false, false, false]),
-        tok(4, "<mask>x", [false, false, true, true, false]),
+        // Overlapping tokens in one pass: the longest at the leftmost start.
+        tok(4, "<mask>x", [false, false, true, false, false]),
+        tok(5, "ba", [false, false, false, true, false]),
     ]);
     json
 }
