@@ -84,6 +84,22 @@ struct PreTokenizer {
 ///
 /// Thread-safe; each thread keeps a bounded cache of merged words (a few
 /// thousand words per encoder, for the last few encoders it used).
+///
+/// ```
+/// # type Error = Box<dyn std::error::Error + Send + Sync>;
+/// let dir = std::env::temp_dir().join(format!("bpe-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let file = epp_test_support::tokenizer::write_test_tokenizer(&dir)?;
+/// let text = std::fs::read_to_string(&file)?;
+/// let bpe = epp_plugins::ByteBpe::from_json(&serde_json::from_str(&text)?)?;
+/// let crate_: tokenizers::Tokenizer = text.parse()?;
+/// let mut ids = Vec::new();
+/// bpe.encode("The capital of France is Paris.", true, &mut ids);
+/// let want = crate_.encode_fast("The capital of France is Paris.", true)?;
+/// assert_eq!(ids, want.get_ids());
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<_, Error>(())
+/// ```
 #[derive(Debug)]
 pub struct ByteBpe {
     /// Identifies this encoder's per-thread word caches.
