@@ -9,7 +9,11 @@
 //! - `lookup-16k`: keying a 16,384-token prompt (1,024 blocks) and matching
 //!   it when 8 of 64 endpoints hold all of it and 8 hold its first half;
 //!   `lookup-16k-keys-only` and `lookup-16k-match-only` split the two.
-//! - `tokenize-16k`: the test tokenizer (byte-level BPE) on 16 KiB of text.
+//! - `tokenize-16k/{crate,fast}`: the test tokenizer (byte-level BPE, GPT-2
+//!   shape) on 16 KiB of English, by the `tokenizers` crate and by epp's
+//!   `ByteBpe` (what `token-producer` runs), in the same run;
+//!   `tokenize-16k-varied/…` on 16 KiB of mostly unseen words (few word-cache
+//!   hits); `tokenize-16k-llama3/…` with the Llama 3-shaped test tokenizer.
 //!
 //! With mimalloc, as the `epp` binary runs.
 //!
@@ -23,7 +27,11 @@ use std::collections::VecDeque;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use epp_core::{BlockStored, EndpointId, KvEvent, KvEventBatch, PrefixMatch};
 use epp_plugins::{Builtin, KvBlockIndex, TokenProducer, TokenProducerParams};
-use epp_test_support::{process::scratch_dir, tokenizer::write_test_tokenizer};
+use epp_test_support::{
+    process::scratch_dir,
+    tokenizer::{write_llama3_test_tokenizer, write_test_tokenizer},
+};
+use tokenizers::Tokenizer;
 
 /// The `epp` binary's allocator: the tokenizer allocates per token.
 #[global_allocator]
@@ -177,31 +185,88 @@ fn lookup(c: &mut Criterion) {
     assert_eq!(m.matched(EndpointId(8)), 512);
 }
 
+/// 16 KiB of words, numbers and punctuation from a fixed pseudo-random
+/// sequence: most words are seen once.
+fn varied_text() -> String {
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut text = String::new();
+    while text.len() < 16 * 1024 {
+        match next(10) {
+            0 => text.push_str(&format!(" {}", next(100_000))),
+            1 => {
+                text.push_str([", ", ". ", "; ", "\n\n", " (", ") ", "'s", " — "][next(8) as usize])
+            }
+            _ => {
+                text.push(' ');
+                for _ in 0..2 + next(9) {
+                    text.push(char::from(b'a' + next(26) as u8));
+                }
+            }
+        }
+    }
+    let mut end = 16 * 1024;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
+
 fn tokenize(c: &mut Criterion) {
-    let dir = scratch_dir("bench-tokenizer");
-    let file = write_test_tokenizer(&dir).unwrap();
-    let p: TokenProducerParams = serde_yaml_ng::from_str(&format!(
-        "{{local: {{path: {}, reloadInterval: 0s}}}}",
-        file.display()
-    ))
-    .unwrap();
-    let t = TokenProducer::build("tok", p).unwrap();
     let paragraph = "The system prompt is the same for every user of the application, \
                      and the conversation that follows it is different for each one of them. \
                      Explain the theory of relativity to a child; count from one to ten. ";
-    let text: String = paragraph.repeat(16 * 1024 / paragraph.len() + 1)[..16 * 1024].to_owned();
-    let mut ids = Vec::new();
-    t.tokenize(&text, &mut ids).unwrap();
-    eprintln!("16 KiB -> {} tokens", ids.len());
+    let english: String = paragraph.repeat(16 * 1024 / paragraph.len() + 1)[..16 * 1024].to_owned();
+    let varied = varied_text();
+    type Write = fn(&std::path::Path) -> std::io::Result<std::path::PathBuf>;
+    let cases: [(&str, Write, &str); 3] = [
+        ("tokenize-16k", write_test_tokenizer, &english),
+        ("tokenize-16k-varied", write_test_tokenizer, &varied),
+        ("tokenize-16k-llama3", write_llama3_test_tokenizer, &english),
+    ];
     let mut g = c.benchmark_group("kv-index");
-    g.throughput(Throughput::Bytes(text.len() as u64));
-    g.bench_function("tokenize-16k", |b| {
-        b.iter(|| {
-            ids.clear();
-            t.tokenize(&text, &mut ids).unwrap();
-            ids.len()
+    for (name, write, text) in cases {
+        let dir = scratch_dir(&format!("bench-{name}"));
+        let file = write(&dir).unwrap();
+        let p: TokenProducerParams = serde_yaml_ng::from_str(&format!(
+            "{{local: {{path: {}, reloadInterval: 0s}}}}",
+            file.display()
+        ))
+        .unwrap();
+        let t = TokenProducer::build("tok", p).unwrap();
+        assert!(t.uses_byte_bpe(), "{name}: the fast path");
+        let crate_ = Tokenizer::from_file(&file).unwrap();
+        let mut ids = Vec::new();
+        t.tokenize(text, &mut ids).unwrap();
+        assert_eq!(
+            ids,
+            crate_.encode_fast(text, true).unwrap().get_ids(),
+            "{name}: same ids"
+        );
+        eprintln!("{name}: {} bytes -> {} tokens", text.len(), ids.len());
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_function(format!("{name}/crate"), |b| {
+            b.iter(|| {
+                ids.clear();
+                let enc = crate_.encode_fast(text, true).unwrap();
+                ids.extend_from_slice(enc.get_ids());
+                ids.len()
+            });
         });
-    });
+        g.bench_function(format!("{name}/fast"), |b| {
+            b.iter(|| {
+                ids.clear();
+                t.tokenize(text, &mut ids).unwrap();
+                ids.len()
+            });
+        });
+    }
     g.finish();
 }
 

@@ -187,7 +187,9 @@ pub use slo_headroom_tier_filter::{SloHeadroomTierFilter, SloTierParams};
 pub use soft_reflective_ceiling_policy::SoftReflectiveCeilingPolicy;
 pub use static_usage_limit_policy::{StaticUsageLimitParams, StaticUsageLimitPolicy};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
-pub use token_producer::{LocalTokenizerParams, TokenProducer, TokenProducerParams};
+pub use token_producer::{
+    ByteBpe, LocalTokenizerParams, TokenProducer, TokenProducerParams, UnsupportedTokenizer,
+};
 pub use topology_affinity_filter::{TopologyAffinityFilter, TopologyFilterParams};
 pub use topology_affinity_scorer::{TopologyAffinityScorer, TopologyScorerParams, proximity};
 pub use topology_extractor::{TopologyExtractor, TopologyLabels};

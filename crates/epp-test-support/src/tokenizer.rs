@@ -9,6 +9,14 @@
 //! front of every encoding made with `add_special_tokens = true` (so a
 //! router that forgets special tokens computes other ids than the server).
 //!
+//! [`write_llama3_test_tokenizer`] writes the Llama 3 shape of the same
+//! vocabulary: a `Split` pre-tokenizer with Llama 3's pattern then a
+//! `ByteLevel` one without its regex, `ignore_merges` with a few whole words
+//! ([`LLAMA3_WORDS`]) that the merges alone do not build, Llama 3's special
+//! tokens ([`LLAMA3_SPECIAL`], the first put before every encoding with
+//! special tokens) and a `Sequence[ByteLevel, TemplateProcessing]`
+//! post-processor.
+//!
 //! The training is plain Rust over ordered maps (ties broken by the pair's
 //! text), so the file is the same bytes on every call, every machine, every
 //! version of the `tokenizers` crate that loads it.
@@ -63,13 +71,40 @@ seven, eight, nine, ten. The quick brown fox jumps over the lazy dog. \
 The system prompt is the same for every user of the application, and the \
 conversation that follows it is different for each one of them.";
 
+/// Llama 3's pre-tokenizer pattern.
+pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Llama 3's special tokens in the Llama 3 shape, in id order.
+pub const LLAMA3_SPECIAL: [&str; 4] = [
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+];
+
+/// Whole words in the Llama 3 shape's vocabulary with no merges to them.
+pub const LLAMA3_WORDS: [&str; 3] = ["Ġrelativity", "Ġassistant", "ĠParis."];
+
 /// Writes the test tokenizer to `dir/tokenizer.json` and returns that path.
 ///
 /// # Errors
 /// When the file cannot be written.
 pub fn write_test_tokenizer(dir: &Path) -> std::io::Result<PathBuf> {
+    write(dir, &tokenizer_json())
+}
+
+/// Writes the Llama 3 shape of the test tokenizer to `dir/tokenizer.json`
+/// and returns that path.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn write_llama3_test_tokenizer(dir: &Path) -> std::io::Result<PathBuf> {
+    write(dir, &llama3_tokenizer_json())
+}
+
+fn write(dir: &Path, json: &Value) -> std::io::Result<PathBuf> {
     let path = dir.join("tokenizer.json");
-    let text = serde_json::to_string_pretty(&tokenizer_json()).map_err(std::io::Error::other)?;
+    let text = serde_json::to_string_pretty(json).map_err(std::io::Error::other)?;
     std::fs::write(&path, text)?;
     Ok(path)
 }
@@ -151,23 +186,99 @@ fn learn_merges(symbols: &[char; 256]) -> Vec<(String, String)> {
     merges
 }
 
-fn tokenizer_json() -> Value {
+/// The byte symbols and the merges' results, with their ids; the merges.
+fn vocab_and_merges() -> (serde_json::Map<String, Value>, Vec<(String, String)>) {
     let symbols = byte_symbols();
     let merges = learn_merges(&symbols);
     let mut vocab = serde_json::Map::new();
-    let mut id = 0u32;
     for s in symbols {
+        let id = vocab.len();
         vocab.insert(s.to_string(), json!(id));
-        id += 1;
     }
     for (a, b) in &merges {
         let joined = format!("{a}{b}");
         if !vocab.contains_key(&joined) {
+            let id = vocab.len();
             vocab.insert(joined, json!(id));
-            id += 1;
         }
     }
-    let bos = id;
+    (vocab, merges)
+}
+
+fn llama3_tokenizer_json() -> Value {
+    let (mut vocab, merges) = vocab_and_merges();
+    for w in LLAMA3_WORDS {
+        if !vocab.contains_key(w) {
+            let id = vocab.len();
+            vocab.insert(w.to_owned(), json!(id));
+        }
+    }
+    let first = vocab.len();
+    let added: Vec<Value> = LLAMA3_SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({
+                "id": first + i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            })
+        })
+        .collect();
+    let bos = LLAMA3_SPECIAL[0];
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN},
+                 "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                 "use_regex": false}
+            ]
+        },
+        "post_processor": {
+            "type": "Sequence",
+            "processors": [
+                {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false,
+                 "use_regex": true},
+                {"type": "TemplateProcessing",
+                 "single": [
+                     {"SpecialToken": {"id": bos, "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}}
+                 ],
+                 "pair": [
+                     {"SpecialToken": {"id": bos, "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}
+                 ],
+                 "special_tokens": {bos: {"id": bos, "ids": [first], "tokens": [bos]}}}
+            ]
+        },
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                    "use_regex": true},
+        "model": {
+            "type": "BPE",
+            "dropout": null,
+            "unk_token": null,
+            "continuing_subword_prefix": null,
+            "end_of_word_suffix": null,
+            "fuse_unk": false,
+            "byte_fallback": false,
+            "ignore_merges": true,
+            "vocab": vocab,
+            "merges": merges.iter().map(|(a, b)| vec![a, b]).collect::<Vec<_>>()
+        }
+    })
+}
+
+fn tokenizer_json() -> Value {
+    let (vocab, merges) = vocab_and_merges();
+    let bos = vocab.len();
     let byte_level = json!({
         "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
     });
@@ -255,6 +366,24 @@ mod tests {
         let bos = t.token_to_id(BOS).unwrap();
         assert_eq!(with.get_ids()[0], bos);
         assert_eq!(&with.get_ids()[1..], plain.get_ids());
+    }
+
+    #[test]
+    fn the_llama3_shape_loads_cuts_digit_triples_and_keeps_whole_words() {
+        let dir = std::env::temp_dir().join(format!("tok-llama3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = Tokenizer::from_file(write_llama3_test_tokenizer(&dir).unwrap()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let ids = |s: &str| t.encode(s, false).unwrap().get_ids().to_vec();
+        let word = t.token_to_id(LLAMA3_WORDS[0]).unwrap();
+        assert_eq!(
+            ids("12345 relativity"),
+            [ids("123"), ids("45"), vec![word]].concat()
+        );
+        let bos = t.token_to_id(LLAMA3_SPECIAL[0]).unwrap();
+        assert_eq!(t.encode("x", true).unwrap().get_ids(), [bos, ids("x")[0]]);
+        let e = t.encode("<|eot_id|>x", false).unwrap();
+        assert_eq!(e.get_ids()[0], t.token_to_id("<|eot_id|>").unwrap());
     }
 
     #[test]
