@@ -245,18 +245,7 @@ fn llama3_tokenizer_json() -> Value {
             "processors": [
                 {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false,
                  "use_regex": true},
-                {"type": "TemplateProcessing",
-                 "single": [
-                     {"SpecialToken": {"id": bos, "type_id": 0}},
-                     {"Sequence": {"id": "A", "type_id": 0}}
-                 ],
-                 "pair": [
-                     {"SpecialToken": {"id": bos, "type_id": 0}},
-                     {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": bos, "type_id": 1}},
-                     {"Sequence": {"id": "B", "type_id": 1}}
-                 ],
-                 "special_tokens": {bos: {"id": bos, "ids": [first], "tokens": [bos]}}}
+                bos_template(bos, first)
             ]
         },
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
@@ -276,6 +265,25 @@ fn llama3_tokenizer_json() -> Value {
     })
 }
 
+/// A `TemplateProcessing` post-processor that puts `bos` (token `id`)
+/// before each sequence.
+fn bos_template(bos: &str, id: usize) -> Value {
+    json!({
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}}
+        ],
+        "pair": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": bos, "type_id": 1}},
+            {"Sequence": {"id": "B", "type_id": 1}}
+        ],
+        "special_tokens": {bos: {"id": bos, "ids": [id], "tokens": [bos]}}
+    })
+}
+
 fn tokenizer_json() -> Value {
     let (vocab, merges) = vocab_and_merges();
     let bos = vocab.len();
@@ -292,20 +300,7 @@ fn tokenizer_json() -> Value {
         }],
         "normalizer": null,
         "pre_tokenizer": byte_level,
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [
-                {"SpecialToken": {"id": BOS, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}}
-            ],
-            "pair": [
-                {"SpecialToken": {"id": BOS, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-                {"SpecialToken": {"id": BOS, "type_id": 1}},
-                {"Sequence": {"id": "B", "type_id": 1}}
-            ],
-            "special_tokens": {BOS: {"id": BOS, "ids": [bos], "tokens": [BOS]}}
-        },
+        "post_processor": bos_template(BOS, bos),
         "decoder": byte_level,
         "model": {
             "type": "BPE",
