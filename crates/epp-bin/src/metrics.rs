@@ -375,7 +375,7 @@ impl MetricSink for Gathered {
     }
 }
 
-/// The metrics plugins keep themselves ([`PluginMetrics`]), read at every
+/// The metrics plugins keep themselves ([`epp_core::PluginMetrics`]), read at every
 /// scrape.
 #[derive(Debug)]
 pub(crate) struct PluginReports {

@@ -683,7 +683,7 @@ impl Scheduler {
 
     /// The saturation detector's name and how many of `snapshot`'s
     /// endpoints it scores as saturated because their metrics are missing
-    /// or stale ([`SaturationDetector::stale_endpoints`]). `None` without a
+    /// or stale ([`crate::SaturationDetector::stale_endpoints`]). `None` without a
     /// detector, or when it does not judge staleness.
     #[must_use]
     pub fn pool_stale_endpoints(&self, snapshot: &EndpointSnapshot) -> Option<(&str, usize)> {

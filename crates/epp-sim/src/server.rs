@@ -1,4 +1,4 @@
-//! HTTP surface: the generation endpoints (see [`crate::openai`]), model
+//! HTTP surface: the generation endpoints (in `openai.rs`), model
 //! listing, health, metrics, the registration endpoints other routers probe,
 //! and an admin API for tests.
 

@@ -6,7 +6,7 @@
 //! - the **data layer** ([`DataLayer`]) keeps each endpoint's metrics fresh;
 //! - the **scheduler** ([`Scheduler`], built from an `EndpointPickerConfig`)
 //!   picks an endpoint per request;
-//! - the **[`Dispatch`]** the result hands out counts the request on its
+//! - the **[`Dispatch`](epp_core::Dispatch)** the result hands out counts the request on its
 //!   endpoint until the response ends or the client goes away, so the load
 //!   scorers see what this gateway sent between two scrapes.
 //!
