@@ -10,6 +10,25 @@ use epp_core::{
     Usage,
 };
 
+/// An `EndpointPickerConfig` of built-in types whose every stage shows in a
+/// decision: the header-based testing filter keeps the endpoints a request
+/// names, then `queue-scorer` (weight 2) and `kv-cache-utilization-scorer`
+/// (weight 1), and the best total wins (profile `steered`).
+pub const STEERED_CONFIG: &str = "\
+plugins:
+- type: header-based-testing-filter
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: steered
+  plugins:
+  - {pluginRef: header-based-testing-filter}
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer}
+  - {pluginRef: max-score-picker}
+";
+
 /// Scores `1 / (1 + waiting)`: the shorter an endpoint's queue, the higher.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ShortQueueScorer;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use epp_test_support::{
     chromium::{chromium_bin, dump_dom},
     http,
+    plugins::STEERED_CONFIG,
     process::{BodyMode, Stack, scratch_dir, start_epp, start_sims, wait_scraped},
 };
 use serde_json::json;
@@ -37,30 +38,18 @@ async fn get(port: u16, path: &str) -> http::Response {
     http::send(port, "GET", path, &[], "").await.unwrap()
 }
 
-/// The testing filter keeps the endpoints a request names; two weighted
-/// scorers; the best total wins.
-const STEERED: &str = "\
-plugins:
-- type: header-based-testing-filter
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: steered
-  plugins:
-  - {pluginRef: header-based-testing-filter}
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer}
-  - {pluginRef: max-score-picker}
-";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_json_shows_each_candidates_scores_the_filter_that_dropped_it_and_refusals() {
     let stack = Stack::start(
         "decision-view-json",
         2,
         &[],
-        &["--decision-log-interval", "0", "--config-text", STEERED],
+        &[
+            "--decision-log-interval",
+            "0",
+            "--config-text",
+            STEERED_CONFIG,
+        ],
         BodyMode::Streamed,
     );
     let addrs: Vec<String> = stack.sims.iter().map(|s| s.addr()).collect();

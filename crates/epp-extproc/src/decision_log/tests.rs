@@ -8,6 +8,8 @@ use epp_core::{
     config::EndpointPickerConfig,
 };
 
+use epp_test_support::plugins::STEERED_CONFIG;
+
 use super::*;
 use crate::{
     ExtProcError, ExtProcOptions,
@@ -66,23 +68,6 @@ fn a_request_is_sampled_once_the_interval_passed_since_the_last_sampled_one() {
     assert!((0..5).all(|_| every.claim(t0)));
 }
 
-/// The header-based testing filter keeps what the request names; then two
-/// weighted scorers and the best total.
-const FILTERED: &str = "\
-plugins:
-- type: header-based-testing-filter
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: steered
-  plugins:
-  - {pluginRef: header-based-testing-filter}
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer}
-  - {pluginRef: max-score-picker}
-";
-
 /// Endpoints 10.0.0.1:8000, 10.0.0.2:8000, 10.0.0.3:8000 with these
 /// queues and KV use, behind a decider keeping every decision.
 fn decider(load: &[(u32, f64)]) -> (Decider, Arc<DecisionLog>) {
@@ -104,7 +89,7 @@ fn decider(load: &[(u32, f64)]) -> (Decider, Arc<DecisionLog>) {
         .collect();
     let source: Arc<dyn EndpointSource> =
         Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(endpoints)));
-    let scheduler = EndpointPickerConfig::parse(FILTERED, "test.yaml")
+    let scheduler = EndpointPickerConfig::parse(STEERED_CONFIG, "test.yaml")
         .unwrap()
         .build(&epp_plugins::builtin_registry())
         .unwrap()
