@@ -260,6 +260,18 @@ async fn with_retries(what: &str, attempts: u32, f: impl AsyncFn() -> Result<()>
     Err(last.unwrap_or_else(|| anyhow::anyhow!("{what}: no attempt")))
 }
 
+/// Posts `body` to `path` on `server` (vLLM's adapter load or unload),
+/// three tries; anything but 200 is a failure.
+async fn update(server: &str, path: &str, body: &serde_json::Value) -> Result<()> {
+    let body = body.to_string();
+    with_retries(path, 3, async || {
+        let (status, text) = call(server, "POST", path, Some(&body)).await?;
+        anyhow::ensure!(status == 200, "answered {status}: {}", text.trim());
+        Ok(())
+    })
+    .await
+}
+
 struct Syncer {
     args: SyncerArgs,
     status: Family<AdapterLabels, Gauge>,
@@ -306,15 +318,7 @@ impl Syncer {
             if let Some(b) = base {
                 body["base_model_name"] = serde_json::Value::from(b.as_str());
             }
-            let body = body.to_string();
-            let result = with_retries("load", 3, async || {
-                let (status, text) =
-                    call(&server, "POST", "/v1/load_lora_adapter", Some(&body)).await?;
-                anyhow::ensure!(status == 200, "answered {status}: {}", text.trim());
-                Ok(())
-            })
-            .await;
-            match result {
+            match update(&server, "/v1/load_lora_adapter", &body).await {
                 Ok(()) => tracing::info!(adapter = a.id, source = a.source, "loaded"),
                 Err(e) => {
                     tracing::error!(adapter = a.id, error = %e, "cannot load; retried at the next reconcile")
@@ -322,15 +326,8 @@ impl Syncer {
             }
         }
         for a in unload.iter().filter(|a| present.contains(&a.id)) {
-            let body = serde_json::json!({"lora_name": a.id}).to_string();
-            let result = with_retries("unload", 3, async || {
-                let (status, text) =
-                    call(&server, "POST", "/v1/unload_lora_adapter", Some(&body)).await?;
-                anyhow::ensure!(status == 200, "answered {status}: {}", text.trim());
-                Ok(())
-            })
-            .await;
-            match result {
+            let body = serde_json::json!({"lora_name": a.id});
+            match update(&server, "/v1/unload_lora_adapter", &body).await {
                 Ok(()) => tracing::info!(adapter = a.id, "unloaded"),
                 Err(e) => {
                     tracing::error!(adapter = a.id, error = %e, "cannot unload; retried at the next reconcile")

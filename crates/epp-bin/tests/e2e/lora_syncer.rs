@@ -7,7 +7,7 @@
 //! ConfigMap on the real test cluster, read through the API server as a
 //! ServiceAccount granted only the documented rules.
 
-use std::process::Command;
+use std::{ffi::OsStr, path::Path, process::Command};
 
 use epp_test_support::{
     http,
@@ -57,14 +57,40 @@ fn status(port: u16) -> Vec<String> {
     out
 }
 
-/// The metrics port in the syncer's ready line.
-fn metrics_port(line: &str) -> u16 {
-    line.split("metrics=")
+/// Starts `epp lora-syncer` with its metrics on a free local port,
+/// reconciling every `reconcile`, its config from `source` (`--config
+/// FILE` or the `--configmap` flags), logging into `dir`; returns it and
+/// its metrics port.
+fn start_syncer(dir: &Path, reconcile: &str, source: &[&OsStr]) -> (Proc, u16) {
+    let mut cmd = Command::new(workspace_bin("epp"));
+    cmd.args([
+        "lora-syncer",
+        "--metrics-port",
+        "0",
+        "--bind-address",
+        "127.0.0.1",
+    ])
+    .args([
+        "--reconcile-trigger",
+        reconcile,
+        "--health-check-interval",
+        "100ms",
+    ])
+    .args(source);
+    let (syncer, line) = Proc::spawn(
+        "lora-syncer",
+        cmd,
+        "lora-syncer listening",
+        dir.join("lora-syncer.log"),
+    );
+    let port = line
+        .split("metrics=")
         .nth(1)
         .and_then(|s| s.split_whitespace().next())
         .and_then(|a| a.rsplit(':').next())
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no metrics port in {line:?}"))
+        .unwrap_or_else(|| panic!("no metrics port in {line:?}"));
+    (syncer, port)
 }
 
 async fn post(port: u16, path: &str, body: &serde_json::Value) -> u16 {
@@ -95,29 +121,7 @@ async fn the_syncer_loads_and_unloads_adapters_as_its_config_says() {
         config(sim, &["sql-lora", "chat-lora"], &["old-lora"]),
     )
     .unwrap();
-    let mut cmd = Command::new(workspace_bin("epp"));
-    cmd.args([
-        "lora-syncer",
-        "--metrics-port",
-        "0",
-        "--bind-address",
-        "127.0.0.1",
-    ])
-    .args([
-        "--reconcile-trigger",
-        "1s",
-        "--health-check-interval",
-        "100ms",
-    ])
-    .arg("--config")
-    .arg(&file);
-    let (syncer, line) = Proc::spawn(
-        "lora-syncer",
-        cmd,
-        "lora-syncer listening",
-        stack.dir.join("lora-syncer.log"),
-    );
-    let metrics = metrics_port(&line);
+    let (syncer, metrics) = start_syncer(&stack.dir, "1s", &["--config".as_ref(), file.as_ref()]);
 
     let want = ["chat-lora=1", "old-lora=0", "sql-lora=1"];
     eventually(
@@ -201,31 +205,20 @@ async fn the_syncer_follows_a_configmap_through_the_api_server() {
     let dir = scratch_dir("lora-syncer-configmap");
     let sim = start_sim(&dir, 0, &["--max-loras", "4"]);
     // Not there yet: the syncer starts anyway and waits for it.
-    let mut cmd = Command::new(workspace_bin("epp"));
-    cmd.args([
-        "lora-syncer",
-        "--metrics-port",
-        "0",
-        "--bind-address",
-        "127.0.0.1",
-        "--reconcile-trigger",
+    let configmap = format!("{}/adapters", ns.name);
+    let kubeconfig = cluster.kubeconfig_for("restricted");
+    let (syncer, metrics) = start_syncer(
+        &dir,
         "30s",
-        "--health-check-interval",
-        "100ms",
-        "--configmap",
-        &format!("{}/adapters", ns.name),
-        "--configmap-key",
-        "lora.yaml",
-        "--kubeconfig",
-    ])
-    .arg(cluster.kubeconfig_for("restricted"));
-    let (syncer, line) = Proc::spawn(
-        "lora-syncer",
-        cmd,
-        "lora-syncer listening",
-        dir.join("lora-syncer.log"),
+        &[
+            "--configmap".as_ref(),
+            configmap.as_ref(),
+            "--configmap-key".as_ref(),
+            "lora.yaml".as_ref(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_ref(),
+        ],
     );
-    let metrics = metrics_port(&line);
     let log = dir.join("lora-syncer.stderr");
     let logged = |what: &'static str| {
         let log = log.clone();
