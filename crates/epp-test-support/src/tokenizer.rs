@@ -250,18 +250,28 @@ fn llama3_tokenizer_json() -> Value {
         },
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
                     "use_regex": true},
-        "model": {
-            "type": "BPE",
-            "dropout": null,
-            "unk_token": null,
-            "continuing_subword_prefix": null,
-            "end_of_word_suffix": null,
-            "fuse_unk": false,
-            "byte_fallback": false,
-            "ignore_merges": true,
-            "vocab": vocab,
-            "merges": merges.iter().map(|(a, b)| vec![a, b]).collect::<Vec<_>>()
-        }
+        "model": bpe_model(
+            Value::Object(vocab),
+            json!(merges.iter().map(|(a, b)| vec![a, b]).collect::<Vec<_>>()),
+            true
+        )
+    })
+}
+
+/// A plain BPE model (no dropout, no unknown token, no affixes, no byte
+/// fallback) over `vocab` and `merges` (in either of the file's spellings).
+fn bpe_model(vocab: Value, merges: Value, ignore_merges: bool) -> Value {
+    json!({
+        "type": "BPE",
+        "dropout": null,
+        "unk_token": null,
+        "continuing_subword_prefix": null,
+        "end_of_word_suffix": null,
+        "fuse_unk": false,
+        "byte_fallback": false,
+        "ignore_merges": ignore_merges,
+        "vocab": vocab,
+        "merges": merges
     })
 }
 
@@ -302,18 +312,11 @@ fn tokenizer_json() -> Value {
         "pre_tokenizer": byte_level,
         "post_processor": bos_template(BOS, bos),
         "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": null,
-            "unk_token": null,
-            "continuing_subword_prefix": null,
-            "end_of_word_suffix": null,
-            "fuse_unk": false,
-            "byte_fallback": false,
-            "ignore_merges": false,
-            "vocab": vocab,
-            "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()
-        }
+        "model": bpe_model(
+            Value::Object(vocab),
+            json!(merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()),
+            false
+        )
     })
 }
 
