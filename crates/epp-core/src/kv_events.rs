@@ -61,6 +61,34 @@ pub struct BlockStored {
     pub medium: Option<String>,
     /// The LoRA adapter's name, when the engine says.
     pub lora_name: Option<String>,
+    /// The extra keys the engine hashed into each block besides its tokens,
+    /// one list per block in `block_hashes` order (vLLM's `extra_keys`: the
+    /// LoRA adapter first, then multimodal items, then, in a sequence's first
+    /// block only, the request's `cache_salt`). Empty when the engine sent
+    /// none.
+    pub extra_keys: Vec<Vec<ExtraKey>>,
+}
+
+/// One of a block's extra keys ([`BlockStored::extra_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExtraKey {
+    /// A string: a LoRA adapter's name, a multimodal item's identifier, or
+    /// a cache salt.
+    Text(String),
+    /// An integer: a LoRA adapter's id (vLLM before it used names).
+    Int(i64),
+    /// `[identifier, offset]`: a multimodal item as some vLLM versions
+    /// report it.
+    Media {
+        /// The item's content identifier.
+        id: String,
+        /// Where it starts, relative to the block.
+        offset: i64,
+    },
+    /// Anything else (prompt-embedding digests, future shapes): it made the
+    /// block's hash differ, which is all a reader can know of it.
+    Other,
 }
 
 /// How the data layer reaches each endpoint's event publisher, in llm-d's

@@ -87,7 +87,7 @@ pub use endpoint::{
 pub use error::{Result, SchedulingError};
 pub use extract::{EndpointDiscovery, ExtractError, Extractor, MetricsSource, TlsFiles};
 pub use kv_events::{
-    BlockStored, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
+    BlockStored, ExtraKey, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
     PodDiscoveryConfig,
 };
 pub use label_cap::{FOLDED_LABEL, LabelCap, MAX_LABEL_VALUES};

@@ -8,16 +8,18 @@
 //! batch  = [ts: float|int, events: [event...], data_parallel_rank?: int|nil]
 //!        | {"ts": .., "events": [..], "data_parallel_rank": ..}
 //! event  = ["BlockStored", block_hashes, parent_block_hash|nil, token_ids,
-//!           block_size, lora_id?|nil, medium?|nil, lora_name?|nil, ...]
+//!           block_size, lora_id?|nil, medium?|nil, lora_name?|nil,
+//!           extra_keys?|nil, ...]
 //!        | ["BlockRemoved", block_hashes, medium?|nil, ...]
 //!        | ["AllBlocksCleared", ...]
 //!        | {"type": <tag>, <field name>: <value>, ...}
 //! hash   = uint | int (two's complement) | bin/str (last 8 bytes, big-endian)
+//! extra_keys = [ nil | [ str | int | [str, int] | any ... ] ... ]   (one per block)
 //! ```
 //!
 //! Every encoding vLLM has shipped is accepted: integer hashes (before 0.10)
-//! and byte hashes (after), with or without `medium`, `lora_name`, the
-//! rank, and later trailing fields (`extra_keys`, `group_idx`, …), which are
+//! and byte hashes (after), with or without `medium`, `lora_name`,
+//! `extra_keys` and the rank; later trailing fields (`group_idx`, …) are
 //! skipped, as are events with a tag this build does not know (counted in
 //! [`Decoded::unknown_events`]). Anything else is a [`DecodeError`] naming
 //! the byte offset; the batch is then not applied at all.
@@ -27,7 +29,7 @@
 
 use std::fmt;
 
-use epp_core::{BlockStored, KvEvent, KvEventBatch};
+use epp_core::{BlockStored, ExtraKey, KvEvent, KvEventBatch};
 
 /// Deepest nesting of arrays and maps skipped inside an event.
 pub const MAX_DEPTH: u32 = 16;
@@ -342,6 +344,70 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// `extra_keys`: nil, or one entry per block, each nil or a list of
+    /// keys. Keys of shapes not in [`ExtraKey`] are skipped and kept as
+    /// [`ExtraKey::Other`].
+    fn extra_keys(&mut self, out: &mut Vec<Vec<ExtraKey>>) -> Result<()> {
+        out.clear();
+        if self.peek_nil() {
+            self.pos += 1;
+            return Ok(());
+        }
+        let blocks = self.array("extra_keys (an array per block)")?;
+        out.reserve(blocks);
+        for _ in 0..blocks {
+            let mut keys = Vec::new();
+            if self.peek_nil() {
+                self.pos += 1;
+            } else {
+                let n = self.array("a block's extra keys (an array)")?;
+                keys.reserve(n);
+                for _ in 0..n {
+                    keys.push(self.extra_key()?);
+                }
+            }
+            out.push(keys);
+        }
+        // No block with a key: as if none were sent.
+        if out.iter().all(Vec::is_empty) {
+            out.clear();
+        }
+        Ok(())
+    }
+
+    fn extra_key(&mut self) -> Result<ExtraKey> {
+        let start = self.pos;
+        Ok(match self.head()? {
+            Head::Str(_) => {
+                self.pos = start;
+                ExtraKey::Text(self.str("an extra key")?.to_owned())
+            }
+            Head::Int(i) => ExtraKey::Int(i),
+            Head::Uint(u) => i64::try_from(u).map_or(ExtraKey::Other, ExtraKey::Int),
+            Head::Array(2) if matches!(self.buf.get(self.pos), Some(0xa0..=0xbf | 0xd9..=0xdb)) => {
+                let id = self.str("a multimodal identifier")?.to_owned();
+                let at = self.pos;
+                match self.head()? {
+                    Head::Int(offset) => ExtraKey::Media { id, offset },
+                    Head::Uint(u) => ExtraKey::Media {
+                        id,
+                        offset: i64::try_from(u).unwrap_or(i64::MAX),
+                    },
+                    _ => {
+                        self.pos = at;
+                        self.skip(2)?;
+                        ExtraKey::Other
+                    }
+                }
+            }
+            _ => {
+                self.pos = start;
+                self.skip(2)?;
+                ExtraKey::Other
+            }
+        })
+    }
+
     fn skip(&mut self, depth: u32) -> Result<()> {
         if depth > MAX_DEPTH {
             return Err(self.err(DecodeErrorKind::TooDeep));
@@ -503,6 +569,7 @@ impl<'a> Reader<'a> {
                 s.lora_id = next!(self.opt_int("a LoRA id")?).flatten();
                 s.medium = next!(self.opt_str("a medium")?).flatten();
                 s.lora_name = next!(self.opt_str("a LoRA name")?).flatten();
+                next!(self.extra_keys(&mut s.extra_keys)?);
                 KvEvent::BlockStored(s)
             }
             "BlockRemoved" => {
@@ -556,6 +623,7 @@ impl<'a> Reader<'a> {
                 "lora_id" => s.lora_id = self.opt_int("a LoRA id")?,
                 "medium" => s.medium = self.opt_str("a medium")?,
                 "lora_name" => s.lora_name = self.opt_str("a LoRA name")?,
+                "extra_keys" => self.extra_keys(&mut s.extra_keys)?,
                 _ => self.skip(1)?,
             }
         }

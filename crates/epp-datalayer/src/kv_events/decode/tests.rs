@@ -66,6 +66,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         lora_id: None,
         medium: Some("GPU".into()),
         lora_name: None,
+        extra_keys: Vec::new(),
     })
 }
 
@@ -191,6 +192,84 @@ fn later_fields_rank_and_lora_name_are_read_or_skipped() {
     assert_eq!(s.lora_name.as_deref(), Some("sql-lora"));
     assert_eq!(s.lora_id, Some(1));
     assert_eq!(s.token_ids, vec![7, 8]);
+    assert_eq!(
+        s.extra_keys,
+        vec![vec![ExtraKey::Text("salt".into()), ExtraKey::Other]]
+    );
+}
+
+/// Every shape of extra key vLLM has sent: LoRA names and ids, multimodal
+/// identifiers bare or with their offset, the salt, blocks without keys,
+/// in both encodings; an event whose blocks have no key has none.
+#[test]
+fn extra_keys_per_block() {
+    let mut w = W::default();
+    w.arr(2).f(0.0).arr(3);
+    w.arr(9)
+        .s("BlockStored")
+        .ints(&[1, 2, 3])
+        .nil()
+        .ints(&[1, 2, 3])
+        .u(1)
+        .u(4)
+        .nil()
+        .s("ad");
+    w.arr(3).arr(3).s("ad").arr(2).s("img").i(-1).s("tenant");
+    w.nil();
+    w.arr(2).i(4).s("img2");
+    w.map(6)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .ints(&[9])
+        .s("token_ids")
+        .ints(&[5])
+        .s("block_size")
+        .u(1)
+        .s("extra_keys")
+        .arr(1)
+        .arr(1)
+        .s("salt")
+        .s("group_idx")
+        .u(0);
+    w.arr(9)
+        .s("BlockStored")
+        .ints(&[4])
+        .nil()
+        .ints(&[4])
+        .u(1)
+        .nil()
+        .nil()
+        .nil()
+        .arr(1)
+        .nil();
+    let (b, _) = decode(&w);
+    let stored: Vec<&BlockStored> = b
+        .events
+        .iter()
+        .map(|e| match e {
+            KvEvent::BlockStored(s) => s,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let text = |s: &str| ExtraKey::Text(s.into());
+    assert_eq!(
+        stored[0].extra_keys,
+        vec![
+            vec![
+                text("ad"),
+                ExtraKey::Media {
+                    id: "img".into(),
+                    offset: -1
+                },
+                text("tenant")
+            ],
+            vec![],
+            vec![ExtraKey::Int(4), text("img2")],
+        ]
+    );
+    assert_eq!(stored[1].extra_keys, vec![vec![text("salt")]]);
+    assert!(stored[2].extra_keys.is_empty());
 }
 
 #[test]
