@@ -159,18 +159,18 @@ fn lookup(c: &mut Criterion) {
     g.bench_function("lookup-16k", |b| {
         b.iter(|| {
             m.reset();
-            index.keys_of("m", &tokens, 8192, &mut keys);
+            index.keys_of("m", None, &tokens, 8192, &mut keys);
             index.lookup(&keys, &mut m);
             m.matched(EndpointId(0))
         });
     });
     g.bench_function("lookup-16k-keys-only", |b| {
         b.iter(|| {
-            index.keys_of("m", &tokens, 8192, &mut keys);
+            index.keys_of("m", None, &tokens, 8192, &mut keys);
             keys.len()
         });
     });
-    index.keys_of("m", &tokens, 8192, &mut keys);
+    index.keys_of("m", None, &tokens, 8192, &mut keys);
     g.bench_function("lookup-16k-match-only", |b| {
         b.iter(|| {
             m.reset();

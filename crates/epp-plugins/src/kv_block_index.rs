@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use epp_core::{BlockStored, EndpointId, KvEvent, KvEventBatch, PrefixMatch};
+use epp_core::{BlockStored, EndpointId, ExtraKey, KvEvent, KvEventBatch, PrefixMatch};
 use parking_lot::{Mutex, RwLock};
 
 /// Keys are already uniformly mixed: hash them as themselves.
@@ -110,6 +110,43 @@ pub fn root_key(seed: u64, model: &str) -> u64 {
     let mut h = KeyHasher(seed ^ 0x7f4a_7c15_9e37_79b9);
     h.write(model.as_bytes());
     mix(h.finish() ^ model.len() as u64)
+}
+
+/// `root` with one of the first block's extra keys folded in (a cache salt,
+/// a multimodal item's identifier): the engine hashed it into that block,
+/// so every key of the sequence depends on it.
+#[must_use]
+pub fn fold_extra(root: u64, extra: &[u8]) -> u64 {
+    let mut h = KeyHasher(root ^ 0x5a17_5a17_c0de_c0de);
+    h.write(extra);
+    mix(h.finish() ^ (extra.len() as u64).rotate_left(32))
+}
+
+/// The root of a sequence whose first block is `s`'s first: the model's
+/// root, then the extra keys the engine hashed into that block after the
+/// LoRA adapter (which vLLM puts first and the root already names) —
+/// multimodal items and the cache salt, in the engine's order.
+fn event_root(seed: u64, model: &str, s: &BlockStored) -> u64 {
+    let mut key = root_key(seed, model);
+    let Some(first) = s.extra_keys.first() else {
+        return key;
+    };
+    let adapter = |k: &ExtraKey| match k {
+        ExtraKey::Text(name) => s.lora_name.as_deref() == Some(name.as_str()),
+        ExtraKey::Int(id) => s.lora_id == Some(*id),
+        _ => false,
+    };
+    let skip = usize::from(first.first().is_some_and(adapter));
+    for k in &first[skip..] {
+        key = match k {
+            ExtraKey::Text(t) => fold_extra(key, t.as_bytes()),
+            ExtraKey::Media { id, .. } => fold_extra(key, id.as_bytes()),
+            ExtraKey::Int(i) => fold_extra(key, &i.to_le_bytes()),
+            // Unknown to requests: nothing they send can match it.
+            _ => fold_extra(key, &[0xff; 9]),
+        };
+    }
+    key
 }
 
 /// The endpoints holding one key: ids below 64 as bits (no allocation, one
@@ -303,11 +340,22 @@ impl KvBlockIndex {
         self.keys.is_empty()
     }
 
-    /// The keys of `tokens` for `model`: one per full block, at most
-    /// `max_blocks`, written to `out` (cleared first).
-    pub fn keys_of(&self, model: &str, tokens: &[u32], max_blocks: usize, out: &mut Vec<u64>) {
+    /// The keys of `tokens` for `model` and a request's `cache_salt`: one per
+    /// full block, at most `max_blocks`, written to `out` (cleared first).
+    /// As vLLM, an empty salt is no salt.
+    pub fn keys_of(
+        &self,
+        model: &str,
+        salt: Option<&str>,
+        tokens: &[u32],
+        max_blocks: usize,
+        out: &mut Vec<u64>,
+    ) {
         out.clear();
         let mut key = root_key(self.seed, model);
+        if let Some(salt) = salt.filter(|s| !s.is_empty()) {
+            key = fold_extra(key, salt.as_bytes());
+        }
         for block in tokens.chunks_exact(self.block_size).take(max_blocks) {
             key = block_key(key, block);
             out.push(key);
@@ -403,9 +451,10 @@ impl KvBlockIndex {
     fn stored(&self, id: EndpointId, b: &mut EndpointBlocks, model: Option<&str>, s: &BlockStored) {
         let medium = b.medium(s.medium.as_deref());
         let root = || Chain {
-            key: root_key(
+            key: event_root(
                 self.seed,
                 s.lora_name.as_deref().or(model).unwrap_or_default(),
+                s,
             ),
             carry: Vec::new(),
         };

@@ -263,17 +263,15 @@ impl DataProducer for PrecisePrefixCacheProducer {
             }
             return;
         }
+        // The salt is in the keys as the engines hash it, so a salted
+        // request matches only blocks computed with the same salt.
         self.index.keys_of(
             &cx.request.target_model,
+            cx.request.cache_salt.as_deref(),
             &tokens.ids,
             self.max_blocks,
             &mut prefix.hashes,
         );
-        // A salted request's blocks are the tenant's own: the engines do
-        // not report salts, so nothing the index holds is known to match.
-        if cx.request.cache_salt.is_some() {
-            prefix.hashes.clear();
-        }
         prefix.computed = true;
         prefix.producer = self.id;
         prefix.block_size_tokens = u32::try_from(self.index.block_size()).unwrap_or(u32::MAX);

@@ -96,6 +96,8 @@ pub struct BlockSource<'a> {
     pub first: usize,
     /// The request's adapter.
     pub lora: Option<&'a LoraTag>,
+    /// The request's `cache_salt` (never empty: vLLM ignores an empty one).
+    pub salt: Option<&'a str>,
 }
 
 /// A change of the cached token blocks, in vLLM's KV event terms.
@@ -112,6 +114,9 @@ pub enum PoolEvent {
         token_ids: Vec<u32>,
         /// The adapter they were computed with.
         lora: Option<LoraTag>,
+        /// The request's cache salt, hashed into the prompt's first block:
+        /// set only when that block is the first of this event.
+        salt: Option<String>,
     },
     /// Cached blocks were evicted.
     Removed {
@@ -334,6 +339,11 @@ fn note_stored(events: &mut Vec<PoolEvent>, src: &BlockSource<'_>, index: usize)
         parent,
         token_ids: ids.to_vec(),
         lora: src.lora.cloned(),
+        salt: if index == 0 {
+            src.salt.map(str::to_owned)
+        } else {
+            None
+        },
     });
     true
 }
@@ -401,6 +411,7 @@ mod tests {
             hashes,
             first,
             lora: None,
+            salt: None,
         }
     }
 
@@ -418,6 +429,7 @@ mod tests {
             parent: None,
             token_ids: tokens[..6].to_vec(),
             lora: None,
+            salt: None,
         };
         assert_eq!(p.take_events(), [stored], "consecutive blocks, one event");
         assert!(p.take_from(&h, 0, Some(&src(&tokens, &h, 0))));
@@ -440,8 +452,27 @@ mod tests {
                 parent: Some(h[0]),
                 token_ids: vec![3, 4],
                 lora: None,
+                salt: None,
             }]
         );
+        // A salted prompt: the salt goes with its first block only.
+        let mut p = BlockPool::new(4);
+        p.record_events();
+        let salted = BlockSource {
+            salt: Some("t"),
+            ..src(&tokens, &h, 1)
+        };
+        assert!(p.take_from(&h[1..2], 0, Some(&salted)));
+        assert!(p.take_from(&h[..1], 0, Some(&BlockSource { first: 0, ..salted })));
+        let events = p.take_events();
+        let salts: Vec<Option<&str>> = events
+            .iter()
+            .map(|e| match e {
+                PoolEvent::Stored { salt, .. } => salt.as_deref(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(salts, [None, Some("t")]);
     }
 
     #[test]

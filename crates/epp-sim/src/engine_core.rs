@@ -32,6 +32,8 @@ const WORDS: [&str; 10] = [
 struct Req {
     tx: UnboundedSender<Event>,
     lora: Option<LoraTag>,
+    /// The request's non-empty `cache_salt`.
+    salt: Option<String>,
     /// Hashes of the prompt's full blocks.
     hashes: Vec<u64>,
     /// The prompt's token ids, when known (its blocks are then announced).
@@ -69,6 +71,7 @@ impl Req {
             hashes: &self.hashes,
             first,
             lora: self.lora.as_ref(),
+            salt: self.salt.as_deref(),
         })
     }
 
@@ -348,6 +351,7 @@ impl Core {
         self.waiting.push_back(Req {
             tx,
             lora,
+            salt: req.cache_salt.filter(|s| !s.is_empty()),
             hashes,
             tokens: req.token_ids,
             prompt_tokens,

@@ -220,6 +220,50 @@ async fn routes_by_what_the_engines_report_holding() {
     drop(envoy);
 }
 
+async fn complete_salted(host: &str, port: u16, prompt: &str, salt: &str) -> http::Response {
+    let body = serde_json::json!({
+        "model": MODEL, "prompt": prompt, "max_tokens": 2, "cache_salt": salt,
+    });
+    let r = http::post_json_at(host, port, "/v1/completions", &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    r
+}
+
+/// The engines hash a request's `cache_salt` into its first block and
+/// report it in their events' `extra_keys`; epp keys salted requests the
+/// same way, so the same prompt under two salts follows two engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn salted_requests_follow_the_blocks_of_their_own_salt() {
+    let dir = scratch_dir("precise-prefix-salt");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
+    let (epp, envoy) = start_picker(&dir, &config(&tokenizer, kv_port), http_port).await;
+
+    // The same prompt, cached directly under salt "a" on sim-1 and "b" on sim-2.
+    let system = "Every tenant has the same long system prompt in this application. ".repeat(6);
+    for (i, salt) in [(1, "a"), (2, "b")] {
+        complete_salted(IPS[i], sims[i].port, &format!("{system}Warm up."), salt).await;
+        wait_for_blocks(epp.metrics_port, &at(IPS[i], &sims[i]), "stored", 0.0).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for q in 0..8 {
+        for (want, salt) in [(1, "a"), (2, "b")] {
+            let r = complete_salted("127.0.0.1", envoy.port, &format!("{system}Q{q}?"), salt).await;
+            let pod = r.header("x-inference-pod").unwrap().to_owned();
+            assert_eq!(
+                pod,
+                format!("sim-{want}"),
+                "salt {salt:?}, question {q}: should follow the blocks cached under it"
+            );
+        }
+    }
+    drop(envoy);
+}
+
 /// `name{labels}` in `page` (0 when absent).
 fn series(page: &str, name_and_labels: &str) -> f64 {
     page.lines()

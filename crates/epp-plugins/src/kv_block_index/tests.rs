@@ -33,7 +33,7 @@ fn removed(hashes: &[u64]) -> KvEvent {
 
 fn matched(index: &KvBlockIndex, model: &str, tokens: &[u32]) -> (u32, u32, usize) {
     let mut keys = Vec::new();
-    index.keys_of(model, tokens, 1000, &mut keys);
+    index.keys_of(model, None, tokens, 1000, &mut keys);
     let mut m = PrefixMatch::default();
     index.lookup(&keys, &mut m);
     (m.matched(A), m.matched(B), keys.len())
@@ -99,8 +99,8 @@ fn engine_blocks_smaller_than_the_index_carry_over() {
     same.apply(B, &batch(Some("m"), vec![stored(&[7, 8], None, &t, 8)]));
     let mut k1 = Vec::new();
     let mut k2 = Vec::new();
-    ix.keys_of("m", &t, 10, &mut k1);
-    same.keys_of("m", &t, 10, &mut k2);
+    ix.keys_of("m", None, &t, 10, &mut k1);
+    same.keys_of("m", None, &t, 10, &mut k2);
     assert_eq!(k1, k2);
     assert_eq!(matched(&same, "m", &t).1, 2);
 }
@@ -176,8 +176,8 @@ fn the_root_is_the_lora_name_else_the_topics_model() {
     // Seeds separate indexes.
     let other = KvBlockIndex::new(4, 2, 1000);
     let (mut k1, mut k2) = (Vec::new(), Vec::new());
-    ix.keys_of("base", &t, 9, &mut k1);
-    other.keys_of("base", &t, 9, &mut k2);
+    ix.keys_of("base", None, &t, 9, &mut k1);
+    other.keys_of("base", None, &t, 9, &mut k2);
     assert_ne!(k1, k2);
 }
 
@@ -290,7 +290,7 @@ fn ids_past_64_match_like_the_first_ones() {
         &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]),
     );
     let mut keys = Vec::new();
-    ix.keys_of("m", &t, 10, &mut keys);
+    ix.keys_of("m", None, &t, 10, &mut keys);
     let mut m = PrefixMatch::default();
     ix.lookup(&keys, &mut m);
     assert_eq!(
@@ -315,7 +315,7 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(8);
     let mut keys = Vec::new();
-    ix.keys_of("m", &t, 10, &mut keys);
+    ix.keys_of("m", None, &t, 10, &mut keys);
     let t0 = Instant::now();
     let ttl = Duration::from_secs(1);
     ix.speculate(A, &keys, t0, ttl);
@@ -326,6 +326,7 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     let mut other = Vec::new();
     ix.keys_of(
         "m",
+        None,
         &seq(4).iter().map(|x| x + 1).collect::<Vec<_>>(),
         10,
         &mut other,
@@ -339,4 +340,92 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     assert_eq!(ix.counters().speculated.load(Ordering::Relaxed), 2);
     ix.clear(A);
     assert!(ix.is_empty());
+}
+
+fn matched_salted(index: &KvBlockIndex, model: &str, salt: Option<&str>, tokens: &[u32]) -> u32 {
+    let mut keys = Vec::new();
+    index.keys_of(model, salt, tokens, 1000, &mut keys);
+    let mut m = PrefixMatch::default();
+    index.lookup(&keys, &mut m);
+    m.matched(A)
+}
+
+/// vLLM hashes a request's `cache_salt` into its first block (after the
+/// LoRA adapter and any multimodal items of that block) and reports it in
+/// the event's `extra_keys`: salted blocks match only requests with the
+/// same salt, their children follow, and an empty salt is no salt.
+#[test]
+fn a_salt_in_the_first_blocks_extra_keys_matches_only_the_same_salt() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(12);
+    let text = |s: &str| ExtraKey::Text(s.into());
+    let root = BlockStored {
+        block_hashes: vec![1, 2],
+        token_ids: t[..8].to_vec(),
+        block_size: 4,
+        extra_keys: vec![vec![text("tenant-a")], vec![]],
+        ..BlockStored::default()
+    };
+    let child = BlockStored {
+        block_hashes: vec![3],
+        parent_block_hash: Some(2),
+        token_ids: t[8..].to_vec(),
+        block_size: 4,
+        ..BlockStored::default()
+    };
+    ix.apply(
+        A,
+        &batch(
+            Some("m"),
+            vec![KvEvent::BlockStored(root), KvEvent::BlockStored(child)],
+        ),
+    );
+    assert_eq!(matched_salted(&ix, "m", Some("tenant-a"), &t), 3);
+    assert_eq!(matched_salted(&ix, "m", Some("tenant-b"), &t), 0);
+    assert_eq!(matched_salted(&ix, "m", None, &t), 0);
+    assert_eq!(matched_salted(&ix, "m", Some(""), &t), 0);
+
+    // A LoRA adapter's name comes first and is already the root; an empty
+    // salt is not hashed by vLLM, so the unsalted request matches.
+    let lora = BlockStored {
+        block_hashes: vec![7],
+        token_ids: t[..4].to_vec(),
+        block_size: 4,
+        lora_name: Some("sql".into()),
+        lora_id: Some(3),
+        extra_keys: vec![vec![text("sql")]],
+        ..BlockStored::default()
+    };
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![KvEvent::BlockStored(lora.clone())]),
+    );
+    assert_eq!(matched_salted(&ix, "sql", Some(""), &t), 1);
+    // The same with vLLM's older integer adapter ids, and a salt after it.
+    let old = BlockStored {
+        block_hashes: vec![8],
+        extra_keys: vec![vec![ExtraKey::Int(3), text("t")]],
+        lora_name: None,
+        ..lora
+    };
+    ix.clear(A);
+    ix.apply(A, &batch(Some("sql"), vec![KvEvent::BlockStored(old)]));
+    assert_eq!(matched_salted(&ix, "sql", Some("t"), &t), 1);
+    assert_eq!(matched_salted(&ix, "sql", None, &t), 0);
+
+    // A multimodal item in the first block: nothing a request sends keys it
+    // (epp knows no placeholder positions), so it never matches falsely.
+    let image = BlockStored {
+        block_hashes: vec![9],
+        token_ids: t[..4].to_vec(),
+        block_size: 4,
+        extra_keys: vec![vec![ExtraKey::Media {
+            id: "img".into(),
+            offset: 0,
+        }]],
+        ..BlockStored::default()
+    };
+    ix.clear(A);
+    ix.apply(A, &batch(Some("m"), vec![KvEvent::BlockStored(image)]));
+    assert_eq!(matched_salted(&ix, "m", None, &t), 0);
 }

@@ -5,7 +5,8 @@
 //! ```text
 //! batch  = [ts: f64, events: [event...]]            (data_parallel_rank unset: omitted)
 //! event  = ["BlockStored", block_hashes, parent_block_hash | nil, token_ids,
-//!           block_size, lora_id | nil, "GPU"(, lora_name)]
+//!           block_size, lora_id | nil, "GPU"(, lora_name | nil(, extra_keys))]
+//! extra_keys = [[lora_name?, cache_salt? (first block of the prompt only)] | nil, ...]
 //!        | ["BlockRemoved", block_hashes, "GPU"]
 //!        | ["AllBlocksCleared"]
 //! hash   = uint64, or (hash_bytes) bin32 whose last 8 bytes are the big-endian u64
@@ -78,8 +79,17 @@ fn write_event(w: &mut ByteBuf, e: &PoolEvent, block_size: usize, enc_h: HashEnc
             parent,
             token_ids,
             lora,
+            salt,
         } => {
-            enc::write_array_len(w, if lora.is_some() { 8 } else { 7 })?;
+            // As vLLM: each block's extra keys are the adapter's name, then
+            // (the prompt's first block only) the salt; omitted when none.
+            let extras = lora.is_some() || salt.is_some();
+            let fields = match (lora.is_some(), extras) {
+                (_, true) => 9,
+                (true, false) => 8,
+                (false, false) => 7,
+            };
+            enc::write_array_len(w, fields)?;
             enc::write_str(w, "BlockStored")?;
             write_hashes(w, hashes, enc_h)?;
             match parent {
@@ -98,8 +108,28 @@ fn write_event(w: &mut ByteBuf, e: &PoolEvent, block_size: usize, enc_h: HashEnc
                 None => write_nil(w),
             }
             enc::write_str(w, MEDIUM_GPU)?;
-            if let Some(l) = lora {
-                enc::write_str(w, &l.name)?;
+            match lora {
+                Some(l) => enc::write_str(w, &l.name)?,
+                None if extras => write_nil(w),
+                None => {}
+            }
+            if extras {
+                enc::write_array_len(w, len32(hashes.len()))?;
+                for i in 0..hashes.len() {
+                    let salt = salt.as_deref().filter(|_| i == 0);
+                    let n = u32::from(lora.is_some()) + u32::from(salt.is_some());
+                    if n == 0 {
+                        write_nil(w);
+                        continue;
+                    }
+                    enc::write_array_len(w, n)?;
+                    if let Some(l) = lora {
+                        enc::write_str(w, &l.name)?;
+                    }
+                    if let Some(salt) = salt {
+                        enc::write_str(w, salt)?;
+                    }
+                }
             }
         }
         PoolEvent::Removed { hashes } => {
@@ -183,6 +213,7 @@ mod tests {
             parent: None,
             token_ids: vec![1, 300, 70_000, 2, 3, 4, 5, 6],
             lora: None,
+            salt: None,
         };
         let v = decode(&encode_batch(TS, &[e], 4, HashEncoding::Int));
         let f = only_event(&v);
@@ -218,14 +249,59 @@ mod tests {
                 id: 2,
                 name: "sql-lora".into(),
             }),
+            salt: None,
         };
         let v = decode(&encode_batch(TS, &[e], 2, HashEncoding::Int));
         let f = only_event(&v);
-        assert_eq!(f.len(), 8, "{f:?}");
+        assert_eq!(f.len(), 9, "{f:?}");
         assert_eq!(f[2].as_u64(), Some(8));
         assert_eq!(f[5].as_u64(), Some(2), "lora_id");
         assert_eq!(f[6].as_str(), Some("GPU"));
         assert_eq!(f[7].as_str(), Some("sql-lora"));
+        assert_eq!(
+            f[8],
+            Value::Array(vec![Value::Array(vec![Value::from("sql-lora")])]),
+            "extra_keys: the adapter's name per block"
+        );
+    }
+
+    /// vLLM's `generate_block_hash_extra_keys`: the adapter's name on every
+    /// block, the salt after it on the prompt's first block only.
+    #[test]
+    fn a_salt_is_the_first_blocks_last_extra_key() {
+        let salted = |lora: Option<LoraTag>| PoolEvent::Stored {
+            hashes: vec![1, 2],
+            parent: None,
+            token_ids: vec![1, 2, 3, 4],
+            lora,
+            salt: Some("tenant".into()),
+        };
+        let v = decode(&encode_batch(TS, &[salted(None)], 2, HashEncoding::Int));
+        let f = only_event(&v);
+        assert_eq!(f.len(), 9, "{f:?}");
+        assert!(f[7].is_nil(), "lora_name nil before extra_keys");
+        assert_eq!(
+            f[8],
+            Value::Array(vec![Value::Array(vec![Value::from("tenant")]), Value::Nil])
+        );
+        let lora = LoraTag {
+            id: 1,
+            name: "ad".into(),
+        };
+        let v = decode(&encode_batch(
+            TS,
+            &[salted(Some(lora))],
+            2,
+            HashEncoding::Int,
+        ));
+        let f = only_event(&v);
+        assert_eq!(
+            f[8],
+            Value::Array(vec![
+                Value::Array(vec![Value::from("ad"), Value::from("tenant")]),
+                Value::Array(vec![Value::from("ad")]),
+            ])
+        );
     }
 
     #[test]
@@ -262,6 +338,7 @@ mod tests {
             parent: Some(1),
             token_ids: vec![0],
             lora: None,
+            salt: None,
         };
         let v = decode(&encode_batch(TS, &[e], 1, HashEncoding::Bytes));
         let f = only_event(&v);
