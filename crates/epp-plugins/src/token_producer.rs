@@ -45,10 +45,14 @@ use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugi
 use serde::de::IgnoredAny;
 use tokenizers::Tokenizer;
 
-pub use self::byte_bpe::{ByteBpe, UnsupportedTokenizer};
+pub use self::{
+    byte_bpe::{ByteBpe, UnsupportedTokenizer},
+    chat_template::{ChatTemplate, ContentFormat, RenderedChat, SpecialTokens, Unrendered},
+};
 use crate::{Builtin, invalid};
 
 mod byte_bpe;
+mod chat_template;
 
 /// `local`: epp's in-process backend.
 #[derive(Debug, Clone, serde::Deserialize)]
