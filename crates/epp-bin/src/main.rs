@@ -207,8 +207,16 @@ fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOpti
     }
 }
 
-/// The render client a token producer asks for (`vllm` backend), if any.
+/// The renderer a token producer provides (in-process chat templates) or
+/// asks for (the `vllm` backend's render client), if any.
 fn renderer(built: &BuiltConfig) -> Option<Arc<dyn epp_core::PromptRenderer>> {
+    if let Some(own) = built
+        .plugins
+        .iter()
+        .find_map(|(_, p)| p.plugin().prompt_renderer())
+    {
+        return Some(own);
+    }
     let (name, service) = built
         .plugins
         .iter()

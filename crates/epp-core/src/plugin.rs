@@ -116,6 +116,12 @@ pub trait Plugin: Send + Sync + Debug {
     fn render_service(&self) -> Option<crate::RenderService> {
         None
     }
+    /// A renderer this plugin provides itself (a token producer that renders
+    /// chat templates in process); the edge awaits it before scheduling, as
+    /// it would a [`Self::render_service`]'s client, and prefers it.
+    fn prompt_renderer(&self) -> Option<std::sync::Arc<dyn crate::PromptRenderer>> {
+        None
+    }
 
     /// Other plugins this one names in its parameters (llm-d's
     /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.

@@ -15,9 +15,14 @@
 //!
 //! What is tokenized: a completions request's prompt string, with the
 //! tokenizer's special tokens added (`add_special_tokens`, as vLLM does),
-//! cut at `maxPromptBytes`. Chat and other APIs are rendered by the engine
-//! through its chat template, which epp does not render yet: for them no
-//! tokens are produced and token readers match nothing.
+//! cut at `maxPromptBytes`. A chat request is rendered through the model's
+//! chat template in process ([`ChatTemplate`]: `chat_template.jinja` beside
+//! the tokenizer, else `tokenizer_config.json`'s, or `local.chatTemplate`),
+//! by the edge before scheduling ([`Plugin::prompt_renderer`]), and its
+//! text tokenized without special tokens unless the request asks for them,
+//! as vLLM does; the template is reloaded with the tokenizer. Chat requests
+//! with media parts or a template of their own, requests of other APIs, and
+//! models without a template get no tokens (token readers match nothing).
 //!
 //! llm-d's `vllm` backend (`modelName` and `vllm: {url, timeout,
 //! mmTimeout}`): the engine's `/v1/completions/render` and
@@ -41,7 +46,10 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use epp_core::{ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugin, RenderService};
+use epp_core::{
+    ApiKind, BuildError, Candidate, CycleContext, DataProducer, Plugin, PromptRenderer,
+    RenderFuture, RenderService, RenderedPrompt,
+};
 use serde::de::IgnoredAny;
 use tokenizers::Tokenizer;
 
@@ -60,6 +68,10 @@ mod chat_template;
 pub struct LocalTokenizerParams {
     /// A `tokenizer.json`, or a directory holding one.
     pub path: String,
+    /// The chat template (a Jinja file); default: `chat_template.jinja`
+    /// beside the tokenizer, else `tokenizer_config.json`'s.
+    #[serde(default)]
+    pub chat_template: Option<String>,
     /// How often the file is checked for changes. Default `2s`; `0s` never.
     #[serde(default)]
     pub reload_interval: Option<String>,
@@ -139,9 +151,58 @@ struct Loaded {
     tokenizer: Tokenizer,
     /// epp's encoder, when the file is one it implements.
     fast: Option<ByteBpe>,
+    /// The model's chat template, when it has one.
+    chat: Option<ChatTemplate>,
 }
 
-fn load(file: &Path) -> Result<Loaded, String> {
+/// The files a local tokenizer is loaded from.
+#[derive(Debug, Clone)]
+struct Files {
+    tokenizer: PathBuf,
+    /// `local.chatTemplate`, when set.
+    template: Option<PathBuf>,
+}
+
+impl Files {
+    /// Every file whose change reloads the tokenizer.
+    fn watched(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.tokenizer.clone()];
+        match &self.template {
+            Some(t) => files.push(t.clone()),
+            None => files.extend(ChatTemplate::files_beside(&self.tokenizer)),
+        }
+        files
+    }
+}
+
+/// Loads `files`; an error names the parameter whose file failed.
+fn load(files: &Files) -> Result<Loaded, (&'static str, String)> {
+    const PATH: &str = "local.path";
+    let mut loaded = load_tokenizer(&files.tokenizer).map_err(|e| (PATH, e))?;
+    loaded.chat = match &files.template {
+        Some(path) => {
+            let source = std::fs::read_to_string(path)
+                .map_err(|e| ("local.chatTemplate", format!("{}: {e}", path.display())))?;
+            let special = SpecialTokens::beside(&files.tokenizer).map_err(|e| (PATH, e))?;
+            Some(ChatTemplate::new(source, special).map_err(|e| ("local.chatTemplate", e))?)
+        }
+        None => ChatTemplate::beside(&files.tokenizer).map_err(|e| (PATH, e))?,
+    };
+    match &loaded.chat {
+        Some(t) => tracing::info!(
+            tokenizer = %files.tokenizer.display(),
+            content = ?t.content_format(),
+            "chat template loaded: chat requests are rendered in process"
+        ),
+        None => tracing::info!(
+            tokenizer = %files.tokenizer.display(),
+            "no chat template beside the tokenizer: chat requests get no tokens"
+        ),
+    }
+    Ok(loaded)
+}
+
+fn load_tokenizer(file: &Path) -> Result<Loaded, String> {
     let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
     let tokenizer: Tokenizer = text.parse().map_err(|e: tokenizers::Error| e.to_string())?;
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
@@ -159,7 +220,11 @@ fn load(file: &Path) -> Result<Loaded, String> {
             None
         }
     };
-    Ok(Loaded { tokenizer, fast })
+    Ok(Loaded {
+        tokenizer,
+        fast,
+        chat: None,
+    })
 }
 
 fn modified(file: &Path) -> Option<SystemTime> {
@@ -236,10 +301,17 @@ impl Builtin for TokenProducer {
                 ),
             ));
         };
-        let file = tokenizer_file(&local.path);
-        let tokenizer = load(&file).map_err(|e| {
+        let files = Files {
+            tokenizer: tokenizer_file(&local.path),
+            template: local.chat_template.as_deref().map(PathBuf::from),
+        };
+        let tokenizer = load(&files).map_err(|(field, e)| {
+            let file = match (field, &files.template) {
+                ("local.chatTemplate", Some(t)) => t,
+                _ => &files.tokenizer,
+            };
             bad(
-                "local.path",
+                field,
                 file.display().to_string(),
                 format!("cannot load the tokenizer: {e}"),
             )
@@ -251,7 +323,7 @@ impl Builtin for TokenProducer {
         };
         let current = Arc::new(ArcSwap::from_pointee(tokenizer));
         if !interval.is_zero() {
-            watch(Arc::downgrade(&current), file, interval);
+            watch(Arc::downgrade(&current), files, interval);
         }
         Ok(Self {
             name,
@@ -261,29 +333,33 @@ impl Builtin for TokenProducer {
     }
 }
 
-/// Reloads the tokenizer when its file changes, until the plugin is gone.
-fn watch(slot: Weak<ArcSwap<Loaded>>, file: PathBuf, every: Duration) {
-    let mut seen = modified(&file);
+/// Reloads the tokenizer (and chat template) when one of their files
+/// changes, until the plugin is gone.
+fn watch(slot: Weak<ArcSwap<Loaded>>, files: Files, every: Duration) {
+    let watched = files.watched();
+    let stamps = move || watched.iter().map(|f| modified(f)).collect::<Vec<_>>();
+    let mut seen = stamps();
     let spawned = std::thread::Builder::new()
         .name("epp-tokenizer-watch".into())
         .spawn(move || {
             loop {
                 std::thread::sleep(every);
                 let Some(slot) = slot.upgrade() else { return };
-                let now = modified(&file);
+                let now = stamps();
                 if now == seen {
                     continue;
                 }
                 seen = now;
-                match load(&file) {
+                let file = files.tokenizer.display();
+                match load(&files) {
                     Ok(t) => {
                         slot.store(Arc::new(t));
-                        tracing::info!(file = %file.display(), "tokenizer reloaded");
+                        tracing::info!(file = %file, "tokenizer reloaded");
                     }
-                    Err(e) => tracing::warn!(
-                        file = %file.display(),
+                    Err((_, e)) => tracing::warn!(
+                        file = %file,
                         error = %e,
-                        "the changed tokenizer cannot be loaded; keeping the previous one"
+                        "the changed tokenizer or chat template cannot be loaded; keeping the previous one"
                     ),
                 }
             }
@@ -303,24 +379,71 @@ impl TokenProducer {
         let Backend::Local(current) = &self.backend else {
             return Err("this token producer has the engine render prompts".into());
         };
-        let text = cut(text, self.max_bytes);
-        let loaded = current.load();
-        if let Some(fast) = &loaded.fast {
-            fast.encode(text, true, out);
-            return Ok(());
-        }
-        let enc = loaded
-            .tokenizer
-            .encode_fast(text, true)
-            .map_err(|e| e.to_string())?;
-        out.extend_from_slice(enc.get_ids());
-        Ok(())
+        encode(&current.load(), cut(text, self.max_bytes), true, out)
     }
 
     /// Whether the loaded tokenizer is encoded by epp's [`ByteBpe`] (else
     /// by the `tokenizers` crate, or the engine renders).
     pub fn uses_byte_bpe(&self) -> bool {
         matches!(&self.backend, Backend::Local(current) if current.load().fast.is_some())
+    }
+}
+
+/// Token ids of `text` by `loaded`'s tokenizer, appended to `out`.
+fn encode(
+    loaded: &Loaded,
+    text: &str,
+    add_special: bool,
+    out: &mut Vec<u32>,
+) -> Result<(), String> {
+    if let Some(fast) = &loaded.fast {
+        fast.encode(text, add_special, out);
+        return Ok(());
+    }
+    let enc = loaded
+        .tokenizer
+        .encode_fast(text, add_special)
+        .map_err(|e| e.to_string())?;
+    out.extend_from_slice(enc.get_ids());
+    Ok(())
+}
+
+/// Renders chat requests through the loaded chat template and tokenizes
+/// them, at the edge before scheduling ([`TokenProducer`]'s
+/// [`Plugin::prompt_renderer`]). No I/O: the answer is ready at once.
+#[derive(Debug)]
+struct LocalRenderer {
+    current: Arc<ArcSwap<Loaded>>,
+    max_bytes: usize,
+}
+
+impl PromptRenderer for LocalRenderer {
+    fn render(&self, api: ApiKind, body: &[u8], media_parts: u32) -> Option<RenderFuture> {
+        if api != ApiKind::ChatCompletions || media_parts > 0 {
+            return None;
+        }
+        let loaded = self.current.load();
+        let rendered = match loaded.chat.as_ref()?.render(body) {
+            Ok(r) => r,
+            Err(Unrendered::Unsupported(_)) => return None,
+            Err(Unrendered::Failed(why)) => {
+                return Some(Box::pin(std::future::ready(Err(format!(
+                    "chat template: {why}"
+                )))));
+            }
+        };
+        let mut ids = Vec::new();
+        let result = encode(
+            &loaded,
+            cut(&rendered.text, self.max_bytes),
+            rendered.add_special_tokens,
+            &mut ids,
+        )
+        .map(|()| RenderedPrompt {
+            token_ids: ids,
+            media: Vec::new(),
+        });
+        Some(Box::pin(std::future::ready(result)))
     }
 }
 
@@ -350,6 +473,15 @@ impl Plugin for TokenProducer {
         match &self.backend {
             Backend::Render(service) => Some(service.clone()),
             Backend::Local(_) => None,
+        }
+    }
+    fn prompt_renderer(&self) -> Option<Arc<dyn PromptRenderer>> {
+        match &self.backend {
+            Backend::Local(current) => Some(Arc::new(LocalRenderer {
+                current: Arc::clone(current),
+                max_bytes: self.max_bytes,
+            })),
+            Backend::Render(_) => None,
         }
     }
 }
@@ -473,6 +605,86 @@ mod tests {
             cx.state.tokens.ids.clone()
         });
         assert_eq!(ids, vec![11, 22, 33]);
+    }
+
+    /// The ready answer of an in-process render.
+    fn rendered(
+        r: &dyn PromptRenderer,
+        api: ApiKind,
+        body: &str,
+    ) -> Option<Result<Vec<u32>, String>> {
+        let mut fut = r.render(api, body.as_bytes(), 0)?;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match fut.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => Some(r.map(|p| p.token_ids)),
+            std::task::Poll::Pending => panic!("an in-process render is ready at once"),
+        }
+    }
+
+    #[test]
+    fn chat_requests_are_rendered_through_the_models_template_and_tokenized() {
+        let dir = epp_test_support::process::scratch_dir("tokenizer-chat");
+        let file = epp_test_support::tokenizer::write_test_tokenizer(&dir).expect("written");
+        let template = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}\
+            {% if add_generation_prompt %}<assistant>{% endif %}";
+        let config = serde_json::json!({"bos_token": "<|bos|>", "chat_template": template});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("written");
+        let p: TokenProducerParams =
+            serde_yaml_ng::from_str(&format!("{{local: {{path: {}}}}}", dir.display()))
+                .expect("parses");
+        let t = TokenProducer::build("t", p).expect("loads");
+        let r = t.prompt_renderer().expect("a local tokenizer renders chat");
+        let body = r#"{"model": "m", "messages": [{"role": "user", "content": "the theory"}]}"#;
+        let ids = rendered(r.as_ref(), ApiKind::ChatCompletions, body)
+            .expect("rendered")
+            .expect("ok");
+        // The crate's ids for the text the template gives, without special
+        // tokens added (the template put the BOS in), as vLLM tokenizes chat.
+        let crate_ids = Tokenizer::from_file(&file)
+            .expect("loads")
+            .encode("<|bos|><user>the theory<assistant>", false)
+            .expect("encodes")
+            .get_ids()
+            .to_vec();
+        assert_eq!(ids, crate_ids);
+        assert_eq!(ids.iter().filter(|&&i| i == ids[0]).count(), 1, "one BOS");
+        // Not rendered here: other APIs, media, a template of the request's own.
+        assert!(rendered(r.as_ref(), ApiKind::Completions, body).is_none());
+        assert!(
+            r.render(ApiKind::ChatCompletions, body.as_bytes(), 1)
+                .is_none()
+        );
+        let own = r#"{"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}"#;
+        assert!(rendered(r.as_ref(), ApiKind::ChatCompletions, own).is_none());
+        // A failing render is an error the edge logs.
+        let bad = r#"{"messages": 3}"#;
+        assert!(
+            rendered(r.as_ref(), ApiKind::ChatCompletions, bad)
+                .expect("answered")
+                .is_err()
+        );
+        // A model without a template renders nothing.
+        std::fs::remove_file(dir.join("tokenizer_config.json")).expect("removed");
+        let p: TokenProducerParams =
+            serde_yaml_ng::from_str(&format!("{{local: {{path: {}}}}}", dir.display()))
+                .expect("parses");
+        let t = TokenProducer::build("t", p).expect("loads");
+        let r = t.prompt_renderer().expect("renderer");
+        assert!(rendered(r.as_ref(), ApiKind::ChatCompletions, body).is_none());
+        // An explicit template file that does not parse is refused at load,
+        // naming its parameter.
+        let bad = dir.join("bad.jinja");
+        std::fs::write(&bad, "{% for %}").expect("written");
+        let p: TokenProducerParams = serde_yaml_ng::from_str(&format!(
+            "{{local: {{path: {}, chatTemplate: {}}}}}",
+            dir.display(),
+            bad.display()
+        ))
+        .expect("parses");
+        let e = TokenProducer::build("t", p)
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("local.chatTemplate"), "{e}");
     }
 
     #[test]

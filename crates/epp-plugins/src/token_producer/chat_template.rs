@@ -47,6 +47,21 @@ pub struct SpecialTokens {
     pub pad: Option<String>,
 }
 
+impl SpecialTokens {
+    /// The special tokens in the `tokenizer_config.json` beside `tokenizer`
+    /// (none when there is no such file).
+    ///
+    /// # Errors
+    /// A file that cannot be read or parsed.
+    pub fn beside(tokenizer: &Path) -> Result<Self, String> {
+        let dir = tokenizer.parent().unwrap_or(Path::new("."));
+        Ok(read_json(&dir.join("tokenizer_config.json"))?
+            .as_ref()
+            .map(special_tokens)
+            .unwrap_or_default())
+    }
+}
+
 /// How a template reads a message's `content` (vLLM's content formats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContentFormat {
