@@ -133,6 +133,12 @@ pub struct SimConfig {
     /// it, text prompts count 4 characters per token.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
+    /// A Jinja chat template: chat requests are rendered through it (with
+    /// `bos_token`/`eos_token` from the `tokenizer_config.json` beside the
+    /// --tokenizer) and the text tokenized without special tokens, as vLLM
+    /// does. Without it, chat is the flattened `role: text` transcript.
+    #[arg(long, value_name = "FILE", requires = "tokenizer")]
+    pub chat_template: Option<PathBuf>,
     /// vLLM's KVEventsConfig as JSON, e.g. `{"enable_kv_cache_events": true,
     /// "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
     /// "tcp://*:5558", "buffer_steps": 10000, "topic": ""}`: publish KV cache

@@ -15,6 +15,8 @@ use tokio::{
 
 use tokenizers::Tokenizer;
 
+use crate::chat_template::ChatTemplate;
+
 use crate::{
     config::SimConfig,
     engine_core::{Core, Injected, unix_now},
@@ -142,6 +144,7 @@ pub struct Sim {
     /// Process start (Unix seconds), for `_created` series.
     pub started_unix: f64,
     tokenizer: Option<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
     kv_events: Option<KvEventSink>,
 }
 
@@ -151,6 +154,8 @@ pub struct Sim {
 pub struct Attachments {
     /// Tokenizes text prompts.
     pub tokenizer: Option<Tokenizer>,
+    /// Renders chat requests (needs the tokenizer).
+    pub chat_template: Option<ChatTemplate>,
     /// Receives the KV cache events of every step.
     pub kv_events: Option<KvEventSink>,
 }
@@ -177,6 +182,7 @@ impl Sim {
             wake: Arc::new(Notify::new()),
             started_unix: unix_now(),
             tokenizer: extra.tokenizer,
+            chat_template: extra.chat_template,
             kv_events: extra.kv_events,
         });
         tokio::spawn(run(Arc::downgrade(&sim), Arc::clone(&sim.wake)));
@@ -187,6 +193,24 @@ impl Sim {
     #[must_use]
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
+    }
+
+    /// A chat body's token ids through the `--chat-template` (then the
+    /// tokenizer, without special tokens), with the rendered text; `None`
+    /// without a template.
+    ///
+    /// # Errors
+    /// When the template or the tokenizer fails.
+    pub fn render_chat(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<Option<(String, Vec<u32>)>, String> {
+        let (Some(template), Some(tokenizer)) = (&self.chat_template, &self.tokenizer) else {
+            return Ok(None);
+        };
+        let text = template.render(body)?;
+        let ids = crate::tokens::encode_with(tokenizer, &text, false)?;
+        Ok(Some((text, ids)))
     }
 
     /// `text`'s token ids with the `--tokenizer` (special tokens added);

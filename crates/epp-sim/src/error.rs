@@ -12,6 +12,14 @@ pub enum Error {
         /// What was wrong with it.
         reason: String,
     },
+    /// `--chat-template` names no usable template.
+    #[error("--chat-template {path}: {reason}")]
+    ChatTemplate {
+        /// The path given.
+        path: String,
+        /// What was wrong with it.
+        reason: String,
+    },
     /// `--kv-events-config` is unusable.
     #[error("--kv-events-config: {reason}")]
     KvEventsConfig {

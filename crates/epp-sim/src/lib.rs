@@ -37,6 +37,7 @@
 
 mod apis;
 pub mod blocks;
+pub mod chat_template;
 pub mod config;
 pub mod engine;
 pub mod engine_core;
@@ -69,6 +70,11 @@ pub struct Bound {
 /// bound, or a failed server.
 pub async fn serve(cfg: config::SimConfig, on_bound: impl FnOnce(&Bound)) -> error::Result<()> {
     let tokenizer = cfg.tokenizer.as_deref().map(tokens::load).transpose()?;
+    let chat_template = cfg
+        .chat_template
+        .as_deref()
+        .map(|t| chat_template::ChatTemplate::load(t, cfg.tokenizer.as_deref()))
+        .transpose()?;
     let hashes = if cfg.kv_events_hash_bytes {
         kv_events::HashEncoding::Bytes
     } else {
@@ -86,6 +92,7 @@ pub async fn serve(cfg: config::SimConfig, on_bound: impl FnOnce(&Bound)) -> err
     });
     let attachments = engine::Attachments {
         tokenizer,
+        chat_template,
         kv_events: publisher.map(|p| p.sink),
     };
     let sim = engine::Sim::with(cfg, attachments);

@@ -185,9 +185,24 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
             }
         }
     }
-    // Token-id prompts are token ids, tokenizer or not; text (a prompt
-    // string, or the flattened chat) is tokenized when there is a tokenizer.
-    let token_ids = if !ids.is_empty() && texts == 0 {
+    // Token-id prompts are token ids, tokenizer or not; chat goes through
+    // the --chat-template when there is one; other text (a prompt string,
+    // or the flattened chat) is tokenized when there is a tokenizer.
+    let rendered = if chat {
+        sim.render_chat(&v).map_err(|e| {
+            api_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                format!("rendering the chat failed: {e}"),
+            )
+        })?
+    } else {
+        None
+    };
+    let token_ids = if let Some((text, rendered)) = rendered {
+        prompt = text;
+        Some(rendered)
+    } else if !ids.is_empty() && texts == 0 {
         Some(ids)
     } else {
         sim.tokenize(&prompt).map_err(|e| {

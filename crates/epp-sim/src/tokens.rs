@@ -34,8 +34,20 @@ pub fn load(path: &Path) -> Result<Tokenizer, Error> {
 /// # Errors
 /// When the tokenizer fails on the text.
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+    encode_with(tokenizer, text, true)
+}
+
+/// `text`'s token ids, with special tokens added or not.
+///
+/// # Errors
+/// When the tokenizer fails on the text.
+pub fn encode_with(
+    tokenizer: &Tokenizer,
+    text: &str,
+    add_special: bool,
+) -> Result<Vec<u32>, String> {
     tokenizer
-        .encode(text, true)
+        .encode(text, add_special)
         .map(|e| e.get_ids().to_vec())
         .map_err(|e| e.to_string())
 }

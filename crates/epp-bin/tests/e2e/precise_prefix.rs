@@ -402,6 +402,85 @@ schedulingProfiles:
     );
 }
 
+/// The token producer renders chat requests through the model's chat
+/// template in process (`chat_template.jinja` beside its tokenizer), as the
+/// engines render them with theirs: a system prompt cached on one engine by
+/// a chat request epp never saw draws the chat requests that share it,
+/// through Envoy, with no render call to any server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_follows_the_engines_blocks_rendered_in_process() {
+    let dir = scratch_dir("precise-chat-template");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let template = dir.join("chat_template.jinja");
+    std::fs::write(
+        &template,
+        "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content | trim }}\n{% endfor %}\
+         {% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<|bos|>"}"#,
+    )
+    .unwrap();
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims: Vec<Sim> = IPS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            let events = format!(
+                r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://{ip}:{kv_port}","topic":"kv@{ip}@{MODEL}"}}"#
+            );
+            start_sim_at(
+                &dir,
+                &format!("sim-{i}"),
+                ip,
+                http_port,
+                &[
+                    "--tokenizer",
+                    tokenizer.to_str().unwrap(),
+                    "--chat-template",
+                    template.to_str().unwrap(),
+                    "--block-size",
+                    "4",
+                    "--kv-events-config",
+                    &events,
+                ],
+            )
+        })
+        .collect();
+    let (epp, envoy) = start_picker(&dir, &config(&dir, kv_port), http_port).await;
+
+    let system = "You answer questions about tides and harbours, briefly. ".repeat(6);
+    let chat = |q: &str| {
+        serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": q}]})
+    };
+    let r = http::post_json_at(
+        IPS[1],
+        sims[1].port,
+        "/v1/chat/completions",
+        &chat("Warm up."),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for_blocks(epp.metrics_port, &at(IPS[1], &sims[1]), "stored", 0.0).await;
+    for q in 0..8 {
+        let r = http::post_json(
+            envoy.port,
+            "/v1/chat/completions",
+            &chat(&format!("Question {q}?")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-inference-pod"), Some("sim-1"), "question {q}");
+    }
+    drop(envoy);
+}
+
 /// llm-d's `vllm` token-producer backend: the prompts are rendered to token
 /// ids by the engine's render endpoint (here a simulator with the same
 /// tokenizer, as `vllm launch render` would be) before scheduling, so chat
