@@ -20,7 +20,11 @@
 //!    while the pool is saturated);
 //! 5. one light tenant at 0.1× capacity alone, then with a heavy tenant at
 //!    10× its rate in the same band, flow control on with
-//!    `round-robin-fairness-policy`, and with `global-strict-fairness-policy`.
+//!    `round-robin-fairness-policy`, and with `global-strict-fairness-policy`;
+//!    and, as the floor no queueing policy can go below, with the heavy
+//!    tenant at 8× its rate (0.9× capacity in all: the fleet busy, requests
+//!    not queued), where the light tenant's requests still prefill into
+//!    running batches.
 //!
 //! Saturation is `concurrency-detector` with `maxConcurrency` = the batch
 //! size, so "saturated" means every batch slot is taken by epp's requests.
@@ -263,6 +267,17 @@ async fn main() {
         let with = report(&format!("light, with heavy at 10x ({fairness})"), &l);
         report(&format!("heavy ({fairness})"), &h);
         println!("  light TTFT p90 / alone ({fairness}): {:.2}x", with / base);
+        if fairness == "round-robin-fairness-policy" {
+            let h = tokio::spawn(open_loop(port, cap * 0.8, SECONDS, heavy()));
+            let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
+            let h = h.await.unwrap();
+            let busy = report("light, with heavy at 8x (fleet busy, not overloaded)", &l);
+            report("heavy at 8x", &h);
+            println!(
+                "  light TTFT p90 on a busy fleet / alone: {:.2}x (the floor without idle servers)",
+                busy / base
+            );
+        }
         drop(s);
     }
 }
