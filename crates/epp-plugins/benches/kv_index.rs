@@ -14,6 +14,10 @@
 //!   `ByteBpe` (what `token-producer` runs), in the same run;
 //!   `tokenize-16k-varied/…` on 16 KiB of mostly unseen words (few word-cache
 //!   hits); `tokenize-16k-llama3/…` with the Llama 3-shaped test tokenizer.
+//! - `chat-16k/rendered`: a 16 KiB chat request (a long system prompt and
+//!   six turns) rendered through a chat template in the shape of Llama 3's
+//!   and tokenized, as the token producer does at the edge
+//!   (`prompt_renderer`): the in-process path for chat.
 //!
 //! With mimalloc, as the `epp` binary runs.
 //!
@@ -270,5 +274,56 @@ fn tokenize(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, ingest, lookup, tokenize);
+const HEADERS_TEMPLATE: &str = "{{- bos_token }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}";
+
+fn chat(c: &mut Criterion) {
+    let dir = scratch_dir("bench-chat-16k");
+    let file = write_llama3_test_tokenizer(&dir).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), HEADERS_TEMPLATE).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<|begin_of_text|>"}"#,
+    )
+    .unwrap();
+    let p: TokenProducerParams = serde_yaml_ng::from_str(&format!(
+        "{{local: {{path: {}, reloadInterval: 0s}}}}",
+        file.display()
+    ))
+    .unwrap();
+    let t = TokenProducer::build("tok", p).unwrap();
+    let renderer = epp_core::Plugin::prompt_renderer(&t).unwrap();
+    let system =
+        "You answer questions about the sea, its tides and its harbours, briefly and kindly. "
+            .repeat(185);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    for turn in 0..6 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("Question {turn}: when is high tide in harbour {turn}?")}));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("At {turn} o'clock, twice a day, give or take an hour.")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "And at the next harbour?"}));
+    let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+    let run = || {
+        let mut fut = renderer
+            .render(epp_core::ApiKind::ChatCompletions, body.as_bytes(), 0)
+            .unwrap();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match fut.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => r.unwrap().token_ids.len(),
+            std::task::Poll::Pending => unreachable!("ready at once"),
+        }
+    };
+    eprintln!("chat-16k: {} bytes of body -> {} tokens", body.len(), run());
+    let mut g = c.benchmark_group("kv-index");
+    g.throughput(Throughput::Bytes(body.len() as u64));
+    g.bench_function("chat-16k/rendered", |b| b.iter(run));
+    g.finish();
+}
+
+criterion_group!(benches, ingest, lookup, tokenize, chat);
 criterion_main!(benches);

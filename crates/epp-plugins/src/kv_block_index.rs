@@ -66,41 +66,92 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 32)
 }
 
-/// The key of a block of `tokens` after the block keyed `parent`: four
-/// independent multiply-rotate lanes over pairs of tokens (so the multiplies
-/// overlap), folded and finalised with the block's length.
+/// Secrets of [`block_key`]: odd, with both 32-bit halves far above any
+/// token id, so a word of two token ids never cancels one (which would zero
+/// a product).
+const SECRETS: [u64; 8] = [
+    0xa076_1d64_78bd_642f,
+    0xe703_7ed1_a0b4_28db,
+    0x8ebc_6af0_9c88_c6e3,
+    0x5899_65cc_7537_4cc3,
+    0xd6e8_feb8_6659_fd93,
+    0x9e37_79b9_7f4a_7c15,
+    0xc2b2_ae3d_27d4_eb4f,
+    0xb492_b66f_be98_f273,
+];
+
+/// The 128-bit product of `a` and `b`, folded to 64 bits.
+#[inline]
+fn mum(a: u64, b: u64) -> u64 {
+    let r = u128::from(a) * u128::from(b);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+/// The key of a block of `tokens` after the block keyed `parent`.
+///
+/// The block's content is hashed without the parent: four lanes, each
+/// folding every fourth 4-token group into itself with a 128-bit multiply
+/// (so a group's position matters), then combined; only the last step,
+/// one multiply, mixes in the parent. So the content hashes of a prompt's
+/// blocks run side by side and the chain from block to block is one
+/// multiply long.
 #[must_use]
+#[inline]
 pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
-    const K: [u64; 4] = [
-        0x9e37_79b9_7f4a_7c15,
-        0xc2b2_ae3d_27d4_eb4f,
-        0x1656_67b1_9e37_79f9,
-        0xd6e8_feb8_6659_fd93,
-    ];
-    let pair = |p: &[u32]| u64::from(p[0]) | (u64::from(p[1]) << 32);
-    let mut lanes = [
-        parent ^ 0x2545_f491_4f6c_dd1d,
-        parent.rotate_left(16) ^ K[1],
-        parent.rotate_left(32) ^ K[2],
-        parent.rotate_left(48) ^ K[3],
-    ];
-    let mut octs = tokens.chunks_exact(8);
-    for o in &mut octs {
-        for (i, lane) in lanes.iter_mut().enumerate() {
-            *lane = (*lane ^ pair(&o[2 * i..2 * i + 2]))
-                .wrapping_mul(K[i])
-                .rotate_left(29);
+    let mut lanes = [SECRETS[4], SECRETS[5], SECRETS[6], SECRETS[7]];
+    let mut sixteens = tokens.chunks_exact(16);
+    for c in &mut sixteens {
+        for (k, lane) in lanes.iter_mut().enumerate() {
+            *lane = group(&c[4 * k..4 * k + 4], SECRETS[k], *lane);
         }
     }
-    for (i, &t) in octs.remainder().iter().enumerate() {
-        let lane = &mut lanes[i % 4];
-        *lane = (*lane ^ u64::from(t) ^ (1 << 63))
-            .wrapping_mul(K[i % 4])
-            .rotate_left(29);
+    let rest = sixteens.remainder();
+    if !rest.is_empty() {
+        fold_rest(rest, &mut lanes);
     }
-    let folded = lanes[0].wrapping_add(lanes[1].rotate_left(13))
-        ^ lanes[2].wrapping_add(lanes[3].rotate_left(43));
-    mix(folded ^ (tokens.len() as u64))
+    let [l0, l1, l2, l3] = lanes;
+    let content = l0 ^ l1.rotate_left(16) ^ l2.rotate_left(32) ^ l3.rotate_left(48);
+    mum(
+        parent ^ SECRETS[2],
+        content ^ (tokens.len() as u64) ^ SECRETS[3],
+    )
+}
+
+/// Four tokens folded into `lane`. Two ids make a word, the first in the
+/// low half (one unaligned load each on a little-endian machine).
+#[inline(always)]
+fn group(q: &[u32], secret: u64, lane: u64) -> u64 {
+    let bytes: &[u8] = bytemuck::cast_slice(&q[..4]);
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[at..at + 8]);
+        if cfg!(target_endian = "little") {
+            u64::from_le_bytes(w)
+        } else {
+            // The same words as on a little-endian machine.
+            let [a0, a1, a2, a3, b0, b1, b2, b3] = w;
+            u64::from(u32::from_ne_bytes([a0, a1, a2, a3]))
+                | (u64::from(u32::from_ne_bytes([b0, b1, b2, b3])) << 32)
+        }
+    };
+    mum(word(0) ^ secret, word(8) ^ lane)
+}
+
+/// The last tokens of a block whose size is not a multiple of 16.
+#[cold]
+#[inline(never)]
+fn fold_rest(rest: &[u32], lanes: &mut [u64; 4]) {
+    let mut quads = rest.chunks_exact(4);
+    let mut k = 0;
+    for q in &mut quads {
+        lanes[k] = group(q, SECRETS[k], lanes[k]);
+        k += 1;
+    }
+    let tail = quads.remainder();
+    if !tail.is_empty() {
+        let t = |i: usize| tail.get(i).copied().unwrap_or(0);
+        lanes[k] = group(&[t(0), t(1), t(2), 0], SECRETS[k] ^ SECRETS[4], lanes[k]);
+    }
 }
 
 /// The root key of every sequence computed for `model` (a LoRA adapter's
@@ -356,10 +407,16 @@ impl KvBlockIndex {
         if let Some(salt) = salt.filter(|s| !s.is_empty()) {
             key = fold_extra(key, salt.as_bytes());
         }
-        for block in tokens.chunks_exact(self.block_size).take(max_blocks) {
-            key = block_key(key, block);
-            out.push(key);
-        }
+        // One reservation, then no capacity check per key.
+        out.extend(
+            tokens
+                .chunks_exact(self.block_size)
+                .take(max_blocks)
+                .map(|block| {
+                    key = block_key(key, block);
+                    key
+                }),
+        );
     }
 
     /// Fills `m` with each endpoint's contiguous matched blocks of `keys`

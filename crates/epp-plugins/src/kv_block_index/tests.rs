@@ -429,3 +429,48 @@ fn a_salt_in_the_first_blocks_extra_keys_matches_only_the_same_salt() {
     ix.apply(A, &batch(Some("m"), vec![KvEvent::BlockStored(image)]));
     assert_eq!(matched_salted(&ix, "m", None, &t), 0);
 }
+
+/// Block keys depend on the parent, on every token and on where it sits
+/// (groups of a block swapped, or a token moved, give another key), and
+/// near-identical blocks spread over a table's low bits, which the index
+/// uses as they are.
+#[test]
+fn block_keys_depend_on_order_and_parent_and_spread() {
+    let block: Vec<u32> = (0..64).map(|i| 1000 + i).collect();
+    let k = block_key(7, &block);
+    assert_ne!(k, block_key(8, &block), "parent");
+    let mut swapped = block.clone();
+    swapped[..4].copy_from_slice(&block[16..20]);
+    swapped[16..20].copy_from_slice(&block[..4]);
+    assert_ne!(k, block_key(7, &swapped), "groups four apart swapped");
+    let mut moved = block.clone();
+    moved.swap(0, 1);
+    assert_ne!(k, block_key(7, &moved), "two tokens swapped");
+    assert_ne!(
+        block_key(7, &[1, 2, 3]),
+        block_key(7, &[1, 2, 3, 0]),
+        "length"
+    );
+    assert_ne!(
+        block_key(7, &[]),
+        block_key(8, &[]),
+        "an empty block still chains"
+    );
+
+    const BUCKETS: usize = 1024;
+    let mut counts = vec![0u32; BUCKETS];
+    let mut seen = std::collections::HashSet::new();
+    let mut b = vec![5u32; 16];
+    for i in 0..64 * BUCKETS as u32 {
+        b[0] = i;
+        let key = block_key(0, &b);
+        counts[key as usize % BUCKETS] += 1;
+        seen.insert(key);
+    }
+    assert_eq!(seen.len(), 64 * BUCKETS, "no collision");
+    let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(
+        *min > 30 && *max < 110,
+        "buckets between {min} and {max} (64 expected)"
+    );
+}
