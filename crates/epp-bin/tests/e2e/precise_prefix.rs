@@ -116,6 +116,17 @@ fn at(ip: &str, sim: &Sim) -> String {
 
 /// Three simulators on 127.0.0.2–4 publishing KV events on `kv_port`.
 fn start_publishers(dir: &Path, tokenizer: &Path, http_port: u16, kv_port: u16) -> Vec<Sim> {
+    start_publishers_with(dir, tokenizer, http_port, kv_port, &[])
+}
+
+/// [`start_publishers`] with `extra` arguments for each simulator.
+fn start_publishers_with(
+    dir: &Path,
+    tokenizer: &Path,
+    http_port: u16,
+    kv_port: u16,
+    extra: &[&str],
+) -> Vec<Sim> {
     IPS
         .iter()
         .enumerate()
@@ -123,22 +134,57 @@ fn start_publishers(dir: &Path, tokenizer: &Path, http_port: u16, kv_port: u16) 
             let events = format!(
                 r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://{ip}:{kv_port}","topic":"kv@{ip}@{MODEL}"}}"#
             );
-            start_sim_at(
-                dir,
-                &format!("sim-{i}"),
-                ip,
-                http_port,
-                &[
-                    "--tokenizer",
-                    tokenizer.to_str().unwrap(),
-                    "--block-size",
-                    "4",
-                    "--kv-events-config",
-                    &events,
-                ],
-            )
+            let mut args = vec![
+                "--tokenizer",
+                tokenizer.to_str().unwrap(),
+                "--block-size",
+                "4",
+                "--kv-events-config",
+                &events,
+            ];
+            args.extend_from_slice(extra);
+            start_sim_at(dir, &format!("sim-{i}"), ip, http_port, &args)
         })
         .collect()
+}
+
+/// A chat request for `MODEL` after `system`.
+fn chat(system: &str, question: &str) -> serde_json::Value {
+    serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": question}]})
+}
+
+/// Caches `system` on `sims[on]` by a chat request sent to it directly (epp
+/// never sees it), waits for its blocks to reach epp, then requires eight
+/// chat requests after the same system prompt, sent through Envoy, to go
+/// to that simulator.
+async fn chats_follow(epp: &Epp, envoy: &Envoy, sims: &[Sim], on: usize, system: &str) {
+    let r = http::post_json_at(
+        IPS[on],
+        sims[on].port,
+        "/v1/chat/completions",
+        &chat(system, "Warm up."),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for_blocks(epp.metrics_port, &at(IPS[on], &sims[on]), "stored", 0.0).await;
+    for q in 0..8 {
+        let r = http::post_json(
+            envoy.port,
+            "/v1/chat/completions",
+            &chat(system, &format!("Question {q}?")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let want = format!("sim-{on}");
+        assert_eq!(
+            r.header("x-inference-pod"),
+            Some(want.as_str()),
+            "question {q}"
+        );
+    }
 }
 
 /// epp with `config` over the three publishers on `http_port`, and Envoy in
@@ -425,59 +471,16 @@ async fn chat_follows_the_engines_blocks_rendered_in_process() {
     .unwrap();
     let http_port = shared_loopback_port();
     let kv_port = free_port_on("127.0.0.2");
-    let sims: Vec<Sim> = IPS
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| {
-            let events = format!(
-                r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://{ip}:{kv_port}","topic":"kv@{ip}@{MODEL}"}}"#
-            );
-            start_sim_at(
-                &dir,
-                &format!("sim-{i}"),
-                ip,
-                http_port,
-                &[
-                    "--tokenizer",
-                    tokenizer.to_str().unwrap(),
-                    "--chat-template",
-                    template.to_str().unwrap(),
-                    "--block-size",
-                    "4",
-                    "--kv-events-config",
-                    &events,
-                ],
-            )
-        })
-        .collect();
+    let sims = start_publishers_with(
+        &dir,
+        &tokenizer,
+        http_port,
+        kv_port,
+        &["--chat-template", template.to_str().unwrap()],
+    );
     let (epp, envoy) = start_picker(&dir, &config(&dir, kv_port), http_port).await;
-
     let system = "You answer questions about tides and harbours, briefly. ".repeat(6);
-    let chat = |q: &str| {
-        serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": q}]})
-    };
-    let r = http::post_json_at(
-        IPS[1],
-        sims[1].port,
-        "/v1/chat/completions",
-        &chat("Warm up."),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    wait_for_blocks(epp.metrics_port, &at(IPS[1], &sims[1]), "stored", 0.0).await;
-    for q in 0..8 {
-        let r = http::post_json(
-            envoy.port,
-            "/v1/chat/completions",
-            &chat(&format!("Question {q}?")),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.header("x-inference-pod"), Some("sim-1"), "question {q}");
-    }
+    chats_follow(&epp, &envoy, &sims, 1, &system).await;
     drop(envoy);
 }
 
@@ -505,32 +508,8 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
     let (epp, envoy) = start_picker(&dir, &config_with(&backend, kv_port), http_port).await;
 
     let system = "You answer questions about lighthouses, briefly and kindly. ".repeat(6);
-    let chat = |q: &str| {
-        serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": q}]})
-    };
-    // Warm sim-2 directly: only its events say where the prefix is.
-    let r = http::post_json_at(
-        IPS[2],
-        sims[2].port,
-        "/v1/chat/completions",
-        &chat("Warm up."),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    wait_for_blocks(epp.metrics_port, &at(IPS[2], &sims[2]), "stored", 0.0).await;
-    for q in 0..8 {
-        let r = http::post_json(
-            envoy.port,
-            "/v1/chat/completions",
-            &chat(&format!("Question {q}?")),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.header("x-inference-pod"), Some("sim-2"), "question {q}");
-    }
+    // Only sim-2's events say where the prefix is.
+    chats_follow(&epp, &envoy, &sims, 2, &system).await;
 
     // Token ids sent by the client (vLLM's generate API) are used as they
     // are: warmed directly on sim-0, the same ids follow its blocks.
@@ -560,9 +539,13 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
 
     // The render service gone: requests are still served (without tokens).
     drop(render);
-    let r = http::post_json(envoy.port, "/v1/chat/completions", &chat("And now?"))
-        .await
-        .unwrap();
+    let r = http::post_json(
+        envoy.port,
+        "/v1/chat/completions",
+        &chat(&system, "And now?"),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
 

@@ -499,13 +499,6 @@ fn dumps(
     out: &mut String,
 ) -> Result<(), Error> {
     use ValueKind as K;
-    let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.extend(std::iter::repeat_n(' ', n * level));
-        }
-    };
-    let item_sep = if indent.is_some() { "," } else { ", " };
     match v.kind() {
         K::Undefined | K::None => out.push_str("null"),
         K::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -519,45 +512,24 @@ fn dumps(
         K::String => py_string(v.as_str().unwrap_or_default(), out),
         K::Seq | K::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, level + 1);
-                dumps(item, indent, sort, level + 1, out)?;
-            }
-            newline(out, level);
-            out.push(']');
+            container(out, "[]", items.len(), indent, level, |i, out| {
+                dumps(&items[i], indent, sort, level + 1, out)
+            })?;
         }
         K::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if sort {
                 keys.sort();
             }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, level + 1);
+            container(out, "{}", keys.len(), indent, level, |i, out| {
+                let key = &keys[i];
                 match key.as_str() {
                     Some(s) => py_string(s, out),
                     None => py_string(&key.to_string(), out),
                 }
                 out.push_str(": ");
-                dumps(&v.get_item(key)?, indent, sort, level + 1, out)?;
-            }
-            newline(out, level);
-            out.push('}');
+                dumps(&v.get_item(key)?, indent, sort, level + 1, out)
+            })?;
         }
         K::Bytes | K::Plain | K::Invalid | _ => {
             return Err(Error::new(
@@ -566,6 +538,41 @@ fn dumps(
             ));
         }
     }
+    Ok(())
+}
+
+/// `n` items between the two characters of `brackets`, laid out as
+/// `json.dumps` lays them out (`", "` between them, or one per line under
+/// `indent`); `item` writes item `i`.
+fn container(
+    out: &mut String,
+    brackets: &str,
+    n: usize,
+    indent: Option<usize>,
+    level: usize,
+    mut item: impl FnMut(usize, &mut String) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let (open, close) = brackets.split_at(1);
+    out.push_str(open);
+    if n == 0 {
+        out.push_str(close);
+        return Ok(());
+    }
+    let newline = |out: &mut String, level: usize| {
+        if let Some(width) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', width * level));
+        }
+    };
+    for i in 0..n {
+        if i > 0 {
+            out.push_str(if indent.is_some() { "," } else { ", " });
+        }
+        newline(out, level + 1);
+        item(i, out)?;
+    }
+    newline(out, level);
+    out.push_str(close);
     Ok(())
 }
 
