@@ -186,7 +186,17 @@ fn load(files: &Files) -> Result<Loaded, (&'static str, String)> {
             let special = SpecialTokens::beside(&files.tokenizer).map_err(|e| (PATH, e))?;
             Some(ChatTemplate::new(source, special).map_err(|e| ("local.chatTemplate", e))?)
         }
-        None => ChatTemplate::beside(&files.tokenizer).map_err(|e| (PATH, e))?,
+        // One found beside the tokenizer and not understood leaves chat
+        // untokenized, as before there were templates, instead of failing.
+        None => ChatTemplate::beside(&files.tokenizer).unwrap_or_else(|e| {
+            tracing::warn!(
+                tokenizer = %files.tokenizer.display(),
+                error = %e,
+                "the model's chat template cannot be used: chat requests get no tokens \
+                 (name a template with local.chatTemplate to make this an error)"
+            );
+            None
+        }),
     };
     match &loaded.chat {
         Some(t) => tracing::info!(
@@ -671,8 +681,17 @@ mod tests {
         let t = TokenProducer::build("t", p).expect("loads");
         let r = t.prompt_renderer().expect("renderer");
         assert!(rendered(r.as_ref(), ApiKind::ChatCompletions, body).is_none());
-        // An explicit template file that does not parse is refused at load,
-        // naming its parameter.
+        // A template beside the tokenizer that does not parse leaves chat
+        // untokenized (a warning) rather than failing the load...
+        std::fs::write(dir.join("chat_template.jinja"), "{% for %}").expect("written");
+        let p: TokenProducerParams =
+            serde_yaml_ng::from_str(&format!("{{local: {{path: {}}}}}", dir.display()))
+                .expect("parses");
+        let t = TokenProducer::build("t", p).expect("loads without the template");
+        let r = t.prompt_renderer().expect("renderer");
+        assert!(rendered(r.as_ref(), ApiKind::ChatCompletions, body).is_none());
+        // ...while an explicit template file that does not parse is refused
+        // at load, naming its parameter.
         let bad = dir.join("bad.jinja");
         std::fs::write(&bad, "{% for %}").expect("written");
         let p: TokenProducerParams = serde_yaml_ng::from_str(&format!(

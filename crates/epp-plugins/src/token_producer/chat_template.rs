@@ -115,7 +115,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(NAME, source)
+        env.add_template_owned(NAME, without_generation_tags(&source))
             .map_err(|e| format!("the chat template does not parse: {e:#}"))?;
         Ok(Self {
             env,
@@ -334,6 +334,32 @@ fn parse_arguments(call: Value) -> Value {
     };
     let function = rebuild(&function, "arguments", parsed);
     rebuild(&call, "function", function)
+}
+
+/// `source` with transformers' `{% generation %}` / `{% endgeneration %}`
+/// tags (its extension marking assistant text, which renders the text as
+/// it is) turned into an always-true `if`, whitespace control kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let (left, body) = inner.strip_prefix('-').map_or(("", inner), |b| ("-", b));
+        let (body, right) = body.strip_suffix('-').map_or((body, ""), |b| (b, "-"));
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{left} if true {right}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{left} endif {right}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// vLLM's detection, approximated: a template that loops over a message's

@@ -214,3 +214,16 @@ fn the_template_and_special_tokens_are_found_beside_the_tokenizer() {
         "a bad template is an error"
     );
 }
+
+#[test]
+fn transformers_generation_tags_render_their_content() {
+    let t = "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%} [{{ m.content }}] {%- endgeneration -%}{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let body = serde_json::json!({"messages": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+    ]});
+    assert_eq!(text(t, body), "q[a]");
+    assert_eq!(
+        without_generation_tags("a {% if x %}{%generation%}b{% endgeneration%}{% endif %}"),
+        "a {% if x %}{% if true %}b{% endif %}{% endif %}"
+    );
+}
