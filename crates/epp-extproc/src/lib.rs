@@ -56,6 +56,7 @@ mod metrics;
 mod options;
 mod proto;
 mod restore;
+mod server;
 mod service;
 mod trace;
 mod usage;
@@ -77,6 +78,7 @@ pub use flow::{EXPECTED_TIMEOUT_HEADER, FOLDED_FAIRNESS_ID};
 pub use metrics::MetricGenerations;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
+pub use server::{H2Options, ServeError};
 pub use service::{ExtProcServer, ExtProcService};
 pub use trace::{
     AttrValue, RequestTrace, RequestTracer, SpanKind, SpanRecord, TRACEPARENT_HEADER,

@@ -122,7 +122,7 @@ pub struct ExtProcServer {
 }
 
 /// The one method's path.
-const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+pub(crate) const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 
 impl NamedService for ExtProcServer {
     const NAME: &'static str = "envoy.service.ext_proc.v3.ExternalProcessor";
