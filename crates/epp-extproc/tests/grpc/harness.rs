@@ -499,6 +499,8 @@ pub(crate) struct RawStream {
     body: Option<h2::RecvStream>,
     /// Reply bytes read, not yet a whole message.
     partial: Vec<u8>,
+    /// The client's connection task (aborting it closes the socket).
+    conn: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The server's answer on a [`RawStream`]: status, headers, the messages,
@@ -522,10 +524,12 @@ impl Fixture {
     pub(crate) async fn raw_with(&self, path: &str, content_type: &str) -> RawStream {
         let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
         let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-        tokio::spawn(async move {
+        let conn = tokio::spawn(async move {
             let _ = conn.await;
         });
-        raw_on(client, path, content_type).await
+        let mut raw = raw_on(client, path, content_type).await;
+        raw.conn = Some(conn);
+        raw
     }
 }
 
@@ -547,6 +551,7 @@ async fn raw_on(
         response: Some(response),
         body: None,
         partial: Vec::new(),
+        conn: None,
     }
 }
 
@@ -560,6 +565,13 @@ pub(crate) fn framed(msg: &ProcessingRequest) -> Vec<u8> {
 }
 
 impl RawStream {
+    /// Drops the connection without a word (no RST_STREAM, no GOAWAY).
+    pub(crate) fn disconnect(mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.abort();
+        }
+    }
+
     /// Sends `bytes` as one DATA frame (`eos`: and ends the request side).
     pub(crate) fn data(&mut self, bytes: &[u8], eos: bool) {
         self.send

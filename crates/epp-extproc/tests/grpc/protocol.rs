@@ -130,6 +130,26 @@ async fn garbage_is_an_error_not_a_crash() {
 }
 
 #[tokio::test]
+async fn a_lost_connection_releases_its_streams() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut metrics = prometheus_client::registry::Registry::default();
+    fx.service.register_metrics(&mut metrics);
+    let (headers, body) = chat_request();
+    let mut raw = fx.raw(PROCESS).await;
+    raw.data(&[headers, body].concat(), false);
+    assert_eq!(raw.messages(2).await.len(), 2);
+    assert_eq!(fx.inflight(), vec![1]);
+    raw.disconnect();
+    fx.eventually("released", |f| f.inflight() == vec![0]).await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &metrics).unwrap();
+    assert!(
+        text.contains("llm_d_epp_extproc_streams_inflight 0"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_reset_while_queued_in_flow_control_leaves_the_queue() {
     // Every endpoint has a queue: saturated, so requests wait in flow control.
     let fx = start(&[3, 3], ExtProcOptions::default()).await;
