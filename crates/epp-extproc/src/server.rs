@@ -9,7 +9,10 @@ use std::{
     fmt,
     future::{Future, poll_fn},
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering::Relaxed},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -26,8 +29,10 @@ use tokio::{
 use crate::{ExtProcService, decision::Decider};
 
 mod grpc;
+mod io;
 mod stream;
 
+use io::Coalesce;
 use stream::StreamTask;
 
 /// HTTP/2 and gRPC settings of [`ExtProcService::serve_connection`] and
@@ -145,7 +150,9 @@ impl ExtProcService {
         S: Future<Output = ()> + Send,
     {
         let mut shutdown = std::pin::pin!(shutdown);
-        let handshake = options.builder().handshake::<T, Bytes>(io);
+        let defer = Arc::new(AtomicBool::new(false));
+        let io = Coalesce::new(io, Arc::clone(&defer));
+        let handshake = options.builder().handshake::<Coalesce<T>, Bytes>(io);
         let mut conn = tokio::select! {
             c = handshake => c?,
             () = &mut shutdown => return Ok(()),
@@ -166,6 +173,7 @@ impl ExtProcService {
             max_message: options.max_message_bytes,
             keepalive,
             shutdown: Some(shutdown),
+            defer,
         };
         poll_fn(|cx| task.poll(cx)).await
     }
@@ -228,13 +236,16 @@ impl ExtProcService {
 /// One connection: h2's state and the futures of its streams, polled
 /// together by one task.
 struct ConnectionTask<T, S> {
-    conn: Connection<T, Bytes>,
+    conn: Connection<Coalesce<T>, Bytes>,
     streams: FuturesUnordered<StreamTask>,
     decider: Arc<Decider>,
     max_message: Option<usize>,
     keepalive: Option<Keepalive>,
     /// Until it fired (then the connection is going away).
     shutdown: Option<S>,
+    /// Set while the streams are polled: h2's writes are gathered and go
+    /// out in one system call at the end of the poll.
+    defer: Arc<AtomicBool>,
 }
 
 impl<T, S> ConnectionTask<T, S>
@@ -252,6 +263,31 @@ where
         if let Some(k) = self.keepalive.as_mut() {
             k.poll(cx)?;
         }
+        self.defer.store(true, Relaxed);
+        let polled = self.poll_streams(cx);
+        self.defer.store(false, Relaxed);
+        if polled.is_ready() {
+            return polled;
+        }
+        // What the streams wrote goes out now, in one write; a stream
+        // accepted meanwhile is polled on the next turn.
+        match self.conn.poll_accept(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(r)) => {
+                let (request, respond) = r?;
+                if let Some(s) = stream::start(&self.decider, request, respond, self.max_message) {
+                    self.streams.push(s);
+                }
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(None) => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Polls the streams woken and drives the connection (its writes
+    /// deferred), until neither has more to do for now.
+    fn poll_streams(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ServeError>> {
         // Streams first (their replies), then the connection (writes them,
         // reads what came, accepts new streams); a second round answers what
         // the first one read without going through the scheduler.
