@@ -4,7 +4,7 @@
 //! from its buffer, flushing the socket before it buffers the next frame: a
 //! poll answering 16 streams made ~2 `writev`s per decision, half of epp's
 //! CPU time being the kernel's. [`Coalesce`] copies small writes into one
-//! buffer and, while its connection polls its streams, takes h2's flushes
+//! buffer (large ones are written at once behind it, not copied) and, while its connection polls its streams, takes h2's flushes
 //! as done; the connection task turns that off for its last flush, which
 //! writes everything at once.
 
@@ -21,9 +21,12 @@ use std::{
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Writes buffered up to this size; a larger write goes straight to the
-/// socket (after what is buffered), without a copy.
+/// Writes buffered up to this size in all.
 const LIMIT: usize = 64 << 10;
+
+/// A write this large (a full DATA frame of a large body) is not copied: it
+/// goes to the socket at once, behind what is buffered, in one `writev`.
+const LARGE: usize = 8 << 10;
 
 /// The connection's socket, its writes gathered (see the module docs).
 #[derive(Debug)]
@@ -57,6 +60,41 @@ impl<T: AsyncWrite + Unpin> Coalesce<T> {
         }
         Poll::Ready(Ok(()))
     }
+
+    /// Takes `bufs`: copied into the buffer when small, else written at
+    /// once behind what is buffered, in one `writev` and without a copy.
+    fn poll_write_slices(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total < LARGE && self.buf.len() + total <= LIMIT {
+            for b in bufs {
+                self.buf.extend_from_slice(b);
+            }
+            return Poll::Ready(Ok(total));
+        }
+        loop {
+            let mut slices = [IoSlice::new(&[]); 8];
+            slices[0] = IoSlice::new(&self.buf);
+            let n_slices = 1 + bufs.len().min(slices.len() - 1);
+            for (slot, b) in slices[1..n_slices].iter_mut().zip(bufs) {
+                *slot = IoSlice::new(b);
+            }
+            let ours = self.buf.len();
+            let n = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n_slices]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            if n > ours {
+                self.buf.clear();
+                return Poll::Ready(Ok(n - ours));
+            }
+            // Only buffered bytes went: none of `bufs` yet.
+            self.buf.advance(n);
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Coalesce<T> {
@@ -75,13 +113,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesce<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.buf.len() + buf.len() <= LIMIT {
-            this.buf.extend_from_slice(buf);
-            return Poll::Ready(Ok(buf.len()));
-        }
-        ready!(this.poll_drain(cx))?;
-        Pin::new(&mut this.io).poll_write(cx, buf)
+        self.get_mut().poll_write_slices(cx, &[IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
@@ -89,16 +121,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesce<T> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if this.buf.len() + total <= LIMIT {
-            for b in bufs {
-                this.buf.extend_from_slice(b);
-            }
-            return Poll::Ready(Ok(total));
-        }
-        ready!(this.poll_drain(cx))?;
-        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+        self.get_mut().poll_write_slices(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
