@@ -2,8 +2,15 @@
 //! connection polling all its streams, no per-stream task, body channel or
 //! body adapter. A message whole in a DATA frame is decoded from a slice of
 //! it; the replies one message produces are encoded into one buffer, sent
-//! as one DATA send. Same service, same [`crate::ExtProcService`] state as
-//! [`crate::ExtProcServer`] (the tonic service), another way of driving it.
+//! as one DATA send; the writes of all streams polled in one turn leave in
+//! one system call (`io.rs`). Same service, same [`crate::ExtProcService`]
+//! state as [`crate::ExtProcServer`] (the tonic service), another way of
+//! driving it.
+//!
+//! Not done: replies are handed to h2 without waiting for Envoy's flow
+//! control window (h2 queues them). Envoy's default windows (256 MiB) make
+//! that moot for Envoy; a peer that keeps sending but never reads could
+//! grow that queue by what it sends.
 
 use std::{
     fmt,
