@@ -57,3 +57,23 @@ async fn the_default_limit_follows_the_body_limit() {
     let replies = raw.messages(1).await;
     assert!(destination(&replies[0]).is_some(), "{:?}", replies[0]);
 }
+
+#[tokio::test]
+async fn keepalive_pings_leave_an_answering_connection_open() {
+    let h2 = H2Options {
+        keepalive_interval: Some(std::time::Duration::from_millis(20)),
+        keepalive_timeout: std::time::Duration::from_millis(500),
+        ..H2Options::default()
+    };
+    let fx = start_with(Server::Lean, &[0], ExtProcOptions::default(), h2).await;
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send_post_headers("/v1/completions", FULL_DUPLEX, FULL_DUPLEX)
+        .await;
+    // Several PINGs come and are answered by the client's h2 meanwhile.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    envoy
+        .send(request_body(br#"{"model":"m","prompt":"p"}"#, true))
+        .await;
+    assert!(destination(&envoy.recv().await).is_some());
+}
