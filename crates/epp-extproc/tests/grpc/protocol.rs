@@ -228,3 +228,44 @@ async fn graceful_shutdown_lets_the_stream_in_flight_finish() {
         .expect("the server ends once its stream ended")
         .unwrap();
 }
+
+#[tokio::test]
+async fn random_frames_never_take_the_server_down() {
+    use rand::{Rng, SeedableRng, rngs::SmallRng};
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut rng = SmallRng::seed_from_u64(14);
+    let (headers, body) = chat_request();
+    for _ in 0..40 {
+        let mut raw = fx.raw(PROCESS).await;
+        // A valid start, sometimes, then bytes at random: flipped prefixes,
+        // lengths past the end, protobuf garbage.
+        let mut bytes = if rng.random_bool(0.5) {
+            [headers.clone(), body.clone()].concat()
+        } else {
+            Vec::new()
+        };
+        let n = rng.random_range(0..300);
+        bytes.extend((0..n).map(|_| rng.random::<u8>()));
+        if !bytes.is_empty() {
+            let flip = rng.random_range(0..bytes.len());
+            bytes[flip] ^= rng.random::<u8>();
+        }
+        for piece in bytes.chunks(rng.random_range(1..64)) {
+            raw.data(piece, false);
+        }
+        raw.data(b"", true);
+        // Whatever the verdict, the stream ends (or is reset) and nothing panics.
+        let _ = tokio::time::timeout(Duration::from_secs(5), raw.reply()).await;
+    }
+    fx.eventually("released", |f| f.inflight() == vec![0]).await;
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send_post(
+            "/v1/completions",
+            br#"{"model":"m","prompt":"p"}"#,
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        )
+        .await;
+    assert!(destination(&envoy.recv().await).is_some());
+}
