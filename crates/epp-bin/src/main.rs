@@ -24,7 +24,7 @@ use epp_core::{
     config::{BuiltConfig, EndpointPickerConfig},
 };
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{StreamExt, wrappers::TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -371,23 +371,27 @@ async fn run(args: Args) -> Result<()> {
     ));
 
     let serve_stop = CancellationToken::new();
-    let mut grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .tcp_nodelay(true);
-    let router = grpc.add_service(ext_proc.into_server());
+    // The lean server on h2: one task per connection. Once `serve_stop`
+    // fires, no connection is accepted, each one gets a GOAWAY, and the
+    // task ends when the streams in flight have.
+    let h2 = epp_extproc::H2Options {
+        keepalive_interval: Some(Duration::from_secs(30)),
+        ..epp_extproc::H2Options::default()
+    };
+    let stopped = serve_stop.clone().cancelled_owned();
     let ext_proc_server = if args.secure_serving {
         let acceptor = tls::acceptor(args.cert_path.clone(), shutdown.clone())?;
-        tokio::spawn(router.serve_with_incoming_shutdown(
-            tls::incoming(grpc_listener, acceptor, serve_stop.clone()),
-            serve_stop.clone().cancelled_owned(),
-        ))
+        let incoming = tls::incoming(grpc_listener, acceptor, serve_stop.clone());
+        tokio::spawn(async move { ext_proc.serve_incoming(incoming, h2, stopped).await })
     } else {
-        // `Server::tcp_nodelay` applies only to listeners tonic binds itself: set it
-        // here, or replies to Envoy wait on its delayed ACKs (~40 ms per request).
-        tokio::spawn(router.serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            serve_stop.clone().cancelled_owned(),
-        ))
+        // Without TCP_NODELAY, replies to Envoy wait on its delayed ACKs
+        // (~40 ms per request).
+        let incoming = TcpListenerStream::new(grpc_listener).map(|conn| {
+            conn.inspect(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            })
+        });
+        tokio::spawn(async move { ext_proc.serve_incoming(incoming, h2, stopped).await })
     };
 
     wait_for_signal().await;
@@ -409,8 +413,7 @@ async fn run(args: Args) -> Result<()> {
         .await;
     serve_stop.cancel();
     match tokio::time::timeout(args.shutdown_grace_period, ext_proc_server).await {
-        Ok(Ok(Ok(()))) => tracing::info!("all ext_proc streams finished"),
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "ext_proc server ended with an error"),
+        Ok(Ok(())) => tracing::info!("all ext_proc streams finished"),
         Ok(Err(e)) => tracing::warn!(error = %e, "ext_proc server task failed"),
         Err(_) => tracing::warn!("grace period over; dropping remaining streams"),
     }

@@ -183,7 +183,8 @@ pub(crate) fn metrics_acceptor(
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Accepted, handshaken TLS connections for tonic's `serve_with_incoming`.
+/// Accepted, handshaken TLS connections for the ext_proc server
+/// (`ExtProcService::serve_incoming`).
 /// Handshakes run concurrently with a deadline, so a slow client cannot hold
 /// up others.
 pub(crate) fn incoming(

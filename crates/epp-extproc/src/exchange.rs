@@ -178,6 +178,11 @@ impl Exchange {
         }
     }
 
+    /// The body limit of the options the stream started with.
+    pub(crate) fn max_body_bytes(&self) -> usize {
+        self.options.max_body_bytes
+    }
+
     /// When the stream began.
     pub(crate) fn started(&self) -> Instant {
         self.started

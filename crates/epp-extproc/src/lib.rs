@@ -28,16 +28,38 @@
 //! );
 //! ```
 //!
-//! Serving it (the binary adds TLS, health and shutdown):
+//! Serving it on its own HTTP/2 server (the binary adds TLS, health and the
+//! drain before shutdown): one task per connection, the streams polled
+//! inside it ([`ExtProcService::serve_incoming`],
+//! [`ExtProcService::serve_connection`]).
 //!
 //! ```no_run
 //! # async fn serve(scheduler: std::sync::Arc<epp_core::Scheduler>,
 //! #                endpoints: std::sync::Arc<dyn epp_core::EndpointSource>) {
+//! use tokio_stream::{StreamExt, wrappers::TcpListenerStream};
+//!
 //! let service = epp_extproc::ExtProcService::new(scheduler, endpoints, Default::default());
 //! let mut registry = prometheus_client::registry::Registry::default();
 //! service.register_metrics(&mut registry);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9002").await.unwrap();
+//! let incoming = TcpListenerStream::new(listener)
+//!     .map(|conn| conn.inspect(|tcp| tcp.set_nodelay(true).unwrap_or_default()));
+//! // Until Ctrl-C, then GOAWAY and the streams in flight finish.
+//! let stop = async {
+//!     tokio::signal::ctrl_c().await.ok();
+//! };
+//! service
+//!     .serve_incoming(incoming, epp_extproc::H2Options::default(), stop)
+//!     .await;
+//! # }
+//! ```
+//!
+//! Or mounted on a tonic router, beside other gRPC services:
+//!
+//! ```no_run
+//! # async fn serve(service: epp_extproc::ExtProcService) {
 //! tonic::transport::Server::builder()
-//!     .add_service(service.clone().into_server())
+//!     .add_service(service.into_server())
 //!     .serve("127.0.0.1:9002".parse().unwrap())
 //!     .await
 //!     .unwrap();
@@ -56,6 +78,7 @@ mod metrics;
 mod options;
 mod proto;
 mod restore;
+mod server;
 mod service;
 mod trace;
 mod usage;
@@ -77,6 +100,7 @@ pub use flow::{EXPECTED_TIMEOUT_HEADER, FOLDED_FAIRNESS_ID};
 pub use metrics::MetricGenerations;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};
 pub use restore::ModelRestorer;
+pub use server::{H2Options, ServeError};
 pub use service::{ExtProcServer, ExtProcService};
 pub use trace::{
     AttrValue, RequestTrace, RequestTracer, SpanKind, SpanRecord, TRACEPARENT_HEADER,

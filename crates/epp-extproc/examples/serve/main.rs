@@ -17,15 +17,21 @@
 //! `DecisionLog`, as the binary's decision view does, recording at most one
 //! request per 100 ms (the binary's default) or every request (the cost of
 //! recording one).
+//! `SERVE_SERVER=lean|tonic` picks the server: the lean one on `h2`
+//! (`serve_incoming`, what the binary runs; the default) or the tonic
+//! service (`into_server()` on tonic's transport), so both are measured
+//! from one build.
 
 use std::{net::SocketAddr, sync::Arc};
 
 use arc_swap::ArcSwap;
 use epp_core::{Endpoint, EndpointMetrics, EndpointSnapshot};
 use epp_extproc::{
-    DecisionLog, ExtProcOptions, ExtProcService, RequestTrace, RequestTracer, TraceParent,
+    DecisionLog, ExtProcOptions, ExtProcService, H2Options, RequestTrace, RequestTracer,
+    TraceParent,
 };
 use rand::Rng;
+use tokio_stream::{StreamExt, wrappers::TcpListenerStream};
 
 mod profile;
 
@@ -99,12 +105,29 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     };
     service.set_decision_log(interval.map(|i| Arc::new(DecisionLog::new(50, i))));
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    println!("ext_proc listening on {addr} (pid {})", std::process::id());
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(service.into_server())
-        .serve(addr)
-        .await?;
+    let lean = std::env::var("SERVE_SERVER").as_deref() != Ok("tonic");
+    println!(
+        "ext_proc listening on {addr} (pid {}, {} server)",
+        std::process::id(),
+        if lean { "lean" } else { "tonic" }
+    );
+    if lean {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            conn.inspect(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            })
+        });
+        service
+            .serve_incoming(incoming, H2Options::default(), std::future::pending())
+            .await;
+    } else {
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service.into_server())
+            .serve(addr)
+            .await?;
+    }
     Ok(())
 }
 

@@ -58,11 +58,15 @@ async fn a_chunk_above_the_grpc_default_limit_is_accepted_and_rechunked() {
     let (_, echoed) = envoy.recv_streamed_body().await;
     assert!(echoed == body, "byte-for-byte");
 
-    // Above the configured body limit, the same single chunk is a 413.
+    // Above the configured body limit, a single chunk is a 413 (below the
+    // lean server's 4 MiB message floor: above it, its stream would end with
+    // RESOURCE_EXHAUSTED).
     let options = ExtProcOptions {
         max_body_bytes: 1 << 20,
         ..ExtProcOptions::default()
     };
+    let prompt = "z".repeat(3 << 20);
+    let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#).into_bytes();
     fx.service.set_options(options);
     let mut envoy = fx.envoy().await;
     envoy

@@ -23,7 +23,7 @@ use envoy_types::pb::{
     },
     google::protobuf::{ListValue, Struct, Value, value::Kind},
 };
-use epp_extproc::{ExtProcOptions, ExtProcService};
+use epp_extproc::{ExtProcOptions, ExtProcService, H2Options};
 pub(crate) use epp_test_support::plugins::Recorder;
 use epp_test_support::{
     endpoints::with_queues,
@@ -46,6 +46,10 @@ pub(crate) struct Fixture {
     pub(crate) recorder: Arc<Recorder>,
     pub(crate) service: ExtProcService,
     pub(crate) addr: SocketAddr,
+    /// Shuts the server down gracefully (no new streams, in-flight ones finish).
+    pub(crate) stop: tokio_util::sync::CancellationToken,
+    /// The server's task: ends after `stop`, once its streams ended.
+    pub(crate) server: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The scheduler of every fixture: shortest queue first with one fallback,
@@ -57,26 +61,58 @@ pub(crate) fn scheduler(recorder: &Arc<Recorder>) -> Scheduler {
         .unwrap()
 }
 
-/// Starts the service on a free loopback port.
-pub(crate) async fn start(queues: &[u32], options: ExtProcOptions) -> Fixture {
+/// Which server drives the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Server {
+    /// `into_server()` mounted on tonic's transport.
+    Tonic,
+    /// The lean server on `h2` (`serve_incoming`).
+    Lean,
+}
+
+/// Starts the service on a free loopback port, served by `server`.
+pub(crate) async fn start_on(server: Server, queues: &[u32], options: ExtProcOptions) -> Fixture {
+    start_with(server, queues, options, H2Options::default()).await
+}
+
+/// [`start_on`] with the lean server's settings (ignored by tonic's).
+pub(crate) async fn start_with(
+    server: Server,
+    queues: &[u32],
+    options: ExtProcOptions,
+    h2: H2Options,
+) -> Fixture {
     let eps = with_queues(queues);
     let source = Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(eps.clone())));
     let recorder = Arc::new(Recorder::default());
     let service = ExtProcService::new(Arc::new(scheduler(&recorder)), source.clone(), options);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = service.clone().into_server();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(server)
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
+    let served = service.clone();
+    let task = tokio::spawn(async move {
+        match server {
+            Server::Tonic => tonic::transport::Server::builder()
+                .add_service(served.into_server())
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+                .await
+                .unwrap(),
+            Server::Lean => {
+                served
+                    .serve_incoming(TcpListenerStream::new(listener), h2, stopped)
+                    .await;
+            }
+        }
+    });
     Fixture {
         endpoints: eps,
         source,
         recorder,
         service,
         addr,
+        stop,
+        server: Some(task),
     }
 }
 
@@ -448,4 +484,191 @@ pub(crate) fn is_request_body(r: &ProcessingResponse) -> bool {
 
 pub(crate) fn pairs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'a str, &'a str)> {
     v.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+// === raw HTTP/2: frames as the test lays them out ===
+
+/// The ext_proc method's path.
+pub(crate) const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+/// One stream opened with a bare `h2` client: DATA frames are exactly the
+/// `send_data` calls, so messages can be split or packed at will.
+pub(crate) struct RawStream {
+    pub(crate) send: h2::SendStream<bytes::Bytes>,
+    response: Option<h2::client::ResponseFuture>,
+    body: Option<h2::RecvStream>,
+    /// Reply bytes read, not yet a whole message.
+    partial: Vec<u8>,
+    /// The client's connection task (aborting it closes the socket).
+    conn: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The server's answer on a [`RawStream`]: status, headers, the messages,
+/// the trailers (the headers again for a trailers-only reply).
+#[derive(Debug)]
+pub(crate) struct RawReply {
+    pub(crate) http: http::StatusCode,
+    /// Any response header besides the status.
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) messages: Vec<ProcessingResponse>,
+    pub(crate) grpc_status: Option<i32>,
+    pub(crate) grpc_message: Option<String>,
+}
+
+impl Fixture {
+    /// A raw stream on a new connection to `path`.
+    pub(crate) async fn raw(&self, path: &str) -> RawStream {
+        self.raw_with(path, "application/grpc").await
+    }
+
+    pub(crate) async fn raw_with(&self, path: &str, content_type: &str) -> RawStream {
+        let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut raw = raw_on(client, path, content_type).await;
+        raw.conn = Some(conn);
+        raw
+    }
+}
+
+/// A raw stream on `client`'s connection.
+async fn raw_on(
+    mut client: h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+    content_type: &str,
+) -> RawStream {
+    client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://epp{path}"))
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, send) = client.send_request(request, false).unwrap();
+    RawStream {
+        send,
+        response: Some(response),
+        body: None,
+        partial: Vec::new(),
+        conn: None,
+    }
+}
+
+/// `msg` with gRPC's 5-byte prefix.
+pub(crate) fn framed(msg: &ProcessingRequest) -> Vec<u8> {
+    let body = prost::Message::encode_to_vec(msg);
+    let mut v = vec![0];
+    v.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    v.extend(body);
+    v
+}
+
+impl RawStream {
+    /// Drops the connection without a word (no RST_STREAM, no GOAWAY).
+    pub(crate) fn disconnect(mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.abort();
+        }
+    }
+
+    /// Sends `bytes` as one DATA frame (`eos`: and ends the request side).
+    pub(crate) fn data(&mut self, bytes: &[u8], eos: bool) {
+        self.send
+            .send_data(bytes::Bytes::copy_from_slice(bytes), eos)
+            .unwrap();
+    }
+
+    /// The response head, then the replies as they come, until `n` were
+    /// read; `None` if the stream ended first.
+    pub(crate) async fn messages(&mut self, n: usize) -> Vec<ProcessingResponse> {
+        let mut buf = std::mem::take(&mut self.partial);
+        let mut out = Vec::new();
+        loop {
+            while buf.len() >= 5 && out.len() < n {
+                let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+                if buf.len() < 5 + len {
+                    break;
+                }
+                out.push(prost::Message::decode(&buf[5..5 + len]).unwrap());
+                buf.drain(..5 + len);
+            }
+            if out.len() >= n {
+                break;
+            }
+            let Some(chunk) = self.next_data().await else {
+                assert!(buf.is_empty(), "a partial reply");
+                break;
+            };
+            buf.extend_from_slice(&chunk);
+        }
+        self.partial = buf;
+        out
+    }
+
+    async fn head(&mut self) -> Option<http::Response<h2::RecvStream>> {
+        let response = self.response.take()?;
+        let r = tokio::time::timeout(Duration::from_secs(5), response)
+            .await
+            .expect("no response head within 5 s")
+            .unwrap();
+        Some(r)
+    }
+
+    async fn next_data(&mut self) -> Option<bytes::Bytes> {
+        if let Some(head) = self.head().await {
+            self.body = Some(head.into_body());
+        }
+        let body = self.body.as_mut()?;
+        let chunk = tokio::time::timeout(Duration::from_secs(5), body.data())
+            .await
+            .expect("no data within 5 s")?
+            .unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        Some(chunk)
+    }
+
+    /// Everything up to the stream's end.
+    pub(crate) async fn reply(mut self) -> RawReply {
+        let head = self.head().await;
+        let (http, headers, status_in_head) = match head {
+            Some(head) => {
+                let (parts, body) = head.into_parts();
+                self.body = Some(body);
+                let status = grpc_status(&parts.headers);
+                (parts.status, parts.headers, status)
+            }
+            None => (http::StatusCode::OK, http::HeaderMap::new(), None),
+        };
+        let messages = self.messages(usize::MAX).await;
+        let trailers = match self.body.as_mut() {
+            Some(b) => tokio::time::timeout(Duration::from_secs(5), b.trailers())
+                .await
+                .expect("no trailers within 5 s")
+                .unwrap(),
+            None => None,
+        };
+        let (grpc_status, grpc_message) = match status_in_head {
+            Some(s) => (Some(s.0), s.1),
+            None => trailers
+                .as_ref()
+                .and_then(grpc_status)
+                .map_or((None, None), |s| (Some(s.0), s.1)),
+        };
+        RawReply {
+            http,
+            headers,
+            messages,
+            grpc_status,
+            grpc_message,
+        }
+    }
+}
+
+fn grpc_status(headers: &http::HeaderMap) -> Option<(i32, Option<String>)> {
+    let status = headers.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+    let message = headers
+        .get("grpc-message")
+        .map(|m| m.to_str().unwrap().to_owned());
+    Some((status, message))
 }

@@ -1,0 +1,253 @@
+//! One ext_proc stream on the lean server: a future polled by its
+//! connection's task, reading Envoy's messages straight from h2's DATA
+//! frames and answering each with one DATA send.
+
+use std::{
+    collections::VecDeque,
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use h2::{Reason, RecvStream, SendStream, server::SendResponse};
+use http::{Method, Request, StatusCode, header::CONTENT_TYPE};
+use prost::Message;
+
+use super::grpc::{self, Code, Deframer, Status};
+use crate::{
+    decision::Decider,
+    exchange::Exchange,
+    metrics::{OpenStream, StreamEnd},
+    service::PROCESS_PATH,
+    wire::{ProcessingRequest, ProcessingResponse},
+};
+
+/// The future of one stream: resolves once the stream ended (trailers
+/// sent, or reset).
+pub(super) struct StreamTask {
+    recv: RecvStream,
+    send: SendStream<Bytes>,
+    deframer: Deframer,
+    exchange: Exchange,
+    pending: VecDeque<ProcessingResponse>,
+    /// Counted open until dropped (last: after the exchange's accounting).
+    open: OpenStream,
+}
+
+impl fmt::Debug for StreamTask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamTask")
+            .field("exchange", &self.exchange)
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts serving a stream just accepted: `None` when it was answered at
+/// once (not the `Process` method, not gRPC).
+pub(super) fn start(
+    decider: &Arc<Decider>,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    max_message: Option<usize>,
+) -> Option<StreamTask> {
+    let refusal = if request.uri().path() != PROCESS_PATH {
+        Some((
+            StatusCode::OK,
+            Status::new(
+                Code::Unimplemented,
+                format!("unknown method {}", request.uri().path()),
+            ),
+        ))
+    } else if request.method() != Method::POST {
+        Some((
+            StatusCode::METHOD_NOT_ALLOWED,
+            Status::new(Code::Unimplemented, "gRPC calls are POST requests"),
+        ))
+    } else if !request
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| grpc::is_grpc_content_type(v.as_bytes()))
+    {
+        Some((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Status::new(Code::Internal, "content-type is not application/grpc"),
+        ))
+    } else {
+        None
+    };
+    if let Some((http, status)) = refusal {
+        // Trailers-only; h2 resets the request side (NO_ERROR) as it drops.
+        let _ = respond.send_response(grpc::trailers_only(http, &status), true);
+        return None;
+    }
+    let send = respond.send_response(grpc::response_head(), false).ok()?;
+    let exchange = Exchange::new(Arc::clone(decider));
+    let max = max_message.unwrap_or_else(|| default_max_message(exchange.max_body_bytes()));
+    let open = decider.metrics.stream_opened(exchange.started());
+    Some(StreamTask {
+        recv: request.into_body(),
+        send,
+        deframer: Deframer::new(max),
+        exchange,
+        pending: VecDeque::with_capacity(4),
+        open,
+    })
+}
+
+/// gRPC's usual 4 MiB, raised to hold the largest body the service accepts
+/// (plus room for the message's other fields) so that a body over
+/// [`crate::ExtProcOptions::max_body_bytes`] is answered with a 413, not a
+/// stream error; no limit when the body limit is off.
+pub(crate) fn default_max_message(max_body_bytes: usize) -> usize {
+    const GRPC_DEFAULT: usize = 4 << 20;
+    const HEADROOM: usize = 64 << 10;
+    if max_body_bytes == 0 {
+        return usize::MAX;
+    }
+    max_body_bytes.saturating_add(HEADROOM).max(GRPC_DEFAULT)
+}
+
+impl StreamTask {
+    /// Sends the replies queued, all in one DATA frame send. `false` when
+    /// the stream is gone.
+    fn flush(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        // Each reply's length once (a message yields at most a few, plus
+        // the pieces of a re-chunked body: the rest are measured again).
+        let mut lens = [0usize; 8];
+        let mut total = 0;
+        for (i, reply) in self.pending.iter().enumerate() {
+            let len = reply.encoded_len();
+            if let Some(l) = lens.get_mut(i) {
+                *l = len;
+            }
+            total += 5 + len;
+        }
+        let mut buf = BytesMut::with_capacity(total);
+        for (i, reply) in self.pending.drain(..).enumerate() {
+            let len = match lens.get(i) {
+                Some(&len) => len,
+                None => reply.encoded_len(),
+            };
+            buf.put_u8(0);
+            // A reply is at most a body slice of a received message plus a
+            // few fields: far below 4 GiB.
+            buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+            reply.encode_raw(&mut buf);
+        }
+        self.send.send_data(buf.freeze(), false).is_ok()
+    }
+
+    /// Ends the stream with `status` after the replies queued.
+    fn finish(&mut self, status: &Status, end: StreamEnd) -> Poll<()> {
+        self.open.end(end);
+        if self.flush() {
+            let _ = self.send.send_trailers(status.trailers());
+        }
+        Poll::Ready(())
+    }
+
+    /// The stream broke under us (reset by Envoy, connection lost).
+    fn broken(&mut self, e: &h2::Error) -> Poll<()> {
+        tracing::debug!(error = %e, "ext_proc stream broken");
+        self.exchange.abandon();
+        // A reset by the gateway is a normal end (as a `CANCELLED` read).
+        let end = if e.reason() == Some(Reason::CANCEL) {
+            StreamEnd::Ok
+        } else {
+            StreamEnd::Unknown
+        };
+        self.open.end(end);
+        Poll::Ready(())
+    }
+
+    /// A protocol error on Envoy's side: the stream ends with `status`.
+    fn refuse(&mut self, status: &Status) -> Poll<()> {
+        tracing::debug!(code = ?status.code, message = %status.message, "ext_proc stream refused");
+        self.exchange.abandon();
+        self.pending.clear();
+        self.finish(status, StreamEnd::Unknown)
+    }
+
+    /// Handles one message; `Some` when the stream ended.
+    fn handle(&mut self, msg: Bytes) -> Option<Poll<()>> {
+        let msg = match ProcessingRequest::decode(msg) {
+            Ok(msg) => msg,
+            Err(e) => {
+                return Some(self.refuse(&Status::new(
+                    Code::Internal,
+                    format!("failed to decode a ProcessingRequest: {e}"),
+                )));
+            }
+        };
+        self.exchange.handle(msg, &mut self.pending);
+        if self.exchange.is_closed() {
+            // Answered locally: send the reply and end the stream.
+            return Some(self.finish(&Status::ok(), StreamEnd::Ok));
+        }
+        if !self.flush() {
+            self.exchange.abandon();
+            return Some(Poll::Ready(()));
+        }
+        None
+    }
+}
+
+impl Future for StreamTask {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            // A request waiting in flow control first (its replies, if it
+            // left the queue); Envoy's messages are still read meanwhile so
+            // a reset or end removes it from its queue at once.
+            if this.exchange.poll_wait(cx, &mut this.pending) {
+                if this.exchange.is_closed() {
+                    return this.finish(&Status::ok(), StreamEnd::Ok);
+                }
+                if !this.flush() {
+                    this.exchange.abandon();
+                    return Poll::Ready(());
+                }
+                continue;
+            }
+            // Messages already received.
+            match this.deframer.next() {
+                Ok(Some(msg)) => {
+                    if let Some(done) = this.handle(msg) {
+                        return done;
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(status) => return this.refuse(&status),
+            }
+            match this.recv.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => {
+                    // Consumed into the deframer: Envoy may send as much again.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    this.deframer.push(data);
+                }
+                Poll::Ready(Some(Err(e))) => return this.broken(&e),
+                Poll::Ready(None) => {
+                    if this.deframer.is_mid_message() {
+                        return this.refuse(&Status::new(
+                            Code::Internal,
+                            "the stream ended in the middle of a message",
+                        ));
+                    }
+                    this.exchange.end();
+                    return this.finish(&Status::ok(), StreamEnd::Ok);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
