@@ -168,20 +168,6 @@ WORKLOADS = {
             "output_distribution": {"min": 64, "max": 256, "mean": 160, "std_dev": 48},
         },
     ),
-    # Issue 16: a workload where the approximate index misleads. Each running request holds
-    # ~214 KV blocks (prompt and output), so a server busy with a few keeps room for only a few
-    # cached prefixes and evicts the rest, while epp's approximate index, which counts prompt
-    # blocks against the server's whole KV capacity, still believes ~10 prefixes per server
-    # cached. The engines' own events (epp-precise) say which ones are left.
-    "cache-pressure": Workload(
-        name="cache-pressure",
-        description="24 tenants x ~3,000-token shared system prompt + 32-token question, 384 output "
-        "tokens: running requests' KV crowds cached prefixes out, so engines evict prefixes the "
-        "approximate index still counts, streamed completions",
-        rates=[1, 2, 3],
-        stage_secs=30,
-        data=shared_prefix(groups=24, per_group=20, system_len=3000, question_len=32, output_len=384),
-    ),
     "lora-mix": Workload(
         name="lora-mix",
         description="as no-sharing, but each request names one of 8 LoRA adapters (uniform); each "
