@@ -187,9 +187,18 @@ impl ChatTemplate {
         for m in raw.try_iter().map_err(failed)? {
             messages.push(self.message(&m)?);
         }
+        // The last message's text, or its last part's (as transformers).
         let last_content = messages
             .last()
             .and_then(|m| m.get_attr("content").ok())
+            .and_then(|c| match c.kind() {
+                ValueKind::Seq => c
+                    .get_item_by_index(c.len()?.checked_sub(1)?)
+                    .ok()?
+                    .get_attr("text")
+                    .ok(),
+                _ => Some(c),
+            })
             .and_then(|c| c.as_str().map(str::to_owned));
         let flag = |key: &str, default: bool| field(key).map_or(default, |v| v.is_true());
         let continue_final = flag("continue_final_message", false);

@@ -167,6 +167,12 @@ fn continue_final_message_ends_at_the_last_messages_content() {
         text(HEADERS, body),
         "<s><|sys|><|end|><|user|>Hi<|end|><|assistant|>The answer is"
     );
+    // A template reading parts: cut after the last part's text.
+    let parts = "{% for m in messages %}<{{ m.role }}>{% for p in m.content %}{{ p.text }}|{% endfor %}</{{ m.role }}>{% endfor %}";
+    let body = serde_json::json!({"continue_final_message": true, "messages": [
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]});
+    assert_eq!(text(parts, body), "<assistant>a|b");
 }
 
 #[test]
