@@ -138,6 +138,20 @@ impl Fixture {
         wait::eventually(what, || std::future::ready(cond(self))).await;
     }
 
+    /// A completion on a new stream is still routed: the server carried on.
+    pub(crate) async fn still_serves(&self) {
+        let mut envoy = self.envoy().await;
+        envoy
+            .send_post(
+                "/v1/completions",
+                br#"{"model":"m","prompt":"p"}"#,
+                FULL_DUPLEX,
+                FULL_DUPLEX,
+            )
+            .await;
+        assert!(destination(&envoy.recv().await).is_some());
+    }
+
     pub(crate) fn inflight(&self) -> Vec<u32> {
         self.endpoints
             .iter()
