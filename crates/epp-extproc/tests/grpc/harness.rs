@@ -138,6 +138,17 @@ impl Fixture {
         wait::eventually(what, || std::future::ready(cond(self))).await;
     }
 
+    /// Turns flow control on: one band, global strict fairness, first come
+    /// first served.
+    pub(crate) fn flow_control_on(&self) {
+        let (fc, _) = epp_test_support::flow::controller(
+            &epp_plugins::builtin_registry(),
+            "global-strict-fairness-policy",
+            "fcfs-ordering-policy",
+        );
+        self.service.set_flow_control(Some(fc.settings().clone()));
+    }
+
     /// A completion on a new stream is still routed: the server carried on.
     pub(crate) async fn still_serves(&self) {
         let mut envoy = self.envoy().await;

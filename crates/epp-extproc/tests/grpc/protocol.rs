@@ -144,13 +144,7 @@ async fn a_lost_connection_releases_its_streams() {
 async fn a_reset_while_queued_in_flow_control_leaves_the_queue() {
     // Every endpoint has a queue: saturated, so requests wait in flow control.
     let fx = start(&[3, 3], ExtProcOptions::default()).await;
-    let registry = epp_plugins::builtin_registry();
-    let (fc, _) = epp_test_support::flow::controller(
-        &registry,
-        "global-strict-fairness-policy",
-        "fcfs-ordering-policy",
-    );
-    fx.service.set_flow_control(Some(fc.settings().clone()));
+    fx.flow_control_on();
     let mut metrics = prometheus_client::registry::Registry::default();
     fx.service.register_metrics(&mut metrics);
     let page = || {

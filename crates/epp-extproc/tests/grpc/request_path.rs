@@ -419,13 +419,7 @@ async fn rendered_ids_reach_the_scheduler_with_and_without_flow_control() {
     assert_eq!(seen.prompt_token_ids, Some(vec![1, 2, 3]));
     assert_eq!(seen.media_items.len(), 1, "the rendered media items too");
 
-    let registry = epp_plugins::builtin_registry();
-    let (fc, _) = epp_test_support::flow::controller(
-        &registry,
-        "global-strict-fairness-policy",
-        "fcfs-ordering-policy",
-    );
-    fx.service.set_flow_control(Some(fc.settings().clone()));
+    fx.flow_control_on();
     let seen = route_chat(&fx).await;
     assert_eq!(seen.prompt_token_ids, Some(vec![1, 2, 3]));
     assert_eq!(renderer.calls.load(std::sync::atomic::Ordering::Relaxed), 2);
