@@ -20,11 +20,10 @@ use epp_test_support::{
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const IPS: [&str; 3] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
 
-fn config(tokenizer: &Path, kv_port: u16) -> String {
-    config_with(
-        &format!("    local: {{path: {}}}", tokenizer.display()),
-        kv_port,
-    )
+/// The token producer's in-process backend over `tokenizer` (a file or
+/// the model's directory), for [`config_with`].
+fn local(tokenizer: &Path) -> String {
+    format!("    local: {{path: {}}}", tokenizer.display())
 }
 
 /// The config with `backend` as the token producer's backend parameters.
@@ -69,8 +68,12 @@ schedulingProfiles:
     )
 }
 
-async fn complete(host: &str, port: u16, prompt: &str) -> http::Response {
-    let body = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+/// A completion of `prompt` (under `salt`, when given) at `host:port`.
+async fn complete(host: &str, port: u16, prompt: &str, salt: Option<&str>) -> http::Response {
+    let mut body = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+    if let Some(salt) = salt {
+        body["cache_salt"] = salt.into();
+    }
     let r = http::post_json_at(host, port, "/v1/completions", &body)
         .await
         .unwrap();
@@ -80,7 +83,7 @@ async fn complete(host: &str, port: u16, prompt: &str) -> http::Response {
 
 /// Sends `prompt` through Envoy; the index of the simulator that served it.
 async fn routed(envoy: u16, prompt: &str) -> usize {
-    let r = complete("127.0.0.1", envoy, prompt).await;
+    let r = complete("127.0.0.1", envoy, prompt, None).await;
     let pod = r.header("x-inference-pod").unwrap().to_owned();
     pod.strip_prefix("sim-").unwrap().parse().unwrap()
 }
@@ -88,25 +91,43 @@ async fn routed(envoy: u16, prompt: &str) -> usize {
 /// `epp_kv_events_blocks_total{endpoint, kind}` in epp's metrics
 /// (`endpoint` is `ip:port`).
 async fn blocks(metrics_port: u16, endpoint: &str, kind: &str) -> f64 {
-    let page = http::send(metrics_port, "GET", "/metrics", &[], "")
-        .await
-        .unwrap()
-        .text();
-    series(
-        &page,
-        &format!("epp_kv_events_blocks_total{{endpoint=\"{endpoint}\",kind=\"{kind}\"}}"),
-    )
+    series(&metrics(metrics_port).await, &blocks_series(endpoint, kind))
+}
+
+fn blocks_series(endpoint: &str, kind: &str) -> String {
+    format!("epp_kv_events_blocks_total{{endpoint=\"{endpoint}\",kind=\"{kind}\"}}")
 }
 
 async fn wait_for_blocks(metrics_port: u16, endpoint: &str, kind: &str, above: f64) -> f64 {
+    let name = blocks_series(endpoint, kind);
+    let page = page_when(
+        metrics_port,
+        &format!("more than {above} {kind} blocks from {endpoint}"),
+        |page| series(page, &name) > above,
+    )
+    .await;
+    series(&page, &name)
+}
+
+/// epp's metrics page.
+async fn metrics(metrics_port: u16) -> String {
+    http::send(metrics_port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap()
+        .text()
+}
+
+/// epp's metrics page once `ready` holds for it (polled for 5 s, then a
+/// panic naming `what`).
+async fn page_when(metrics_port: u16, what: &str, ready: impl Fn(&str) -> bool) -> String {
     for _ in 0..100 {
-        let n = blocks(metrics_port, endpoint, kind).await;
-        if n > above {
-            return n;
+        let page = metrics(metrics_port).await;
+        if ready(&page) {
+            return page;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("epp never saw more than {above} {kind} blocks from {endpoint}");
+    panic!("epp's metrics never showed {what}");
 }
 
 /// `ip:port` of simulator `sim` on `ip`.
@@ -114,13 +135,9 @@ fn at(ip: &str, sim: &Sim) -> String {
     format!("{ip}:{}", sim.port)
 }
 
-/// Three simulators on 127.0.0.2–4 publishing KV events on `kv_port`.
-fn start_publishers(dir: &Path, tokenizer: &Path, http_port: u16, kv_port: u16) -> Vec<Sim> {
-    start_publishers_with(dir, tokenizer, http_port, kv_port, &[])
-}
-
-/// [`start_publishers`] with `extra` arguments for each simulator.
-fn start_publishers_with(
+/// Three simulators on 127.0.0.2–4 publishing KV events on `kv_port`, each
+/// with `extra` arguments.
+fn start_publishers(
     dir: &Path,
     tokenizer: &Path,
     http_port: u16,
@@ -146,6 +163,21 @@ fn start_publishers_with(
             start_sim_at(dir, &format!("sim-{i}"), ip, http_port, &args)
         })
         .collect()
+}
+
+/// The three publishers (`sim_args` added to each), epp with the token
+/// producer's `backend` over them, and Envoy in front.
+async fn start_fleet(
+    dir: &Path,
+    tokenizer: &Path,
+    sim_args: &[&str],
+    backend: &str,
+) -> (Vec<Sim>, Epp, Envoy) {
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims = start_publishers(dir, tokenizer, http_port, kv_port, sim_args);
+    let (epp, envoy) = start_picker(dir, &config_with(backend, kv_port), http_port).await;
+    (sims, epp, envoy)
 }
 
 /// A chat request for `MODEL` after `system`.
@@ -216,15 +248,12 @@ async fn start_picker(dir: &Path, config: &str, http_port: u16) -> (Epp, Envoy) 
 async fn routes_by_what_the_engines_report_holding() {
     let dir = scratch_dir("precise-prefix");
     let tokenizer = write_test_tokenizer(&dir).unwrap();
-    let http_port = shared_loopback_port();
-    let kv_port = free_port_on("127.0.0.2");
-    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
-    let (epp, envoy) = start_picker(&dir, &config(&tokenizer, kv_port), http_port).await;
+    let (sims, epp, envoy) = start_fleet(&dir, &tokenizer, &[], &local(&tokenizer)).await;
 
     // Warm sim-1 DIRECTLY: epp never routes this prompt, so only the
     // engine's events can tell it where the prefix is cached.
     let system = "The system prompt is the same for every user of the application. ".repeat(6);
-    complete(IPS[1], sims[1].port, &format!("{system}Warm up.")).await;
+    complete(IPS[1], sims[1].port, &format!("{system}Warm up."), None).await;
     let stored = wait_for_blocks(epp.metrics_port, &at(IPS[1], &sims[1]), "stored", 0.0).await;
     assert!(stored >= 20.0, "{stored} blocks");
     for q in 0..12 {
@@ -244,17 +273,14 @@ async fn routes_by_what_the_engines_report_holding() {
     .await
     .unwrap();
     assert_eq!(r.status, 200);
-    complete(IPS[2], sims[2].port, &format!("{system}Warm up.")).await;
+    complete(IPS[2], sims[2].port, &format!("{system}Warm up."), None).await;
     wait_for_blocks(epp.metrics_port, &at(IPS[2], &sims[2]), "stored", 0.0).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
-        .await
-        .unwrap()
-        .text();
+    let page = metrics(epp.metrics_port).await;
     assert!(
         page.contains(&format!(
-            "epp_kv_events_total{{endpoint=\"{}:{http_port}\",kind=\"all_blocks_cleared\"}} 1",
-            IPS[1]
+            "epp_kv_events_total{{endpoint=\"{}\",kind=\"all_blocks_cleared\"}} 1",
+            at(IPS[1], &sims[1])
         )),
         "sim-1's AllBlocksCleared reached epp:\n{page}"
     );
@@ -266,17 +292,6 @@ async fn routes_by_what_the_engines_report_holding() {
     drop(envoy);
 }
 
-async fn complete_salted(host: &str, port: u16, prompt: &str, salt: &str) -> http::Response {
-    let body = serde_json::json!({
-        "model": MODEL, "prompt": prompt, "max_tokens": 2, "cache_salt": salt,
-    });
-    let r = http::post_json_at(host, port, "/v1/completions", &body)
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    r
-}
-
 /// The engines hash a request's `cache_salt` into its first block and
 /// report it in their events' `extra_keys`; epp keys salted requests the
 /// same way, so the same prompt under two salts follows two engines.
@@ -284,21 +299,30 @@ async fn complete_salted(host: &str, port: u16, prompt: &str, salt: &str) -> htt
 async fn salted_requests_follow_the_blocks_of_their_own_salt() {
     let dir = scratch_dir("precise-prefix-salt");
     let tokenizer = write_test_tokenizer(&dir).unwrap();
-    let http_port = shared_loopback_port();
-    let kv_port = free_port_on("127.0.0.2");
-    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
-    let (epp, envoy) = start_picker(&dir, &config(&tokenizer, kv_port), http_port).await;
+    let (sims, epp, envoy) = start_fleet(&dir, &tokenizer, &[], &local(&tokenizer)).await;
 
     // The same prompt, cached directly under salt "a" on sim-1 and "b" on sim-2.
     let system = "Every tenant has the same long system prompt in this application. ".repeat(6);
     for (i, salt) in [(1, "a"), (2, "b")] {
-        complete_salted(IPS[i], sims[i].port, &format!("{system}Warm up."), salt).await;
+        complete(
+            IPS[i],
+            sims[i].port,
+            &format!("{system}Warm up."),
+            Some(salt),
+        )
+        .await;
         wait_for_blocks(epp.metrics_port, &at(IPS[i], &sims[i]), "stored", 0.0).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     for q in 0..8 {
         for (want, salt) in [(1, "a"), (2, "b")] {
-            let r = complete_salted("127.0.0.1", envoy.port, &format!("{system}Q{q}?"), salt).await;
+            let r = complete(
+                "127.0.0.1",
+                envoy.port,
+                &format!("{system}Q{q}?"),
+                Some(salt),
+            )
+            .await;
             let pod = r.header("x-inference-pod").unwrap().to_owned();
             assert_eq!(
                 pod,
@@ -374,21 +398,11 @@ schedulingProfiles:
 
     let at = format!("{{endpoint=\"{endpoint}\",outcome=");
     let plugin = "{plugin=\"precise-prefix-cache-producer\"}";
-    let mut page = String::new();
-    for _ in 0..100 {
-        page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
-            .await
-            .unwrap()
-            .text();
-        if series(
-            &page,
-            &format!("epp_kv_events_messages_total{at}\"decode_error\"}}"),
-        ) >= 1.0
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let decode_error = format!("epp_kv_events_messages_total{at}\"decode_error\"}}");
+    let page = page_when(epp.metrics_port, "the garbage message", |page| {
+        series(page, &decode_error) >= 1.0
+    })
+    .await;
     let got = |s: &str| series(&page, s);
     // 0, 1, 3 and 4 live; 2 from the replay socket; 5 undecodable.
     assert_eq!(
@@ -401,12 +415,7 @@ schedulingProfiles:
         1.0,
         "{page}"
     );
-    assert_eq!(
-        got(&format!(
-            "epp_kv_events_messages_total{at}\"decode_error\"}}"
-        )),
-        1.0
-    );
+    assert_eq!(got(&decode_error), 1.0);
     // Every block chained (byte hashes included): none was an orphan, and
     // the removal named by an integer found its byte-hashed block.
     assert_eq!(
@@ -429,19 +438,10 @@ schedulingProfiles:
     assert_eq!(got(&subscribed), 1.0, "{page}");
     // The publisher goes away: the gauge says so.
     drop(publisher);
-    let mut down = false;
-    for _ in 0..100 {
-        let page = http::send(epp.metrics_port, "GET", "/metrics", &[], "")
-            .await
-            .unwrap()
-            .text();
-        if series(&page, &subscribed) == 0.0 {
-            down = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(down, "epp_kv_events_subscribed never fell to 0");
+    page_when(epp.metrics_port, "epp_kv_events_subscribed at 0", |page| {
+        series(page, &subscribed) == 0.0
+    })
+    .await;
     assert!(
         epp_test_support::process::Proc::exited(&mut { epp }.proc).is_none(),
         "epp survived the garbage"
@@ -469,16 +469,13 @@ async fn chat_follows_the_engines_blocks_rendered_in_process() {
         r#"{"bos_token": "<|bos|>"}"#,
     )
     .unwrap();
-    let http_port = shared_loopback_port();
-    let kv_port = free_port_on("127.0.0.2");
-    let sims = start_publishers_with(
+    let (sims, epp, envoy) = start_fleet(
         &dir,
         &tokenizer,
-        http_port,
-        kv_port,
         &["--chat-template", template.to_str().unwrap()],
-    );
-    let (epp, envoy) = start_picker(&dir, &config(&dir, kv_port), http_port).await;
+        &local(&dir),
+    )
+    .await;
     let system = "You answer questions about tides and harbours, briefly. ".repeat(6);
     chats_follow(&epp, &envoy, &sims, 1, &system).await;
     drop(envoy);
@@ -493,9 +490,6 @@ async fn chat_follows_the_engines_blocks_rendered_in_process() {
 async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
     let dir = scratch_dir("precise-render");
     let tokenizer = write_test_tokenizer(&dir).unwrap();
-    let http_port = shared_loopback_port();
-    let kv_port = free_port_on("127.0.0.2");
-    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port);
     let render = epp_test_support::process::start_sim(
         &dir,
         9,
@@ -505,7 +499,7 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
         "    vllm: {{url: 'http://127.0.0.1:{}', timeout: 2s}}",
         render.port
     );
-    let (epp, envoy) = start_picker(&dir, &config_with(&backend, kv_port), http_port).await;
+    let (sims, epp, envoy) = start_fleet(&dir, &tokenizer, &[], &backend).await;
 
     let system = "You answer questions about lighthouses, briefly and kindly. ".repeat(6);
     // Only sim-2's events say where the prefix is.
