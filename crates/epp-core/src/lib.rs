@@ -74,6 +74,7 @@ mod plugin;
 mod registry;
 mod request;
 mod scheduler;
+mod shared_index;
 
 pub use cycle::{
     Candidate, CycleContext, CycleState, MultimodalMatch, PrefixMatch, PrefixSlot, SinceScrape,
@@ -112,4 +113,8 @@ pub use request::{
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,
     WeightedScorer,
+};
+pub use shared_index::{
+    HolderCounts, PrefixLookup, PrefixLookupFuture, RedisAddress, SharedBlockIndex,
+    SharedIndexSpec, SharedIndexStats, SharedLookupFuture, SharedPrefixMatch, Snapshot,
 };

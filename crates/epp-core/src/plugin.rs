@@ -122,6 +122,20 @@ pub trait Plugin: Send + Sync + Debug {
     fn prompt_renderer(&self) -> Option<std::sync::Arc<dyn crate::PromptRenderer>> {
         None
     }
+    /// The shared index this plugin keeps its blocks in (llm-d's
+    /// `redisConfig`): the binary connects to it and hands the store back
+    /// through [`Self::bind_shared_index`].
+    fn shared_index(&self) -> Option<crate::SharedIndexSpec> {
+        None
+    }
+    /// Receives the store [`Self::shared_index`] asked for.
+    fn bind_shared_index(&self, _index: std::sync::Arc<dyn crate::SharedBlockIndex>) {}
+    /// A lookup the edge runs for each request before its cycle (in a
+    /// shared index), whose answer the plugin reads in the cycle from
+    /// [`crate::InferenceRequest::shared_prefix`].
+    fn prefix_lookup(&self) -> Option<std::sync::Arc<dyn crate::PrefixLookup>> {
+        None
+    }
 
     /// Other plugins this one names in its parameters (llm-d's
     /// `pluginRef` fields), as `(parameter path, plugin name)`, e.g.

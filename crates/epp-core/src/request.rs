@@ -233,6 +233,9 @@ pub struct InferenceRequest {
     /// The prompt's media items as the model server's renderer identified
     /// them (content hashes), when it was rendered; empty otherwise.
     pub media_items: Vec<MediaItem>,
+    /// What a shared prefix index answered before the cycle, when a plugin
+    /// asked for a lookup ([`crate::PrefixLookup`]).
+    pub shared_prefix: Option<crate::SharedPrefixMatch>,
 }
 
 /// One media item of a rendered prompt, as the model server reports it

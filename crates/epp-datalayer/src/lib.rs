@@ -59,6 +59,7 @@ mod file_discovery_plugin;
 pub mod kubernetes;
 pub mod kv_events;
 mod prometheus_metric;
+mod redis_index;
 mod render;
 mod scrape;
 mod source;
@@ -81,6 +82,7 @@ pub use discovery::{Discovery, FileDiscovery, StaticDiscovery, parse_endpoints_f
 pub use error::{Error, Result};
 pub use file_discovery_plugin::{FileDiscoveryParams, FileDiscoveryPlugin};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
+pub use redis_index::RedisBlockIndex;
 pub use render::VllmRenderer;
 pub use scrape::DataLayerOptions;
 pub use source::{MetricsDataSource, MetricsDataSourceParams};

@@ -231,7 +231,11 @@ impl Decider {
         trace: Option<&mut ActiveTrace>,
     ) -> Started {
         let holds = self.scheduler.load().holds_requests();
-        if self.flow.current().is_none() && !holds && options.renderer.is_none() {
+        if self.flow.current().is_none()
+            && !holds
+            && options.renderer.is_none()
+            && options.prefix_lookup.is_none()
+        {
             return Started::Decided(self.decide(options, parts, body, trace));
         }
         let prepared = match self.prepare(options, parts, body) {
@@ -247,7 +251,19 @@ impl Decider {
             && let Some(render) =
                 renderer.render(prepared.request.api, b, prepared.request.media_parts)
         {
-            return Started::Queued(Box::new(Waiting::rendering(prepared, render)));
+            return Started::Queued(Box::new(Waiting::rendering(
+                prepared,
+                render,
+                options.prefix_lookup.clone(),
+            )));
+        }
+        // Then the shared prefix index, when one is configured.
+        if let Some(lookup) = options
+            .prefix_lookup
+            .as_ref()
+            .and_then(|l| l.lookup(&prepared.request))
+        {
+            return Started::Queued(Box::new(Waiting::looking_up(prepared, lookup)));
         }
         self.resume(prepared, received, parts.subset.as_deref(), body, trace)
     }
@@ -439,6 +455,7 @@ impl Decider {
                 media_parts: parsed.media_parts,
                 prompt_token_ids: parsed.token_ids,
                 media_items: Vec::new(),
+                shared_prefix: None,
             },
             model_span: parsed.model_span,
             generated_id,

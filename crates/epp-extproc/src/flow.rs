@@ -19,7 +19,7 @@ use std::{
 };
 
 use epp_core::{
-    FOLDED_LABEL,
+    FOLDED_LABEL, PrefixLookup, PrefixLookupFuture,
     flow::{
         FlowController, FlowObserver, FlowRequest, Outcome, PoolGauge, Rejected, Release, Ticket,
     },
@@ -121,6 +121,10 @@ pub(crate) struct Waiting {
     hold: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The prompt being rendered to token ids (first, before anything else).
     render: Option<epp_core::RenderFuture>,
+    /// The lookup to start once rendered (in a shared prefix index).
+    then_lookup: Option<Arc<dyn PrefixLookup>>,
+    /// That lookup, running.
+    lookup: Option<PrefixLookupFuture>,
 }
 
 impl fmt::Debug for Waiting {
@@ -139,8 +143,9 @@ pub(crate) enum Waited {
     Evicted(Prepared, ExtProcError),
     /// A plugin's hold elapsed: route it.
     Held(Prepared),
-    /// Its prompt was rendered (or the render failed): it goes on to any
-    /// hold and flow control.
+    /// Its prompt was rendered (or the render failed), and looked up in a
+    /// shared prefix index when one is configured: it goes on to any hold
+    /// and flow control.
     Rendered(Prepared),
 }
 
@@ -156,11 +161,18 @@ impl Waiting {
                 tokio::time::Instant::from_std(until),
             ))),
             render: None,
+            then_lookup: None,
+            lookup: None,
         }
     }
 
-    /// `prepared`, waiting for its prompt's token ids.
-    pub(crate) fn rendering(prepared: Prepared, render: epp_core::RenderFuture) -> Self {
+    /// `prepared`, waiting for its prompt's token ids, then for `lookup`'s
+    /// answer if there is one to ask.
+    pub(crate) fn rendering(
+        prepared: Prepared,
+        render: epp_core::RenderFuture,
+        lookup: Option<Arc<dyn PrefixLookup>>,
+    ) -> Self {
         Self {
             prepared: Some(prepared),
             ticket: None,
@@ -168,6 +180,22 @@ impl Waiting {
             timer: None,
             hold: None,
             render: Some(render),
+            then_lookup: lookup,
+            lookup: None,
+        }
+    }
+
+    /// `prepared`, waiting for a shared prefix index's answer.
+    pub(crate) fn looking_up(prepared: Prepared, lookup: PrefixLookupFuture) -> Self {
+        Self {
+            prepared: Some(prepared),
+            ticket: None,
+            ttl: None,
+            timer: None,
+            hold: None,
+            render: None,
+            then_lookup: None,
+            lookup: Some(lookup),
         }
     }
 
@@ -189,6 +217,27 @@ impl Waiting {
                 }
                 Err(e) => render_failed(&prepared.request.request_id, &e),
             }
+            match self
+                .then_lookup
+                .take()
+                .and_then(|l| l.lookup(&prepared.request))
+            {
+                Some(lookup) => {
+                    self.prepared = Some(prepared);
+                    self.lookup = Some(lookup);
+                }
+                None => return Poll::Ready(Waited::Rendered(prepared)),
+            }
+        }
+        if let Some(lookup) = self.lookup.as_mut() {
+            let Poll::Ready(answer) = lookup.as_mut().poll(cx) else {
+                return Poll::Pending;
+            };
+            self.lookup = None;
+            let Some(mut prepared) = self.prepared.take() else {
+                return Poll::Pending;
+            };
+            prepared.request.shared_prefix = Some(answer);
             return Poll::Ready(Waited::Rendered(prepared));
         }
         if let Some(hold) = self.hold.as_mut() {
@@ -333,6 +382,8 @@ impl Decider {
                 timer: None,
                 hold: None,
                 render: None,
+                then_lookup: None,
+                lookup: None,
             }),
             Err(Rejected(outcome)) => {
                 Admitted::Refused(prepared, ExtProcError::FlowControl(outcome))

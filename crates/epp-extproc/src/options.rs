@@ -92,6 +92,10 @@ pub struct ExtProcOptions {
     /// Renders prompts to the engine's token ids before scheduling (a
     /// `token-producer` with the `vllm` backend); `None`: no render step.
     pub renderer: Option<Arc<dyn epp_core::PromptRenderer>>,
+    /// Looks each request up in a shared prefix index after rendering and
+    /// before scheduling (a `precise-prefix-cache-producer` with a Redis or
+    /// Valkey backend); `None`: no lookup step.
+    pub prefix_lookup: Option<Arc<dyn epp_core::PrefixLookup>>,
     /// The pool this picker serves: the `inference_pool` label of flow
     /// control's pool and band series (empty by default).
     pub pool_name: String,
@@ -111,6 +115,7 @@ impl Default for ExtProcOptions {
             tracer: None,
             parsers: epp_core::RequestParsers::default(),
             renderer: None,
+            prefix_lookup: None,
             pool_name: String::new(),
         }
     }

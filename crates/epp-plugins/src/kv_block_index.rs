@@ -18,9 +18,10 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    fmt,
     hash::{BuildHasher, Hasher},
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -276,6 +277,10 @@ struct EndpointBlocks {
     /// Keys held on speculation (a pick sent there), oldest first, until
     /// their time is up; counted in `held` like an engine block's.
     speculative: VecDeque<(Instant, Box<[u64]>)>,
+    /// With a mirror: keys that became held / stopped being held since the
+    /// last flush (see [`KvBlockIndex::flush`]).
+    added: Vec<u64>,
+    removed: Vec<u64>,
 }
 
 impl EndpointBlocks {
@@ -320,6 +325,15 @@ pub struct IndexCounters {
     pub speculated: AtomicU64,
 }
 
+/// Told of every change to which keys an endpoint holds: the writer of a
+/// shared index ([`KvBlockIndex::set_mirror`]).
+pub trait IndexMirror: Send + Sync + fmt::Debug {
+    /// Endpoint `id` now holds `added` and no longer holds `removed`. Called
+    /// under that endpoint's lock, so one endpoint's changes arrive in order;
+    /// it must not block.
+    fn changed(&self, id: EndpointId, added: &[u64], removed: &[u64]);
+}
+
 /// The index.
 #[derive(Debug)]
 pub struct KvBlockIndex {
@@ -334,6 +348,8 @@ pub struct KvBlockIndex {
     /// speculation and every event batch), created under the exclusive one.
     endpoints: RwLock<HashMap<EndpointId, Arc<Mutex<EndpointBlocks>>>>,
     counters: IndexCounters,
+    /// Told of every change, when set.
+    mirror: OnceLock<Arc<dyn IndexMirror>>,
 }
 
 impl KvBlockIndex {
@@ -351,6 +367,68 @@ impl KvBlockIndex {
             speculative_ttl: Duration::from_secs(2),
             endpoints: RwLock::new(HashMap::new()),
             counters: IndexCounters::default(),
+            mirror: OnceLock::new(),
+        }
+    }
+
+    /// Has `mirror` told of every later change of the keys an endpoint
+    /// holds (once; a second mirror is refused and returned).
+    ///
+    /// # Errors
+    /// A mirror was set before.
+    pub fn set_mirror(&self, mirror: Arc<dyn IndexMirror>) -> Result<(), Arc<dyn IndexMirror>> {
+        self.mirror.set(mirror)
+    }
+
+    /// Calls `f` with every endpoint and the keys it holds now.
+    pub fn for_each_endpoint(&self, mut f: impl FnMut(EndpointId, &[u64])) {
+        let all: Vec<_> = self
+            .endpoints
+            .read()
+            .iter()
+            .map(|(id, b)| (*id, Arc::clone(b)))
+            .collect();
+        let mut keys = Vec::new();
+        for (id, blocks) in all {
+            keys.clear();
+            keys.extend(blocks.lock().held.keys().copied());
+            f(id, &keys);
+        }
+    }
+
+    /// Tells the mirror what changed for `id` since the last flush: the
+    /// keys held now among those that became held, and the keys not held
+    /// now among those that stopped (a key stored and removed in one batch
+    /// is told in its final state only).
+    fn flush(&self, id: EndpointId, b: &mut EndpointBlocks) {
+        let Some(mirror) = self.mirror.get() else {
+            return;
+        };
+        if b.added.is_empty() && b.removed.is_empty() {
+            return;
+        }
+        let (mut added, mut removed) =
+            (std::mem::take(&mut b.added), std::mem::take(&mut b.removed));
+        added.retain(|k| b.held.contains_key(k));
+        removed.retain(|k| !b.held.contains_key(k));
+        if !added.is_empty() || !removed.is_empty() {
+            mirror.changed(id, &added, &removed);
+        }
+        added.clear();
+        removed.clear();
+        b.added = added;
+        b.removed = removed;
+    }
+
+    /// Records, for the mirror, that `id` started (`true`) or stopped
+    /// holding `key`.
+    fn note(&self, b: &mut EndpointBlocks, key: u64, held: bool) {
+        if self.mirror.get().is_some() {
+            if held {
+                b.added.push(key);
+            } else {
+                b.removed.push(key);
+            }
         }
     }
 
@@ -503,6 +581,7 @@ impl KvBlockIndex {
             );
             self.clear_locked(id, &mut b);
         }
+        self.flush(id, &mut b);
     }
 
     fn stored(&self, id: EndpointId, b: &mut EndpointBlocks, model: Option<&str>, s: &BlockStored) {
@@ -552,6 +631,7 @@ impl KvBlockIndex {
                 if *n == 1 {
                     let raw = id.0;
                     hold(&map, k, raw);
+                    self.note(b, k, true);
                 }
             }
             self.counters.stored.fetch_add(1, Ordering::Relaxed);
@@ -586,6 +666,7 @@ impl KvBlockIndex {
             if *n == 0 {
                 b.held.remove(k);
                 unhold(&map, *k, id.0);
+                self.note(b, *k, false);
             }
         }
     }
@@ -594,6 +675,9 @@ impl KvBlockIndex {
         let map = self.keys.pin();
         for k in b.held.keys() {
             unhold(&map, *k, id.0);
+        }
+        if self.mirror.get().is_some() {
+            b.removed.extend(b.held.keys().copied());
         }
         b.held.clear();
         b.engine.clear();
@@ -607,7 +691,9 @@ impl KvBlockIndex {
     pub fn clear(&self, id: EndpointId) {
         let blocks = self.endpoints.write().remove(&id);
         if let Some(blocks) = blocks {
-            self.clear_locked(id, &mut blocks.lock());
+            let mut b = blocks.lock();
+            self.clear_locked(id, &mut b);
+            self.flush(id, &mut b);
         }
     }
 
@@ -634,10 +720,12 @@ impl KvBlockIndex {
             *n += 1;
             if *n == 1 {
                 hold(&map, k, id.0);
+                self.note(&mut b, k, true);
             }
         }
         b.speculative.push_back((now, keys.into()));
         self.counters.speculated.fetch_add(1, Ordering::Relaxed);
+        self.flush(id, &mut b);
     }
 
     fn expire(&self, id: EndpointId, b: &mut EndpointBlocks, now: Instant, ttl: Duration) {

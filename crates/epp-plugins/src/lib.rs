@@ -145,7 +145,9 @@ pub use fcfs_ordering_policy::FcfsOrderingPolicy;
 pub use global_strict_fairness_policy::GlobalStrictFairnessPolicy;
 pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
-pub use kv_block_index::{IndexCounters, KvBlockIndex, block_key, fold_extra, root_key};
+pub use kv_block_index::{
+    IndexCounters, IndexMirror, KvBlockIndex, block_key, fold_extra, root_key,
+};
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };

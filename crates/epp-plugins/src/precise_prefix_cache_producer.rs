@@ -11,24 +11,36 @@
 //! The index is filled by the data layer: this plugin is a
 //! [`KvEventSink`] fed by an `endpoint-notification-source`, which
 //! subscribes to each endpoint's publisher as `kvEventsConfig` says.
+//!
+//! With a shared backend (`redisConfig` / `valkeyConfig`), every change of
+//! which keys an endpoint holds is also written to the shared store, under
+//! the endpoint's address, and requests whose token ids are known before
+//! the cycle (rendered chat, ids the client sent) are looked up there
+//! before the cycle ([`PrefixLookup`]): several replicas then see one
+//! index, and a replica that just started sees blocks stored before it
+//! subscribed. A store that does not answer in time is no match. Requests
+//! tokenized in the cycle (completions tokenized in process) are matched
+//! in this replica's own view, which its own subscriptions keep.
 
 use std::{
+    collections::HashMap,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, DataProducer, Endpoint, EndpointId, KvEventBatch,
-    KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics, PreRequest,
-    PrefixSlot, SchedulingResult,
+    BuildError, Candidate, CycleContext, DataProducer, Endpoint, EndpointId, InferenceRequest,
+    KvEventBatch, KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics,
+    PreRequest, PrefixLookup, PrefixLookupFuture, PrefixMatch, PrefixSlot, RedisAddress,
+    SchedulingResult, SharedBlockIndex, SharedIndexSpec, SharedPrefixMatch,
 };
-
+use parking_lot::RwLock;
 use serde::de::IgnoredAny;
 
-use crate::{Builtin, KvBlockIndex, invalid};
+use crate::{Builtin, IndexMirror, KvBlockIndex, invalid};
 
 /// `tokenProcessorConfig`: how request tokens become block keys.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -61,21 +73,22 @@ pub struct IndexerConfig {
     pub tokenizers_pool_config: Option<IgnoredAny>,
 }
 
-/// `indexerConfig.kvBlockIndexConfig`: `inMemoryConfig` is the only backend
-/// built; `enableMetrics` and `metricsLoggingInterval` are accepted (epp
-/// always exports the index's metrics).
+/// `indexerConfig.kvBlockIndexConfig`: the in-process index (default), or
+/// a shared Redis or Valkey one; `enableMetrics` and
+/// `metricsLoggingInterval` are accepted (epp always exports the index's
+/// metrics).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KvBlockIndexConfig {
     /// The in-process index (the default); its sizes are accepted.
     #[serde(default)]
     pub in_memory_config: Option<IgnoredAny>,
-    /// A shared Redis index: not built yet, refused.
+    /// A shared Redis index.
     #[serde(default)]
-    pub redis_config: Option<IgnoredAny>,
-    /// A shared Valkey index: not built yet, refused.
+    pub redis_config: Option<RedisIndexConfig>,
+    /// A shared Valkey index (the same protocol).
     #[serde(default)]
-    pub valkey_config: Option<IgnoredAny>,
+    pub valkey_config: Option<RedisIndexConfig>,
     /// llm-d's cost-aware in-memory index: refused.
     #[serde(default)]
     pub cost_aware_memory_config: Option<IgnoredAny>,
@@ -85,6 +98,28 @@ pub struct KvBlockIndexConfig {
     /// Accepted.
     #[serde(default)]
     pub metrics_logging_interval: Option<IgnoredAny>,
+}
+
+/// `redisConfig` / `valkeyConfig` (llm-d's `RedisIndexConfig`, plus epp's
+/// `lookupTimeout`).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RedisIndexConfig {
+    /// `redis://[[user]:password@]host[:port][/db]`; default
+    /// `redis://127.0.0.1:6379` (`valkey://` for `valkeyConfig`).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// `redis` or `valkey` (documentation only: one protocol).
+    #[serde(default)]
+    pub backend_type: Option<String>,
+    /// llm-d's experimental RDMA transport for Valkey: accepted, TCP is
+    /// used (said once at start).
+    #[serde(default, rename = "enableRDMA")]
+    pub enable_rdma: bool,
+    /// epp's: how long a request waits for the shared lookup before it is
+    /// scheduled as if nothing matched. Default `50ms`.
+    #[serde(default)]
+    pub lookup_timeout: Option<String>,
 }
 
 /// Parameters (llm-d's names; see docs/plugins.md).
@@ -129,6 +164,11 @@ pub struct PrecisePrefixCacheProducer {
     warned_no_tokens: AtomicBool,
     /// The cycle's prefix-match set this producer fills.
     slot: PrefixSlot,
+    /// The shared backend, when configured, and its store once bound.
+    shared: Option<SharedIndexSpec>,
+    store: Arc<OnceLock<Arc<dyn SharedBlockIndex>>>,
+    /// Endpoint addresses by id: the names the shared store knows them by.
+    names: Arc<RwLock<HashMap<EndpointId, Arc<str>>>>,
 }
 
 fn seed_of(s: &str) -> u64 {
@@ -174,22 +214,25 @@ impl Builtin for PrecisePrefixCacheProducer {
             ));
         }
         let kv = &p.indexer_config.kv_block_index_config;
-        for (backend, set) in [
-            ("redisConfig", kv.redis_config.is_some()),
-            ("valkeyConfig", kv.valkey_config.is_some()),
-            (
-                "costAwareMemoryConfig",
-                kv.cost_aware_memory_config.is_some(),
-            ),
-        ] {
-            if set {
+        if kv.cost_aware_memory_config.is_some() {
+            return Err(bad(
+                "indexerConfig.kvBlockIndexConfig.costAwareMemoryConfig",
+                "set".into(),
+                "not built in epp: use inMemoryConfig or a shared redisConfig/valkeyConfig",
+            ));
+        }
+        let shared = match (&kv.redis_config, &kv.valkey_config) {
+            (Some(_), Some(_)) => {
                 return Err(bad(
-                    &format!("indexerConfig.kvBlockIndexConfig.{backend}"),
+                    "indexerConfig.kvBlockIndexConfig.valkeyConfig",
                     "set".into(),
-                    "only the in-memory index is built in epp (inMemoryConfig)",
+                    "redisConfig is set too: name one shared backend",
                 ));
             }
-        }
+            (Some(r), None) => Some(shared_spec(&name, "redisConfig", "redis", r)?),
+            (None, Some(v)) => Some(shared_spec(&name, "valkeyConfig", "valkey", v)?),
+            (None, None) => None,
+        };
         let max_blocks = match p.max_prefix_blocks_to_match {
             0 => 8192,
             n => n,
@@ -209,9 +252,61 @@ impl Builtin for PrecisePrefixCacheProducer {
             speculative: p.speculative_indexing,
             warned_no_tokens: AtomicBool::new(false),
             slot: PrefixSlot::default(),
+            shared,
+            store: Arc::new(OnceLock::new()),
+            names: Arc::new(RwLock::new(HashMap::new())),
             name,
         })
     }
+}
+
+/// The shared backend `r` (at `redisConfig` or `valkeyConfig`) checked.
+fn shared_spec(
+    plugin: &str,
+    field: &str,
+    scheme: &str,
+    r: &RedisIndexConfig,
+) -> Result<SharedIndexSpec, BuildError> {
+    let at = |key: &str| format!("indexerConfig.kvBlockIndexConfig.{field}.{key}");
+    let text = r
+        .address
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://127.0.0.1:6379"));
+    let address = RedisAddress::parse(&text)
+        .map_err(|e| invalid(plugin, &at("address"), text.clone(), &e))?;
+    let backend = r.backend_type.clone().unwrap_or_else(|| scheme.to_owned());
+    if backend != "redis" && backend != "valkey" {
+        return Err(invalid(
+            plugin,
+            &at("backendType"),
+            backend,
+            "redis or valkey",
+        ));
+    }
+    let lookup_timeout = match r.lookup_timeout.as_deref() {
+        None => Duration::from_millis(50),
+        Some(t) => humantime::parse_duration(t)
+            .map_err(|e| invalid(plugin, &at("lookupTimeout"), t.to_owned(), &e.to_string()))?,
+    };
+    if lookup_timeout.is_zero() {
+        return Err(invalid(
+            plugin,
+            &at("lookupTimeout"),
+            "0",
+            "must be more than 0",
+        ));
+    }
+    if r.enable_rdma {
+        tracing::warn!(
+            plugin,
+            "{field}.enableRDMA: RDMA transport is not built in epp; connecting over TCP"
+        );
+    }
+    Ok(SharedIndexSpec {
+        address,
+        backend,
+        lookup_timeout,
+    })
 }
 
 impl PrecisePrefixCacheProducer {
@@ -219,6 +314,108 @@ impl PrecisePrefixCacheProducer {
     #[must_use]
     pub fn index(&self) -> &KvBlockIndex {
         &self.index
+    }
+
+    /// Remembers `endpoint`'s address, the name the shared store knows it
+    /// by (only with a shared backend).
+    fn name_endpoint(&self, endpoint: &Endpoint) {
+        if self.shared.is_none() || self.names.read().contains_key(&endpoint.id()) {
+            return;
+        }
+        self.names
+            .write()
+            .insert(endpoint.id(), Arc::from(endpoint.addr_str()));
+    }
+
+    /// Fills `prefix` from what the shared store answered before the cycle.
+    fn fill_from_shared(
+        &self,
+        answer: &SharedPrefixMatch,
+        prefix: &mut PrefixMatch,
+        candidates: &[Candidate],
+    ) {
+        prefix.hashes.clear();
+        prefix.hashes.extend_from_slice(&answer.keys);
+        for c in candidates {
+            let addr = c.endpoint.addr_str();
+            if let Some((_, n)) = answer.matched.iter().find(|(a, _)| a == addr) {
+                prefix.set_matched(c.endpoint.id(), *n);
+            }
+        }
+        let c = self.index.counters();
+        c.lookups.fetch_add(1, Ordering::Relaxed);
+        c.lookup_blocks
+            .fetch_add(answer.keys.len() as u64, Ordering::Relaxed);
+        let hit = answer.matched.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        c.hit_blocks.fetch_add(u64::from(hit), Ordering::Relaxed);
+    }
+}
+
+/// Writes every change of the index to the shared store, under the
+/// endpoint's address.
+#[derive(Debug)]
+struct Mirror {
+    store: Arc<dyn SharedBlockIndex>,
+    names: Arc<RwLock<HashMap<EndpointId, Arc<str>>>>,
+}
+
+impl IndexMirror for Mirror {
+    fn changed(&self, id: EndpointId, added: &[u64], removed: &[u64]) {
+        let name = self.names.read().get(&id).cloned();
+        match name {
+            Some(name) => self.store.update(&name, added, removed),
+            // Not named yet (cannot happen: the sink names an endpoint
+            // before applying its events, the pick before speculating).
+            None => tracing::debug!(endpoint = id.index(), "change of an unnamed endpoint"),
+        }
+    }
+}
+
+/// The lookup in the shared store the edge runs before the cycle.
+#[derive(Debug)]
+struct SharedLookup {
+    producer: u64,
+    index: Arc<KvBlockIndex>,
+    max_blocks: usize,
+    store: Arc<OnceLock<Arc<dyn SharedBlockIndex>>>,
+}
+
+impl PrefixLookup for SharedLookup {
+    fn lookup(&self, request: &InferenceRequest) -> Option<PrefixLookupFuture> {
+        let store = Arc::clone(self.store.get()?);
+        let tokens = request.prompt_token_ids.as_deref()?;
+        let mut keys = Vec::new();
+        self.index.keys_of(
+            &request.target_model,
+            request.cache_salt.as_deref(),
+            tokens,
+            self.max_blocks,
+            &mut keys,
+        );
+        let producer = self.producer;
+        if keys.is_empty() {
+            return Some(Box::pin(std::future::ready(SharedPrefixMatch {
+                producer,
+                answered: true,
+                ..SharedPrefixMatch::default()
+            })));
+        }
+        let answer = store.lookup(keys.clone());
+        Some(Box::pin(async move {
+            let (matched, answered) = match answer.await {
+                Ok(m) => (m, true),
+                Err(e) => {
+                    tracing::debug!(error = %e, "shared prefix index: no answer");
+                    (Vec::new(), false)
+                }
+            };
+            SharedPrefixMatch {
+                producer,
+                keys,
+                matched,
+                answered,
+            }
+        }))
     }
 }
 
@@ -245,12 +442,53 @@ impl Plugin for PrecisePrefixCacheProducer {
     fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
         Some(self)
     }
+    fn shared_index(&self) -> Option<SharedIndexSpec> {
+        self.shared.clone()
+    }
+    fn bind_shared_index(&self, store: Arc<dyn SharedBlockIndex>) {
+        if self.shared.is_none() || self.store.set(Arc::clone(&store)).is_err() {
+            return;
+        }
+        let mirror = Mirror {
+            store: Arc::clone(&store),
+            names: Arc::clone(&self.names),
+        };
+        // Bound once (the store was unset above), so the mirror is too.
+        let _ = self.index.set_mirror(Arc::new(mirror));
+        let (index, names) = (Arc::clone(&self.index), Arc::clone(&self.names));
+        store.set_snapshot(Arc::new(move |f: &mut dyn FnMut(&str, &[u64])| {
+            index.for_each_endpoint(|id, keys| {
+                let name = names.read().get(&id).cloned();
+                if let Some(name) = name {
+                    f(&name, keys);
+                }
+            });
+        }));
+    }
+    fn prefix_lookup(&self) -> Option<Arc<dyn PrefixLookup>> {
+        self.shared.as_ref()?;
+        Some(Arc::new(SharedLookup {
+            producer: self.id,
+            index: Arc::clone(&self.index),
+            max_blocks: self.max_blocks,
+            store: Arc::clone(&self.store),
+        }))
+    }
 }
 
 impl DataProducer for PrecisePrefixCacheProducer {
-    fn produce(&self, cx: &mut CycleContext<'_>, _candidates: &[Candidate]) {
+    fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) {
         let (tokens, prefix) = cx.state.tokens_and_prefix_mut(self.slot.get());
         if prefix.computed {
+            return;
+        }
+        if let Some(answer) = &cx.request.shared_prefix
+            && answer.producer == self.id
+        {
+            prefix.computed = true;
+            prefix.producer = self.id;
+            prefix.block_size_tokens = u32::try_from(self.index.block_size()).unwrap_or(u32::MAX);
+            self.fill_from_shared(answer, prefix, candidates);
             return;
         }
         if !tokens.computed {
@@ -294,6 +532,7 @@ impl PreRequest for PrecisePrefixCacheProducer {
             return;
         }
         if let Some(target) = result.primary() {
+            self.name_endpoint(target);
             self.index.speculate(
                 target.id(),
                 &prefix.hashes,
@@ -309,10 +548,14 @@ impl KvEventSink for PrecisePrefixCacheProducer {
         &self.config
     }
     fn apply(&self, endpoint: &Arc<Endpoint>, batch: &KvEventBatch) {
+        self.name_endpoint(endpoint);
         self.index.apply(endpoint.id(), batch);
     }
     fn clear(&self, endpoint: EndpointId) {
         self.index.clear(endpoint);
+        if self.shared.is_some() {
+            self.names.write().remove(&endpoint);
+        }
     }
 }
 
