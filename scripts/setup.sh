@@ -43,21 +43,26 @@ fi
 ln -sf "$ENVOY_BIN" .venv/envoy
 log "envoy: $(.venv/envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1)"
 
-# Headless Chromium loads the decision view (/debug/decisions) in an
-# end-to-end test: Debian's package, through apt (as root, or with sudo).
-if ! command -v chromium >/dev/null 2>&1; then
+# Debian packages the tests run as real peers: headless Chromium loads the
+# decision view (/debug/decisions); redis-server holds the shared prefix
+# index. Through apt (as root, or with sudo), only what is missing.
+APT_MISSING=()
+command -v chromium >/dev/null 2>&1 || APT_MISSING+=(chromium)
+command -v redis-server >/dev/null 2>&1 || APT_MISSING+=(redis-server)
+if [ "${#APT_MISSING[@]}" -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     SUDO=()
   elif command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
   else
-    log "chromium is missing and apt needs root: run 'apt-get install chromium' as root"; exit 1
+    log "${APT_MISSING[*]} missing and apt needs root: run 'apt-get install ${APT_MISSING[*]}' as root"; exit 1
   fi
-  log "installing chromium (apt)"
+  log "installing ${APT_MISSING[*]} (apt)"
   "${SUDO[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq "${APT_MISSING[@]}" >/dev/null
 fi
 log "chromium: $(chromium --version 2>/dev/null | head -1)"
+log "redis: $(redis-server --version 2>/dev/null | head -1)"
 
 if [ "${1:-}" != "--no-build" ]; then
   log "building the workspace"

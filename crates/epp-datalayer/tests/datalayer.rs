@@ -16,6 +16,8 @@ mod fixtures;
 mod llm_d_configs;
 #[path = "datalayer/mtls.rs"]
 mod mtls;
+#[path = "datalayer/redis_index.rs"]
+mod redis_index;
 #[path = "datalayer/scrape.rs"]
 mod scrape;
 #[path = "datalayer/sim.rs"]

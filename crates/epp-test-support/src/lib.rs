@@ -57,6 +57,7 @@ pub mod otelcol;
 pub mod plugins;
 pub mod process;
 pub mod prometheus;
+pub mod redis;
 pub mod reference;
 pub mod stats;
 pub mod tokenizer;
