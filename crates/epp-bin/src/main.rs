@@ -202,6 +202,10 @@ fn extproc_options(args: &Args, built: &BuiltConfig) -> epp_extproc::ExtProcOpti
         model_rewrite,
         parsers: built.parsers.clone(),
         renderer: renderer(built),
+        prefix_lookup: built
+            .plugins
+            .iter()
+            .find_map(|(_, p)| p.plugin().prefix_lookup()),
         pool_name: args.pool_label().to_owned(),
         ..epp_extproc::ExtProcOptions::default()
     }
@@ -231,6 +235,25 @@ fn renderer(built: &BuiltConfig) -> Option<Arc<dyn epp_core::PromptRenderer>> {
     }
 }
 
+/// Connects every plugin that keeps its blocks in a shared index (Redis or
+/// Valkey) to it. Connecting happens in the background: epp starts, and
+/// routes as if nothing matched, while the server is unreachable.
+fn bind_shared_indexes(plugins: &[(String, epp_core::PluginRef)], shutdown: &CancellationToken) {
+    for (name, p) in plugins {
+        let plugin = p.plugin();
+        if let Some(spec) = plugin.shared_index() {
+            tracing::info!(
+                plugin = %name,
+                backend = %spec.backend,
+                server = %format_args!("{}:{}", spec.address.host, spec.address.port),
+                "shared prefix index"
+            );
+            let store = epp_datalayer::RedisBlockIndex::start(&spec, shutdown.clone());
+            plugin.bind_shared_index(Arc::new(store));
+        }
+    }
+}
+
 async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
     let addr = SocketAddr::new(args.bind_address, port);
     TcpListener::bind(addr)
@@ -256,6 +279,7 @@ async fn run(args: Args) -> Result<()> {
     let (options, trace_exporter) = tracing_setup(&args, options, &mut prom)?;
 
     let shutdown = CancellationToken::new();
+    bind_shared_indexes(&built.plugins, &shutdown);
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
 

@@ -603,6 +603,30 @@ const KEYS: MetricFamily = family(
     "Distinct blocks (index keys) some endpoint holds",
 );
 
+const SHARED_CONNECTED: MetricFamily = family(
+    "epp_kv_block_index_shared_connected",
+    "Whether the shared index (redisConfig/valkeyConfig) is connected: 1 or 0",
+);
+
+const SHARED_COUNTERS: [MetricFamily; 4] = [
+    family(
+        "epp_kv_block_index_shared_lookups",
+        "Requests looked up in the shared index before scheduling",
+    ),
+    family(
+        "epp_kv_block_index_shared_unanswered",
+        "Shared index lookups not answered in time (error, timeout, not connected): scheduled as no match",
+    ),
+    family(
+        "epp_kv_block_index_shared_dropped_updates",
+        "Index changes not written to the shared index (not connected, or too many queued); the whole view is rewritten after",
+    ),
+    family(
+        "epp_kv_block_index_shared_resyncs",
+        "Times this replica's whole view was written to the shared index (each connection, each drop)",
+    ),
+];
+
 impl PluginMetrics for PrecisePrefixCacheProducer {
     fn report(&self, out: &mut dyn MetricSink) {
         let c = self.index.counters();
@@ -621,6 +645,18 @@ impl PluginMetrics for PrecisePrefixCacheProducer {
             out.counter(f, &labels, v.load(Ordering::Relaxed));
         }
         out.gauge(KEYS, &labels, self.index.len() as f64);
+        if let Some(store) = self.store.get() {
+            let st = store.stats();
+            out.gauge(SHARED_CONNECTED, &labels, f64::from(u8::from(st.connected)));
+            for (f, v) in SHARED_COUNTERS.into_iter().zip([
+                st.lookups,
+                st.unanswered,
+                st.dropped_updates,
+                st.resyncs,
+            ]) {
+                out.counter(f, &labels, v);
+            }
+        }
     }
 }
 

@@ -13,6 +13,9 @@ use epp_datalayer::RedisBlockIndex;
 use epp_test_support::{process::scratch_dir, redis::RedisServer};
 use tokio_util::sync::CancellationToken;
 
+/// A replica's view: the keys each endpoint holds.
+type View = Arc<Mutex<Vec<(String, Vec<u64>)>>>;
+
 const A: &str = "10.0.0.1:8000";
 const B: &str = "10.0.0.2:8000";
 
@@ -54,7 +57,7 @@ async fn replicas_share_one_view_and_survive_a_server_restart() {
     let timeout = Duration::from_millis(200);
     let writer = RedisBlockIndex::start(&spec(&server.url(), timeout), shutdown.clone());
     // What this replica holds, as its index would report it.
-    let view: Arc<Mutex<Vec<(String, Vec<u64>)>>> = Arc::new(Mutex::new(vec![
+    let view: View = Arc::new(Mutex::new(vec![
         (A.into(), vec![1, 2, 3]),
         (B.into(), vec![1, 2]),
     ]));

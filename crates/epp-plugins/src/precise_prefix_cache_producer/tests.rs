@@ -217,7 +217,7 @@ fn speculative_indexing_sends_a_prefix_after_its_first_pick() {
 }
 
 #[test]
-fn llm_d_parameters_load_and_unbuilt_backends_are_refused() {
+fn llm_d_parameters_load_and_bad_ones_are_refused() {
     let ok = params(
         "{tokenProcessorConfig: {blockSize: 64, hashSeed: '42'}, \
           kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:5557', topicFilter: 'kv@', concurrency: 4, \
@@ -238,10 +238,6 @@ fn llm_d_parameters_load_and_unbuilt_backends_are_refused() {
     .expect("loads");
     assert_eq!(p.index().block_size(), 5);
     for (yaml, field) in [
-        (
-            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: 'redis://x'}}}}",
-            "redisConfig",
-        ),
         ("{speculativeTTL: soon}", "speculativeTTL"),
         ("{kvEventsConfig: {engineType: sglang}}", "engineType"),
     ] {
@@ -251,4 +247,224 @@ fn llm_d_parameters_load_and_unbuilt_backends_are_refused() {
         assert!(e.contains(field), "{e}");
     }
     assert!(serde_yaml_ng::from_str::<PrecisePrefixParams>("{bogus: 1}").is_err());
+}
+
+/// An update a store was sent: endpoint, keys added, keys removed.
+type Update = (String, Vec<u64>, Vec<u64>);
+
+/// A shared store in memory, for the plugin's side of the contract: the
+/// updates it was sent, and lookups answered from them at once (or never:
+/// `down`).
+#[derive(Debug, Default)]
+struct FakeStore {
+    holders: parking_lot::Mutex<HashMap<u64, Vec<String>>>,
+    updates: parking_lot::Mutex<Vec<Update>>,
+    down: AtomicBool,
+}
+
+impl SharedBlockIndex for FakeStore {
+    fn update(&self, endpoint: &str, added: &[u64], removed: &[u64]) {
+        let mut h = self.holders.lock();
+        for k in added {
+            h.entry(*k).or_default().push(endpoint.to_owned());
+        }
+        for k in removed {
+            if let Some(v) = h.get_mut(k) {
+                v.retain(|e| e != endpoint);
+            }
+        }
+        self.updates
+            .lock()
+            .push((endpoint.to_owned(), added.to_vec(), removed.to_vec()));
+    }
+    fn lookup(&self, keys: Vec<u64>) -> epp_core::SharedLookupFuture {
+        if self.down.load(Ordering::Relaxed) {
+            return Box::pin(std::future::ready(Err("down".into())));
+        }
+        let h = self.holders.lock();
+        let mut counts: Vec<(String, u32)> = Vec::new();
+        for (depth, k) in keys.iter().enumerate() {
+            let depth = u32::try_from(depth).expect("small");
+            let held = h.get(k).cloned().unwrap_or_default();
+            let mut any = false;
+            for e in held {
+                if depth == 0 {
+                    counts.push((e, 1));
+                    any = true;
+                } else if let Some(c) = counts.iter_mut().find(|(n, c)| *n == e && *c == depth) {
+                    c.1 += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        Box::pin(std::future::ready(Ok(counts)))
+    }
+    fn set_snapshot(&self, _snapshot: epp_core::Snapshot) {}
+    fn stats(&self) -> epp_core::SharedIndexStats {
+        epp_core::SharedIndexStats::default()
+    }
+}
+
+/// Runs a future that is ready at its first poll (the fake store's are).
+fn ready(f: PrefixLookupFuture) -> SharedPrefixMatch {
+    let mut f = f;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(m) => m,
+        std::task::Poll::Pending => panic!("the fake store answers at once"),
+    }
+}
+
+#[test]
+fn with_a_shared_backend_changes_are_written_and_requests_looked_up_there() {
+    let s = setup_with(
+        true,
+        "{tokenProcessorConfig: {blockSize: 4}, \
+          indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: 'redis://10.1.2.3:7000'}}}}",
+    );
+    let spec = s.precise.shared_index().expect("a shared backend");
+    assert_eq!(
+        (spec.address.host.as_str(), spec.address.port),
+        ("10.1.2.3", 7000)
+    );
+    assert_eq!(spec.lookup_timeout, Duration::from_millis(50));
+    let store = Arc::new(FakeStore::default());
+    s.precise.bind_shared_index(store.clone());
+    let lookup = s
+        .precise
+        .prefix_lookup()
+        .expect("a lookup before the cycle");
+
+    let snap = snapshot(4);
+    let (home, other) = (&snap.endpoints()[2], &snap.endpoints()[1]);
+    let mut ids = Vec::new();
+    s.tokens
+        .tokenize(&SYSTEM.repeat(4), &mut ids)
+        .expect("tokenizes");
+    // The engine's blocks reach the store under the endpoint's address,
+    // keyed as requests are.
+    s.precise.apply(home, &stored_batch(&ids, 4, "m"));
+    let mut keys = Vec::new();
+    s.precise.index().keys_of("m", None, &ids, 8192, &mut keys);
+    {
+        let updates = store.updates.lock();
+        assert_eq!(updates.len(), 1);
+        let (endpoint, added, removed) = &updates[0];
+        assert_eq!(endpoint, home.addr_str());
+        let mut added = added.clone();
+        added.sort_unstable();
+        let mut want = keys.clone();
+        want.sort_unstable();
+        assert_eq!((added, removed.len()), (want, 0));
+    }
+
+    // A request with token ids is looked up in the store before its cycle,
+    // and the cycle routes on that answer: here another replica's engine
+    // (the store says) holds the prompt on `other`, which this replica's
+    // own index knows nothing of.
+    store.update(other.addr_str(), &keys, &[]);
+    store.update(home.addr_str(), &[], &keys);
+    let mut req = InferenceRequest::builder("m")
+        .api(ApiKind::Completions)
+        .prompt(SYSTEM.repeat(4))
+        .build();
+    req.prompt_token_ids = Some(ids.clone());
+    let answer = ready(lookup.lookup(&req).expect("tokens: looked up"));
+    assert!(answer.answered);
+    assert_eq!(answer.keys, keys);
+    let blocks = u32::try_from(keys.len()).expect("small");
+    assert_eq!(answer.matched, [(other.addr_str().to_owned(), blocks)]);
+    req.shared_prefix = Some(answer);
+    let r = s.scheduler.schedule(&req, &snap).expect("schedules");
+    assert_eq!(r.primary().expect("a pick").id(), other.id());
+    // The same request scheduled without the answer matches this
+    // replica's own view.
+    req.shared_prefix = None;
+    let r = s.scheduler.schedule(&req, &snap).expect("schedules");
+    assert_eq!(r.primary().expect("a pick").id(), home.id());
+
+    // A store that does not answer: no match, still scheduled.
+    store.down.store(true, Ordering::Relaxed);
+    let answer = ready(lookup.lookup(&req).expect("looked up"));
+    assert!(!answer.answered && answer.matched.is_empty());
+    let hits = s
+        .precise
+        .index()
+        .counters()
+        .hit_blocks
+        .load(Ordering::Relaxed);
+    req.shared_prefix = Some(answer);
+    s.scheduler.schedule(&req, &snap).expect("schedules");
+    assert_eq!(
+        s.precise
+            .index()
+            .counters()
+            .hit_blocks
+            .load(Ordering::Relaxed),
+        hits
+    );
+    // Without token ids there is nothing to look up before the cycle.
+    req.prompt_token_ids = None;
+    assert!(lookup.lookup(&req).is_none());
+
+    // Evictions reach the store too.
+    s.precise.apply(
+        home,
+        &KvEventBatch {
+            events: vec![KvEvent::AllBlocksCleared],
+            ..KvEventBatch::default()
+        },
+    );
+    let updates = store.updates.lock();
+    let (endpoint, added, removed) = updates.last().expect("an update");
+    assert_eq!(
+        (endpoint.as_str(), added.len(), removed.len()),
+        (home.addr_str(), 0, keys.len())
+    );
+}
+
+#[test]
+fn shared_backends_are_checked_at_load() {
+    let spec =
+        |yaml: &str| PrecisePrefixCacheProducer::build("p", params(yaml)).map(|p| p.shared_index());
+    let v = spec("{indexerConfig: {kvBlockIndexConfig: {valkeyConfig: {enableRDMA: true, lookupTimeout: 20ms}}}}")
+        .expect("loads")
+        .expect("shared");
+    assert_eq!((v.backend.as_str(), v.address.port), ("valkey", 6379));
+    assert_eq!(v.lookup_timeout, Duration::from_millis(20));
+    assert_eq!(spec("{}").expect("loads"), None);
+    for (yaml, field) in [
+        (
+            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {}, valkeyConfig: {}}}}",
+            "valkeyConfig",
+        ),
+        (
+            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: 'rediss://h'}}}}",
+            "redisConfig.address",
+        ),
+        (
+            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {backendType: memcached}}}}",
+            "redisConfig.backendType",
+        ),
+        (
+            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {lookupTimeout: 0s}}}}",
+            "redisConfig.lookupTimeout",
+        ),
+        (
+            "{indexerConfig: {kvBlockIndexConfig: {costAwareMemoryConfig: {}}}}",
+            "costAwareMemoryConfig",
+        ),
+    ] {
+        let e = spec(yaml).expect_err(yaml).to_string();
+        assert!(e.contains(field), "{yaml}: {e}");
+    }
+    assert!(
+        serde_yaml_ng::from_str::<PrecisePrefixParams>(
+            "{indexerConfig: {kvBlockIndexConfig: {redisConfig: {adress: x}}}}"
+        )
+        .is_err()
+    );
 }
