@@ -4,7 +4,8 @@
 //! to the server whose engine reports holding the prompt's blocks, including
 //! blocks it cached for requests epp never routed, and stops as soon as the
 //! engine reports evicting them. The same with llm-d's own simulator as the
-//! model servers: a publisher nobody here wrote.
+//! model servers: a publisher nobody here wrote. And two replicas sharing
+//! one index in a real Redis server.
 
 use std::{path::Path, time::Duration};
 
@@ -14,6 +15,7 @@ use epp_test_support::{
         BodyMode, Envoy, Epp, Sim, free_port_on, scratch_dir, shared_loopback_port, start_envoy,
         start_epp, start_sim_at,
     },
+    redis::RedisServer,
     tokenizer::write_test_tokenizer,
 };
 
@@ -191,32 +193,8 @@ fn chat(system: &str, question: &str) -> serde_json::Value {
 /// chat requests after the same system prompt, sent through Envoy, to go
 /// to that simulator.
 async fn chats_follow(epp: &Epp, envoy: &Envoy, sims: &[Sim], on: usize, system: &str) {
-    let r = http::post_json_at(
-        IPS[on],
-        sims[on].port,
-        "/v1/chat/completions",
-        &chat(system, "Warm up."),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    wait_for_blocks(epp.metrics_port, &at(IPS[on], &sims[on]), "stored", 0.0).await;
-    for q in 0..8 {
-        let r = http::post_json(
-            envoy.port,
-            "/v1/chat/completions",
-            &chat(system, &format!("Question {q}?")),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        let want = format!("sim-{on}");
-        assert_eq!(
-            r.header("x-inference-pod"),
-            Some(want.as_str()),
-            "question {q}"
-        );
-    }
+    warm_directly(epp, sims, on, system).await;
+    assert_eq!(chats_to(envoy.port, on, system).await, 8);
 }
 
 /// epp with `config` over the three publishers on `http_port`, and Envoy in
@@ -453,10 +431,9 @@ schedulingProfiles:
 /// engines render them with theirs: a system prompt cached on one engine by
 /// a chat request epp never saw draws the chat requests that share it,
 /// through Envoy, with no render call to any server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chat_follows_the_engines_blocks_rendered_in_process() {
-    let dir = scratch_dir("precise-chat-template");
-    let tokenizer = write_test_tokenizer(&dir).unwrap();
+/// A chat template beside the test tokenizer in `dir`; the simulator
+/// arguments that render with it too.
+fn with_chat_template(dir: &Path) -> Vec<String> {
     let template = dir.join("chat_template.jinja");
     std::fs::write(
         &template,
@@ -469,16 +446,136 @@ async fn chat_follows_the_engines_blocks_rendered_in_process() {
         r#"{"bos_token": "<|bos|>"}"#,
     )
     .unwrap();
-    let (sims, epp, envoy) = start_fleet(
-        &dir,
-        &tokenizer,
-        &["--chat-template", template.to_str().unwrap()],
-        &local(&dir),
-    )
-    .await;
+    vec!["--chat-template".into(), template.to_str().unwrap().into()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_follows_the_engines_blocks_rendered_in_process() {
+    let dir = scratch_dir("precise-chat-template");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let sim_args = with_chat_template(&dir);
+    let sim_args: Vec<&str> = sim_args.iter().map(String::as_str).collect();
+    let (sims, epp, envoy) = start_fleet(&dir, &tokenizer, &sim_args, &local(&dir)).await;
     let system = "You answer questions about tides and harbours, briefly. ".repeat(6);
     chats_follow(&epp, &envoy, &sims, 1, &system).await;
     drop(envoy);
+}
+
+/// Sends eight chat questions after `system` through Envoy at `envoy`; how
+/// many went to simulator `on`.
+async fn chats_to(envoy: u16, on: usize, system: &str) -> usize {
+    let mut n = 0;
+    for q in 0..8 {
+        let r = http::post_json(
+            envoy,
+            "/v1/chat/completions",
+            &chat(system, &format!("Question {q}?")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        n += usize::from(r.header("x-inference-pod") == Some(format!("sim-{on}").as_str()));
+    }
+    n
+}
+
+/// Two replicas over one Redis server (`redisConfig`): replica A subscribes
+/// to the engines and writes what they hold; replica B, whose subscriptions
+/// never connect (as a replica that just started, before any event), routes
+/// by what A wrote. Redis killed: B still answers every request, as if
+/// nothing matched. Redis back, empty: A writes its whole view again and B
+/// follows the engines' blocks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_one_index_through_redis_across_its_restart() {
+    let dir = scratch_dir("precise-redis");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let sim_args = with_chat_template(&dir);
+    let sim_args: Vec<&str> = sim_args.iter().map(String::as_str).collect();
+    let mut redis = RedisServer::start(&dir);
+    let shared = |kv_port: u16| {
+        config_with(&local(&dir), kv_port).replace(
+            "    tokenProcessorConfig: {blockSize: 4}\n",
+            &format!(
+                "    tokenProcessorConfig: {{blockSize: 4}}\n    indexerConfig: \
+                 {{kvBlockIndexConfig: {{redisConfig: {{address: '{}', lookupTimeout: 200ms}}}}}}\n",
+                redis.url()
+            ),
+        )
+    };
+    let http_port = shared_loopback_port();
+    let kv_port = free_port_on("127.0.0.2");
+    let sims = start_publishers(&dir, &tokenizer, http_port, kv_port, &sim_args);
+    let (a, _envoy_a) = start_picker(&dir, &shared(kv_port), http_port).await;
+    let b_dir = dir.join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let nowhere = free_port_on("127.0.0.2");
+    let (b, envoy_b) = start_picker(&b_dir, &shared(nowhere), http_port).await;
+
+    // The engine of sim-1 caches the system prompt (a request epp never
+    // sees); A hears of it and writes it to Redis.
+    let system = "You answer questions about tides and harbours, briefly. ".repeat(6);
+    warm_directly(&a, &sims, 1, &system).await;
+    redis.wait_for(&["DBSIZE"], Duration::from_secs(10), |out| {
+        out.first().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) > 0
+    });
+    // B never heard an event, and follows the blocks anyway.
+    assert_eq!(chats_to(envoy_b.port, 1, &system).await, 8);
+    let page = metrics(b.metrics_port).await;
+    assert_eq!(
+        series(&page, &blocks_series(&at(IPS[1], &sims[1]), "stored")),
+        0.0,
+        "B heard events"
+    );
+    assert!(
+        series(
+            &page,
+            "epp_kv_block_index_shared_lookups_total{plugin=\"precise-prefix-cache-producer\"}"
+        ) >= 8.0
+    );
+
+    // Redis dies: every request is still answered (scheduled as no match).
+    redis.kill();
+    chats_to(envoy_b.port, 1, &system).await;
+    let page = metrics(b.metrics_port).await;
+    assert!(
+        series(
+            &page,
+            "epp_kv_block_index_shared_unanswered_total{plugin=\"precise-prefix-cache-producer\"}"
+        ) >= 8.0,
+        "{page}"
+    );
+    // Meanwhile sim-2's engine caches another prompt: A hears of it but
+    // cannot write it.
+    let other = "You translate shipping forecasts into plain words. ".repeat(6);
+    warm_directly(&a, &sims, 2, &other).await;
+
+    // Back, empty: A writes its whole view again, and B follows it, the
+    // prompt cached during the outage included.
+    redis.start_again();
+    redis.wait_for(&["DBSIZE"], Duration::from_secs(20), |out| {
+        out.first().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) > 0
+    });
+    page_when(b.metrics_port, "B connected again", |page| {
+        page.contains(
+            "epp_kv_block_index_shared_connected{plugin=\"precise-prefix-cache-producer\"} 1",
+        )
+    })
+    .await;
+    assert_eq!(chats_to(envoy_b.port, 2, &other).await, 8);
+    drop((a, b));
+}
+
+/// Caches `system` on `sims[on]` by a chat request sent to it directly (epp
+/// never sees it), and waits for the blocks to reach `epp`.
+async fn warm_directly(epp: &Epp, sims: &[Sim], on: usize, system: &str) {
+    let endpoint = at(IPS[on], &sims[on]);
+    let before = blocks(epp.metrics_port, &endpoint, "stored").await;
+    let warm = chat(system, "Warm up.");
+    let r = http::post_json_at(IPS[on], sims[on].port, "/v1/chat/completions", &warm)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for_blocks(epp.metrics_port, &endpoint, "stored", before).await;
 }
 
 /// llm-d's `vllm` token-producer backend: the prompts are rendered to token
