@@ -21,7 +21,8 @@
 
 use std::{
     collections::VecDeque,
-    fmt::{self, Write as _},
+    fmt,
+    io::Write as _,
     sync::{
         Arc, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
@@ -307,10 +308,10 @@ impl Conn {
         if setup > 0 {
             conn.flush().await?;
             for _ in 0..setup {
-                let r = tokio::time::timeout(CONNECT_TIMEOUT, conn.reply())
+                if let Some(e) = tokio::time::timeout(CONNECT_TIMEOUT, conn.next_error())
                     .await
-                    .map_err(|_| "no reply to AUTH/SELECT".to_owned())??;
-                if let Reply::Error(e) = r {
+                    .map_err(|_| "no reply to AUTH/SELECT".to_owned())??
+                {
                     return Err(format!("refused: {e}"));
                 }
             }
@@ -324,34 +325,39 @@ impl Conn {
         r.map_err(|e| e.to_string())
     }
 
-    /// The next reply, reading as needed.
-    async fn reply(&mut self) -> IoResult<Reply> {
+    /// The length of the next whole reply at the front of the input,
+    /// reading as needed (the caller advances past it).
+    async fn next_span(&mut self) -> IoResult<usize> {
         loop {
-            match parse(&self.input)? {
-                Some((reply, used)) => {
-                    self.input.advance(used);
-                    return Ok(reply);
-                }
-                None => {
-                    self.input.reserve(64 << 10);
-                    let n = self
-                        .stream
-                        .read_buf(&mut self.input)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if n == 0 {
-                        return Err("the server closed the connection".into());
-                    }
-                }
+            if let Some(end) = reply_end(&self.input, 0, 0)? {
+                return Ok(end);
+            }
+            self.input.reserve(64 << 10);
+            let n = self
+                .stream
+                .read_buf(&mut self.input)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("the server closed the connection".into());
             }
         }
+    }
+
+    /// Reads the next reply: its text if it is an error.
+    async fn next_error(&mut self) -> IoResult<Option<String>> {
+        let len = self.next_span().await?;
+        let error = (self.input[0] == b'-')
+            .then(|| String::from_utf8_lossy(&self.input[1..len - 2]).into_owned());
+        self.input.advance(len);
+        Ok(error)
     }
 
     /// Reads `n` replies, counting the errors among them.
     async fn skip(&mut self, n: usize) -> IoResult<usize> {
         let mut errors = 0;
         for _ in 0..n {
-            if let Reply::Error(e) = self.reply().await? {
+            if let Some(e) = self.next_error().await? {
                 if errors == 0 {
                     tracing::debug!(error = %e, "shared prefix index: a write was refused");
                 }
@@ -422,11 +428,13 @@ impl Conn {
                             self.skip(1).await?;
                         }
                         Pending::Lookup { n, reply } => {
-                            let mut replies = Vec::with_capacity(n);
+                            let mut tally = Tally::default();
                             for _ in 0..n {
-                                replies.push(self.reply().await?);
+                                let len = self.next_span().await?;
+                                tally.feed(&self.input[..len]);
+                                self.input.advance(len);
                             }
-                            let _ = reply.send(Ok(holders(&replies)));
+                            let _ = reply.send(Ok(tally.counts));
                         }
                     }
                 }
@@ -451,17 +459,14 @@ impl Conn {
                 }
                 for &k in &removed {
                     let key = block_key(k);
-                    command(
-                        &mut self.out,
-                        &[b"HDEL", key.as_bytes(), endpoint.as_bytes()],
-                    );
+                    command(&mut self.out, &[b"HDEL", &key, endpoint.as_bytes()]);
                     pending.push_back(Pending::Update);
                 }
             }
             Op::Lookup { keys, reply } => {
                 for &k in &keys {
                     let key = block_key(k);
-                    command(&mut self.out, &[b"HKEYS", key.as_bytes()]);
+                    command(&mut self.out, &[b"HKEYS", &key]);
                 }
                 pending.push_back(Pending::Lookup {
                     n: keys.len(),
@@ -472,73 +477,170 @@ impl Conn {
     }
 }
 
-/// The Redis key of block key `k`.
-fn block_key(k: u64) -> String {
-    let mut s = String::with_capacity(23);
-    s.push_str("epp:kv:");
-    let _ = write!(s, "{k:016x}");
-    s
+/// The Redis key of block key `k`: `epp:kv:` and 16 hex digits.
+fn block_key(k: u64) -> [u8; 23] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut key = *b"epp:kv:0000000000000000";
+    for (i, d) in key[7..].iter_mut().enumerate() {
+        *d = HEX[((k >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    key
 }
 
 fn hset(out: &mut Vec<u8>, k: u64, endpoint: &str) {
-    let key = block_key(k);
-    command(out, &[b"HSET", key.as_bytes(), endpoint.as_bytes(), b"1"]);
+    command(out, &[b"HSET", &block_key(k), endpoint.as_bytes(), b"1"]);
 }
 
-/// Each endpoint's leading keys held, from the `HKEYS` replies of a
+/// Each endpoint's leading keys held, fed the `HKEYS` replies of a
 /// request's keys in order: an endpoint counts while it holds every key so
 /// far; the count stops at the first key nobody still counting holds.
-fn holders(replies: &[Reply]) -> HolderCounts {
-    let mut counts: HolderCounts = Vec::new();
-    for (depth, r) in replies.iter().enumerate() {
-        let fields: &[Reply] = match r {
-            Reply::Array(Some(items)) => items,
-            _ => &[],
-        };
-        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
+#[derive(Debug, Default)]
+struct Tally {
+    counts: HolderCounts,
+    depth: u32,
+    done: bool,
+}
+
+impl Tally {
+    /// One key's reply (whole, as [`reply_end`] found it): an array of
+    /// endpoint names, or anything else (an error: nobody holds it).
+    fn feed(&mut self, reply: &[u8]) {
+        if self.done {
+            return;
+        }
+        let depth = self.depth;
         let mut any = false;
-        for f in fields {
-            let Reply::Bulk(Some(name)) = f else { continue };
+        for_each_bulk(reply, |name| {
             let Ok(name) = std::str::from_utf8(name) else {
-                continue;
+                return;
             };
             if depth == 0 {
-                counts.push((name.to_owned(), 1));
+                self.counts.push((name.to_owned(), 1));
                 any = true;
-            } else if let Some(c) = counts.iter_mut().find(|(n, c)| n == name && *c == depth) {
+            } else if let Some(c) = self
+                .counts
+                .iter_mut()
+                .find(|(n, c)| n == name && *c == depth)
+            {
                 c.1 += 1;
                 any = true;
             }
-        }
-        if !any {
-            break;
+        });
+        self.depth += 1;
+        self.done = !any;
+    }
+}
+
+/// Calls `f` with each bulk string of `reply`, one whole RESP reply (which
+/// [`reply_end`] checked); only an array has any.
+fn for_each_bulk(reply: &[u8], mut f: impl FnMut(&[u8])) {
+    if reply.first() != Some(&b'*') {
+        return;
+    }
+    let Some(mut at) = line_end(reply, 0).map(|cr| cr + 2) else {
+        return;
+    };
+    while at < reply.len() {
+        let Some(cr) = line_end(reply, at) else {
+            return;
+        };
+        let bulk = (reply[at] == b'$')
+            .then(|| number(&reply[at + 1..cr]))
+            .flatten()
+            .and_then(|n| usize::try_from(n).ok());
+        if let Some(n) = bulk {
+            f(&reply[cr + 2..cr + 2 + n]);
+            at = cr + 2 + n + 2;
+        } else {
+            match reply_end(reply, at, 1) {
+                Ok(Some(next)) => at = next,
+                _ => return,
+            }
         }
     }
-    counts
+}
+
+/// Where the line starting at `at` ends (its CR), if the LF after it is in.
+fn line_end(buf: &[u8], at: usize) -> Option<usize> {
+    memchr::memchr(b'\r', buf.get(at..)?)
+        .map(|i| at + i)
+        .filter(|&cr| cr + 1 < buf.len())
+}
+
+fn number(digits: &[u8]) -> Option<i64> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// Where the reply starting at `at` ends, `None` when more bytes are
+/// needed, or an error for what no server sends.
+fn reply_end(buf: &[u8], at: usize, depth: usize) -> IoResult<Option<usize>> {
+    if depth > MAX_DEPTH {
+        return Err("reply nested too deep".into());
+    }
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(cr) = line_end(buf, at) else {
+        return Ok(None);
+    };
+    if buf[cr + 1] != b'\n' {
+        return Err("reply line not ended by CRLF".into());
+    }
+    let next = cr + 2;
+    let len = || {
+        number(&buf[at + 1..cr]).ok_or_else(|| {
+            format!(
+                "bad number in reply: {:?}",
+                String::from_utf8_lossy(&buf[at + 1..cr])
+            )
+        })
+    };
+    match kind {
+        b'+' | b'-' => Ok(Some(next)),
+        b':' => len().map(|_| Some(next)),
+        b'$' => {
+            let n = len()?;
+            if n < 0 {
+                return Ok(Some(next));
+            }
+            if n > MAX_LEN {
+                return Err(format!("bulk reply of {n} bytes"));
+            }
+            let end = next + usize::try_from(n).unwrap_or(usize::MAX);
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err("bulk reply not ended by CRLF".into());
+            }
+            Ok(Some(end + 2))
+        }
+        b'*' => {
+            let n = len()?;
+            if n > MAX_LEN {
+                return Err(format!("array reply of {n} items"));
+            }
+            let mut pos = next;
+            for _ in 0..n.max(0) {
+                match reply_end(buf, pos, depth + 1)? {
+                    Some(end) => pos = end,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(pos))
+        }
+        other => Err(format!("unknown reply type {:?}", char::from(other))),
+    }
 }
 
 /// Appends one command, as RESP (an array of bulk strings).
 fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.push(b'*');
-    out.extend_from_slice(args.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    let _ = write!(out, "*{}\r\n", args.len());
     for a in args {
-        out.push(b'$');
-        out.extend_from_slice(a.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
+        let _ = write!(out, "${}\r\n", a.len());
         out.extend_from_slice(a);
         out.extend_from_slice(b"\r\n");
     }
-}
-
-/// A RESP2 reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
 }
 
 /// Replies nested deeper than this are refused (a server never sends them).
@@ -546,115 +648,35 @@ const MAX_DEPTH: usize = 8;
 /// Bulk strings and arrays longer than this are refused.
 const MAX_LEN: i64 = 512 << 20;
 
-/// The first whole reply in `buf` and the bytes it took, `None` when more
-/// bytes are needed, or an error for what no server sends.
-fn parse(buf: &[u8]) -> IoResult<Option<(Reply, usize)>> {
-    parse_at(buf, 0, 0)
-}
-
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> IoResult<Option<(Reply, usize)>> {
-    if depth > MAX_DEPTH {
-        return Err("reply nested too deep".into());
-    }
-    let Some(&kind) = buf.get(at) else {
-        return Ok(None);
-    };
-    let Some(end) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    let line = &buf[at + 1..at + end];
-    let next = at + end + 2;
-    let text = || String::from_utf8_lossy(line).into_owned();
-    let int = || -> IoResult<i64> {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad number in reply: {:?}", text()))
-    };
-    Ok(Some(match kind {
-        b'+' => (Reply::Simple(text()), next),
-        b'-' => (Reply::Error(text()), next),
-        b':' => (Reply::Int(int()?), next),
-        b'$' => {
-            let n = int()?;
-            if n < 0 {
-                (Reply::Bulk(None), next)
-            } else if n > MAX_LEN {
-                return Err(format!("bulk reply of {n} bytes"));
-            } else {
-                let n = usize::try_from(n).unwrap_or(usize::MAX);
-                if buf.len() < next + n + 2 {
-                    return Ok(None);
-                }
-                if &buf[next + n..next + n + 2] != b"\r\n" {
-                    return Err("bulk reply not ended by CRLF".into());
-                }
-                (
-                    Reply::Bulk(Some(buf[next..next + n].to_vec())),
-                    next + n + 2,
-                )
-            }
-        }
-        b'*' => {
-            let n = int()?;
-            if n < 0 {
-                (Reply::Array(None), next)
-            } else if n > MAX_LEN {
-                return Err(format!("array reply of {n} items"));
-            } else {
-                let mut items = Vec::new();
-                let mut pos = next;
-                for _ in 0..n {
-                    match parse_at(buf, pos, depth + 1)? {
-                        Some((item, used)) => {
-                            items.push(item);
-                            pos = used;
-                        }
-                        None => return Ok(None),
-                    }
-                }
-                (Reply::Array(Some(items)), pos)
-            }
-        }
-        other => return Err(format!("unknown reply type {:?}", char::from(other))),
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn bulk(s: &str) -> Reply {
-        Reply::Bulk(Some(s.as_bytes().to_vec()))
-    }
-
     #[test]
-    fn parses_every_reply_kind_and_waits_for_more() {
-        let wire = b"+OK\r\n-ERR no\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*2\r\n$1\r\na\r\n:1\r\n*0\r\n";
+    fn finds_where_every_reply_kind_ends_and_waits_for_more() {
+        let wire =
+            b"+OK\r\n-ERR no\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*2\r\n$1\r\na\r\n:1\r\n*0\r\n*-1\r\n";
         let mut at = 0;
-        let mut got = Vec::new();
-        while let Some((r, used)) = parse(&wire[at..]).unwrap() {
-            got.push(r);
-            at += used;
+        let mut ends = Vec::new();
+        while let Some(end) = reply_end(wire, at, 0).unwrap() {
+            ends.push(end);
+            at = end;
         }
-        assert_eq!(at, wire.len());
-        assert_eq!(
-            got,
-            [
-                Reply::Simple("OK".into()),
-                Reply::Error("ERR no".into()),
-                Reply::Int(42),
-                bulk("abc"),
-                Reply::Bulk(None),
-                Reply::Array(Some(vec![bulk("a"), Reply::Int(1)])),
-                Reply::Array(Some(vec![])),
-            ]
-        );
+        assert_eq!(ends, [5, 14, 19, 28, 33, 48, 52, 57]);
         // Every cut short of a whole reply asks for more.
         let one = b"*2\r\n$5\r\nhello\r\n$3\r\nbye\r\n";
         for cut in 0..one.len() {
-            assert_eq!(parse(&one[..cut]).unwrap(), None, "cut at {cut}");
+            assert_eq!(reply_end(&one[..cut], 0, 0).unwrap(), None, "cut at {cut}");
         }
+        let mut names = Vec::new();
+        for_each_bulk(one, |b| names.push(b.to_vec()));
+        assert_eq!(names, [b"hello".to_vec(), b"bye".to_vec()]);
+        // A nested array or a nil inside is stepped over.
+        let mixed = b"*3\r\n*1\r\n:1\r\n$-1\r\n$1\r\nx\r\n";
+        assert_eq!(reply_end(mixed, 0, 0).unwrap(), Some(mixed.len()));
+        names.clear();
+        for_each_bulk(mixed, |b| names.push(b.to_vec()));
+        assert_eq!(names, [b"x".to_vec()]);
     }
 
     #[test]
@@ -664,11 +686,12 @@ mod tests {
             b":x\r\n",
             b"$3\r\nabcde\r\n",
             b"$99999999999\r\n",
+            b"+OK\rX",
         ] {
-            assert!(parse(bad).is_err(), "{bad:?}");
+            assert!(reply_end(bad, 0, 0).is_err(), "{bad:?}");
         }
         let deep = "*1\r\n".repeat(20) + ":1\r\n";
-        assert!(parse(deep.as_bytes()).is_err());
+        assert!(reply_end(deep.as_bytes(), 0, 0).is_err());
     }
 
     #[test]
@@ -676,12 +699,28 @@ mod tests {
         let mut out = Vec::new();
         command(&mut out, &[b"HKEYS", b"epp:kv:00"]);
         assert_eq!(out, b"*2\r\n$5\r\nHKEYS\r\n$9\r\nepp:kv:00\r\n");
-        assert_eq!(block_key(0xab), "epp:kv:00000000000000ab");
+        assert_eq!(&block_key(0xab), b"epp:kv:00000000000000ab");
+        assert_eq!(&block_key(u64::MAX - 1), b"epp:kv:fffffffffffffffe");
+    }
+
+    fn holders(replies: &[Vec<u8>]) -> HolderCounts {
+        let mut tally = Tally::default();
+        for r in replies {
+            assert_eq!(reply_end(r, 0, 0).unwrap(), Some(r.len()));
+            tally.feed(r);
+        }
+        tally.counts
     }
 
     #[test]
     fn counts_leading_blocks_without_gaps() {
-        let keys = |names: &[&str]| Reply::Array(Some(names.iter().map(|n| bulk(n)).collect()));
+        let keys = |names: &[&str]| {
+            let mut r = format!("*{}\r\n", names.len());
+            for n in names {
+                r += &format!("${}\r\n{n}\r\n", n.len());
+            }
+            r.into_bytes()
+        };
         let replies = [
             keys(&["a:1", "b:1", "c:1"]),
             keys(&["a:1", "b:1"]),
@@ -698,6 +737,6 @@ mod tests {
             [("a:1".into(), 3), ("b:1".into(), 2), ("c:1".into(), 1)]
         );
         assert!(holders(&[keys(&[]), keys(&["a:1"])]).is_empty());
-        assert!(holders(&[Reply::Error("WRONGTYPE".into())]).is_empty());
+        assert!(holders(&[b"-WRONGTYPE\r\n".to_vec()]).is_empty());
     }
 }
