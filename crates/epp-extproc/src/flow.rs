@@ -150,19 +150,27 @@ pub(crate) enum Waited {
 }
 
 impl Waiting {
-    /// `prepared`, held until `until` (outside flow control).
-    pub(crate) fn held(prepared: Prepared, until: Instant) -> Self {
+    /// `prepared`, waiting for nothing yet.
+    fn bare(prepared: Prepared) -> Self {
         Self {
             prepared: Some(prepared),
             ticket: None,
             ttl: None,
             timer: None,
-            hold: Some(Box::pin(tokio::time::sleep_until(
-                tokio::time::Instant::from_std(until),
-            ))),
+            hold: None,
             render: None,
             then_lookup: None,
             lookup: None,
+        }
+    }
+
+    /// `prepared`, held until `until` (outside flow control).
+    pub(crate) fn held(prepared: Prepared, until: Instant) -> Self {
+        Self {
+            hold: Some(Box::pin(tokio::time::sleep_until(
+                tokio::time::Instant::from_std(until),
+            ))),
+            ..Self::bare(prepared)
         }
     }
 
@@ -174,28 +182,17 @@ impl Waiting {
         lookup: Option<Arc<dyn PrefixLookup>>,
     ) -> Self {
         Self {
-            prepared: Some(prepared),
-            ticket: None,
-            ttl: None,
-            timer: None,
-            hold: None,
             render: Some(render),
             then_lookup: lookup,
-            lookup: None,
+            ..Self::bare(prepared)
         }
     }
 
     /// `prepared`, waiting for a shared prefix index's answer.
     pub(crate) fn looking_up(prepared: Prepared, lookup: PrefixLookupFuture) -> Self {
         Self {
-            prepared: Some(prepared),
-            ticket: None,
-            ttl: None,
-            timer: None,
-            hold: None,
-            render: None,
-            then_lookup: None,
             lookup: Some(lookup),
+            ..Self::bare(prepared)
         }
     }
 
@@ -376,14 +373,9 @@ impl Decider {
         let ttl = fc.ttl_for(&flow_request);
         match fc.enqueue(&flow_request, ttl) {
             Ok(ticket) => Admitted::Queued(Waiting {
-                prepared: Some(prepared),
                 ticket: Some(ticket),
                 ttl,
-                timer: None,
-                hold: None,
-                render: None,
-                then_lookup: None,
-                lookup: None,
+                ..Waiting::bare(prepared)
             }),
             Err(Rejected(outcome)) => {
                 Admitted::Refused(prepared, ExtProcError::FlowControl(outcome))
