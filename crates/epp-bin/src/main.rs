@@ -237,7 +237,7 @@ fn renderer(built: &BuiltConfig) -> Option<Arc<dyn epp_core::PromptRenderer>> {
 
 /// Connects every plugin that keeps its blocks in a shared index (Redis or
 /// Valkey) to it. Connecting happens in the background: epp starts, and
-/// routes as if nothing matched, while the server is unreachable.
+/// routes by its own view, while the server is unreachable.
 fn bind_shared_indexes(plugins: &[(String, epp_core::PluginRef)], shutdown: &CancellationToken) {
     for (name, p) in plugins {
         let plugin = p.plugin();

@@ -23,7 +23,7 @@ pub struct SharedIndexSpec {
     /// `redis` or `valkey` (the same protocol).
     pub backend: String,
     /// How long a lookup may take before the request is scheduled without
-    /// it (as if nothing matched).
+    /// it (matched in the replica's own view instead).
     pub lookup_timeout: Duration,
 }
 
@@ -44,8 +44,8 @@ pub type Snapshot = Arc<dyn Fn(&mut dyn FnMut(&str, &[u64])) + Send + Sync>;
 /// Writes are queued and never block; a store that cannot keep up or is
 /// unreachable drops them and, once it can write again, rewrites the
 /// replica's whole view from the [`Snapshot`]. Lookups never fail the
-/// request: an error or a timeout is an unanswered lookup, which the
-/// caller treats as "no match".
+/// request: an error or a timeout is an unanswered lookup, and the caller
+/// matches in its own view instead.
 pub trait SharedBlockIndex: Send + Sync + fmt::Debug {
     /// `endpoint` now holds `added` and no longer holds `removed`.
     fn update(&self, endpoint: &str, added: &[u64], removed: &[u64]);

@@ -12,7 +12,8 @@
 //! lookups) into one write, reads the replies in order, and answers the
 //! lookups. Nothing waits on it: updates are queued without blocking and
 //! dropped when the queue is full or the server unreachable; a lookup that
-//! is not answered within its timeout is no match. After any drop, and on
+//! is not answered within its timeout is left unanswered (the plugin then
+//! matches in the replica's own view). After any drop, and on
 //! every (re)connection — a restarted server is empty — the task rewrites
 //! the replica's whole view from its [`Snapshot`]. What it cannot repair:
 //! a removal dropped while the server kept its contents stays until the

@@ -18,9 +18,9 @@
 //! the cycle (rendered chat, ids the client sent) are looked up there
 //! before the cycle ([`PrefixLookup`]): several replicas then see one
 //! index, and a replica that just started sees blocks stored before it
-//! subscribed. A store that does not answer in time is no match. Requests
-//! tokenized in the cycle (completions tokenized in process) are matched
-//! in this replica's own view, which its own subscriptions keep.
+//! subscribed. When the store does not answer in time, and for requests
+//! tokenized in the cycle (completions tokenized in process), the request is
+//! matched in this replica's own view, which its own subscriptions keep.
 
 use std::{
     collections::HashMap,
@@ -117,7 +117,7 @@ pub struct RedisIndexConfig {
     #[serde(default, rename = "enableRDMA")]
     pub enable_rdma: bool,
     /// epp's: how long a request waits for the shared lookup before it is
-    /// scheduled as if nothing matched. Default `50ms`.
+    /// matched in this replica's own view instead. Default `50ms`.
     #[serde(default)]
     pub lookup_timeout: Option<String>,
 }
@@ -336,6 +336,14 @@ impl PrecisePrefixCacheProducer {
     ) {
         prefix.hashes.clear();
         prefix.hashes.extend_from_slice(&answer.keys);
+        if !answer.answered {
+            // The store is down or slow: this replica's own view, which its
+            // subscriptions keep (empty for one that heard no events).
+            let keys = std::mem::take(&mut prefix.hashes);
+            self.index.lookup(&keys, prefix);
+            prefix.hashes = keys;
+            return;
+        }
         for c in candidates {
             let addr = c.endpoint.addr_str();
             if let Some((_, n)) = answer.matched.iter().find(|(a, _)| a == addr) {
@@ -615,7 +623,7 @@ const SHARED_COUNTERS: [MetricFamily; 4] = [
     ),
     family(
         "epp_kv_block_index_shared_unanswered",
-        "Shared index lookups not answered in time (error, timeout, not connected): scheduled as no match",
+        "Shared index lookups not answered in time (error, timeout, not connected): matched in the replica's own view",
     ),
     family(
         "epp_kv_block_index_shared_dropped_updates",

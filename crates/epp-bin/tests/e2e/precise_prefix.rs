@@ -483,8 +483,8 @@ async fn chats_to(envoy: u16, on: usize, system: &str) -> usize {
 /// to the engines and writes what they hold; replica B, whose subscriptions
 /// never connect (as a replica that just started, before any event), routes
 /// by what A wrote. Redis killed: B still answers every request, as if
-/// nothing matched. Redis back, empty: A writes its whole view again and B
-/// follows the engines' blocks again.
+/// nothing matched (its own view is empty). Redis back, empty: A writes its
+/// whole view again, and B follows a prompt cached during the outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_one_index_through_redis_across_its_restart() {
     let dir = scratch_dir("precise-redis");
@@ -533,7 +533,8 @@ async fn replicas_share_one_index_through_redis_across_its_restart() {
         ) >= 8.0
     );
 
-    // Redis dies: every request is still answered (scheduled as no match).
+    // Redis dies: every request is still answered (B's own view is empty:
+    // no match).
     redis.kill();
     chats_to(envoy_b.port, 1, &system).await;
     let page = metrics(b.metrics_port).await;
