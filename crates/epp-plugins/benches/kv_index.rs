@@ -8,7 +8,9 @@
 //!   throughput is in block events (stored + removed).
 //! - `lookup-16k`: keying a 16,384-token prompt (1,024 blocks) and matching
 //!   it when 8 of 64 endpoints hold all of it and 8 hold its first half;
-//!   `lookup-16k-keys-only` and `lookup-16k-match-only` split the two.
+//!   `lookup-16k-keys-only` and `lookup-16k-match-only` split the two;
+//!   `lookup-16k-blocks-of-64…` the same in blocks of 64 tokens (256
+//!   blocks), llm-d's shipped precise config.
 //! - `tokenize-16k/{crate,fast}`: the test tokenizer (byte-level BPE, GPT-2
 //!   shape) on 16 KiB of English, by the `tokenizers` crate and by epp's
 //!   `ByteBpe` (what `token-producer` runs), in the same run;
@@ -133,7 +135,15 @@ fn ingest(c: &mut Criterion) {
 }
 
 fn lookup(c: &mut Criterion) {
-    let index = KvBlockIndex::new(BLOCK, 1, 1 << 20);
+    lookup_in_blocks_of(c, BLOCK, "lookup-16k");
+    lookup_in_blocks_of(c, 64, "lookup-16k-blocks-of-64");
+}
+
+/// Keying and matching a 16,384-token prompt in blocks of `block` tokens
+/// (16: vLLM's default; 64: llm-d's precise config), as `name`.
+fn lookup_in_blocks_of(c: &mut Criterion, block: usize, name: &str) {
+    let index = KvBlockIndex::new(block, 1, 1 << 20);
+    let all = 16_384 / block;
     let tokens: Vec<u32> = (0..16_384u32)
         .map(|t| t.wrapping_mul(2_654_435_761) >> 15)
         .collect();
@@ -142,8 +152,8 @@ fn lookup(c: &mut Criterion) {
             events: vec![KvEvent::BlockStored(BlockStored {
                 block_hashes: (0..n as u64).map(|b| (u64::from(id) << 32) | b).collect(),
                 parent_block_hash: None,
-                token_ids: tokens[..n * BLOCK].to_vec(),
-                block_size: BLOCK as u32,
+                token_ids: tokens[..n * block].to_vec(),
+                block_size: block as u32,
                 ..BlockStored::default()
             })],
             model: Some("m".into()),
@@ -152,15 +162,15 @@ fn lookup(c: &mut Criterion) {
         index.apply(EndpointId(id), &batch);
     };
     for id in 0..8 {
-        holds(id, 1024);
+        holds(id, all);
     }
     for id in 8..16 {
-        holds(id, 512);
+        holds(id, all / 2);
     }
     let mut keys = Vec::new();
     let mut m = PrefixMatch::default();
     let mut g = c.benchmark_group("kv-index");
-    g.bench_function("lookup-16k", |b| {
+    g.bench_function(name, |b| {
         b.iter(|| {
             m.reset();
             index.keys_of("m", None, &tokens, 8192, &mut keys);
@@ -168,14 +178,14 @@ fn lookup(c: &mut Criterion) {
             m.matched(EndpointId(0))
         });
     });
-    g.bench_function("lookup-16k-keys-only", |b| {
+    g.bench_function(format!("{name}-keys-only"), |b| {
         b.iter(|| {
             index.keys_of("m", None, &tokens, 8192, &mut keys);
             keys.len()
         });
     });
     index.keys_of("m", None, &tokens, 8192, &mut keys);
-    g.bench_function("lookup-16k-match-only", |b| {
+    g.bench_function(format!("{name}-match-only"), |b| {
         b.iter(|| {
             m.reset();
             index.lookup(&keys, &mut m);
@@ -185,8 +195,8 @@ fn lookup(c: &mut Criterion) {
     g.finish();
     m.reset();
     index.lookup(&keys, &mut m);
-    assert_eq!(m.matched(EndpointId(0)), 1024);
-    assert_eq!(m.matched(EndpointId(8)), 512);
+    assert_eq!(m.matched(EndpointId(0)) as usize, all);
+    assert_eq!(m.matched(EndpointId(8)) as usize, all / 2);
 }
 
 /// 16 KiB of words, numbers and punctuation from a fixed pseudo-random
