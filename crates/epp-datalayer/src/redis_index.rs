@@ -26,7 +26,7 @@ use std::{
     io::Write as _,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed},
     },
     time::Duration,
 };
@@ -46,6 +46,10 @@ use tokio_util::sync::CancellationToken;
 /// Operations queued at most (updates and lookups); past it updates are
 /// dropped (and the view rewritten later) and lookups unanswered.
 const QUEUE: usize = 8192;
+/// Lookups waiting for the server at most: past it, a lookup is
+/// unanswered at once (the request falls back to the replica's own view)
+/// rather than queued behind the others for its whole timeout.
+const MAX_LOOKUPS_IN_FLIGHT: usize = 64;
 /// Commands written per flush while rewriting the view.
 const RESYNC_CHUNK: usize = 4096;
 /// How long connecting (and each reply during it) may take.
@@ -74,6 +78,8 @@ struct Shared {
     dirty: AtomicBool,
     lookups: AtomicU64,
     unanswered: AtomicU64,
+    /// Lookups sent and not yet answered or timed out.
+    in_flight: AtomicUsize,
     dropped: AtomicU64,
     resyncs: AtomicU64,
     snapshot: OnceLock<Snapshot>,
@@ -154,15 +160,24 @@ impl SharedBlockIndex for RedisBlockIndex {
                 self.address
             ))));
         }
+        let in_flight = InFlight::enter(&self.shared);
+        if in_flight.0.in_flight.load(Relaxed) > MAX_LOOKUPS_IN_FLIGHT {
+            return Box::pin(std::future::ready(unanswered(format!(
+                "more than {MAX_LOOKUPS_IN_FLIGHT} lookups waiting for the server"
+            ))));
+        }
         let (reply, answer) = oneshot::channel();
         if self.tx.try_send(Op::Lookup { keys, reply }).is_err() {
             return Box::pin(std::future::ready(unanswered(
                 "too many operations queued".into(),
             )));
         }
+        // The time counts from the ask, not from the first poll.
         let timeout = self.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         Box::pin(async move {
-            match tokio::time::timeout(timeout, answer).await {
+            let _in_flight = in_flight;
+            match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(Ok(counts))) => Ok(counts),
                 Ok(Ok(Err(e))) => unanswered(e),
                 Ok(Err(_)) => unanswered("connection lost".into()),
@@ -188,6 +203,22 @@ impl SharedBlockIndex for RedisBlockIndex {
             dropped_updates: s.dropped.load(Relaxed),
             resyncs: s.resyncs.load(Relaxed),
         }
+    }
+}
+
+/// One lookup counted in flight until dropped.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn enter(shared: &Arc<Shared>) -> Self {
+        shared.in_flight.fetch_add(1, Relaxed);
+        Self(Arc::clone(shared))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
     }
 }
 

@@ -149,3 +149,47 @@ fn sorted_lines(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_costs_each_lookup_its_timeout_and_no_more() {
+    use futures::FutureExt as _;
+    // Accepts, reads, never writes back.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut conn, _)) = listener.accept().await {
+            held.push(tokio::spawn(async move {
+                let mut sink = tokio::io::sink();
+                let _ = tokio::io::copy(&mut conn, &mut sink).await;
+            }));
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let timeout = Duration::from_millis(500);
+    let store = RedisBlockIndex::start(
+        &spec(&format!("redis://127.0.0.1:{port}"), timeout),
+        shutdown.clone(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !store.stats().connected {
+        assert!(Instant::now() < deadline, "never connected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first lookups wait (for their timeout at most)...
+    let waiting: Vec<_> = (0..64).map(|_| store.lookup(vec![1, 2, 3])).collect();
+    // ...and past that many, a lookup is unanswered at once, not queued.
+    let over = store.lookup(vec![1, 2, 3]).now_or_never();
+    assert!(matches!(over, Some(Err(_))), "{over:?}");
+    // Each ends by its own deadline, counted from the ask: awaited one after
+    // the other, the last would otherwise outlive the connection's reply
+    // timeout and end another way.
+    for w in waiting {
+        let e = w.await.unwrap_err();
+        assert!(e.contains("no answer within"), "{e}");
+    }
+    assert_eq!(store.stats().unanswered, 65);
+    // Once they are done, lookups wait again rather than being refused.
+    assert!(store.lookup(vec![1]).now_or_never().is_none());
+    shutdown.cancel();
+}
