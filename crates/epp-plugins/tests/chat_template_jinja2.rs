@@ -5,9 +5,14 @@
 //! The requests' messages are already in the form vLLM hands templates
 //! (string content for templates that read strings, parts for those that
 //! loop over content), so the comparison is of the template engines alone;
-//! the normalisation has its own unit tests.
+//! the messages' normalisation has its own unit tests. The tools go
+//! through pydantic on the Python side, in models with vLLM's fields and
+//! defaults (`ChatCompletionToolsParam`, `FunctionDefinition`, extra keys
+//! allowed), dumped as vLLM dumps them: epp's own tool normalisation is
+//! checked against pydantic's.
 //!
-//! Needs `.venv/bin/python` with `jinja2` (`scripts/setup.sh` installs it).
+//! Needs `.venv/bin/python` with `jinja2` and `pydantic` (`scripts/setup.sh`
+//! installs them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{io::Write, process::Stdio};
@@ -22,6 +27,20 @@ from datetime import datetime
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import Any, Literal, Optional
+from pydantic import BaseModel, ConfigDict
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+class FunctionDefinition(Model):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+
+class ChatCompletionToolsParam(Model):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
@@ -40,9 +59,10 @@ out = []
 for case in json.load(sys.stdin):
     body = case["body"]
     ctx = {"messages": body["messages"], "add_generation_prompt": body.get("add_generation_prompt", True)}
-    for key in ("tools", "documents"):
-        if body.get(key) is not None:
-            ctx[key] = body[key]
+    if body.get("tools") is not None:
+        ctx["tools"] = [ChatCompletionToolsParam.model_validate(t).model_dump() for t in body["tools"]]
+    if body.get("documents") is not None:
+        ctx["documents"] = body["documents"]
     ctx.update(case["special"])
     ctx.update(body.get("chat_template_kwargs") or {})
     try:
@@ -167,6 +187,8 @@ fn in_process_templates_render_as_jinja2_renders_them() {
         "name": "get_weather", "description": "Weather in a city, «today».",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "maximum": 7.5}}, "required": ["city"]},
     }});
+    // Without the optional fields, with keys of the client's own.
+    let now = json!({"function": {"name": "now", "strict": true}, "x_origin": "client"});
     let cases = [
         (
             HEADERS_WITH_TOOLS,
@@ -190,7 +212,7 @@ fn in_process_templates_render_as_jinja2_renders_them() {
             {"role": "tool", "content": "rain"},
             {"role": "tool", "content": "wind"},
             {"role": "user", "content": "Thanks"},
-        ], "tools": [weather], "chat_template_kwargs": {"enable_thinking": false}}),
+        ], "tools": [weather, now], "chat_template_kwargs": {"enable_thinking": false}}),
         ),
         (
             CHATML,

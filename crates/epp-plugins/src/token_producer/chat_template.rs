@@ -12,7 +12,11 @@
 //!   loop over a message's content, a list of `{"type": "text", "text"}`
 //!   parts (vLLM's `openai` format, also for string content); a tool call's
 //!   `arguments` given as a JSON string are parsed, as vLLM does;
-//! - `tools` and `documents` when the body has them; `add_generation_prompt`
+//! - `tools` as vLLM dumps its pydantic models of them: each tool
+//!   `{type ("function" when absent), function: {name, description,
+//!   parameters (null when absent)}}` in that order, then the keys the
+//!   client added, in its order; `documents` as given;
+//!   `add_generation_prompt`
 //!   (default true); the tokenizer's special tokens (`bos_token`,
 //!   `eos_token`, `unk_token`, `pad_token`); every entry of
 //!   `chat_template_kwargs`.
@@ -204,10 +208,11 @@ impl ChatTemplate {
         let continue_final = flag("continue_final_message", false);
         let mut ctx: Vec<(String, Value)> = Vec::new();
         ctx.push(("messages".into(), Value::from(messages)));
-        for key in ["tools", "documents"] {
-            if let Some(v) = field(key) {
-                ctx.push((key.into(), v));
-            }
+        if let Some(tools) = field("tools") {
+            ctx.push(("tools".into(), vllm_tools(tools)));
+        }
+        if let Some(documents) = field("documents") {
+            ctx.push(("documents".into(), documents));
         }
         ctx.push((
             "add_generation_prompt".into(),
@@ -655,6 +660,73 @@ fn py_float(f: f64, out: &mut String) {
     } else {
         let _ = write!(out, "{f:?}");
     }
+}
+
+/// `tools` as vLLM hands them to templates: validated into its models
+/// (`ChatCompletionToolsParam`, `FunctionDefinition`, extra keys allowed)
+/// and dumped again, so the declared fields come first, in declared order,
+/// with their defaults, then the client's other keys. A tool vLLM would
+/// refuse (no `function` object with a string `name`) is left as given:
+/// the engine never renders that request.
+fn vllm_tools(tools: Value) -> Value {
+    if tools.kind() != ValueKind::Seq {
+        return tools;
+    }
+    let Ok(items) = tools.try_iter() else {
+        return tools;
+    };
+    Value::from(
+        items
+            .map(|t| vllm_tool(&t).unwrap_or(t))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn vllm_tool(tool: &Value) -> Option<Value> {
+    let function = tool
+        .get_attr("function")
+        .ok()
+        .filter(|f| f.kind() == ValueKind::Map)?;
+    function.get_attr("name").ok()?.as_str()?;
+    let null = || Some(Value::from(()));
+    let function = dumped(
+        &function,
+        &[
+            ("name", None),
+            ("description", null()),
+            ("parameters", null()),
+        ],
+    )?;
+    // `function` is the second declared field.
+    let mut tool = dumped(
+        tool,
+        &[("type", Some(Value::from("function"))), ("function", None)],
+    )?;
+    tool[1].1 = Value::from_iter(function);
+    Some(Value::from_iter(tool))
+}
+
+/// `map`'s entries as pydantic dumps a model with `declared` fields (a
+/// default, or `None`: required) and extra keys allowed: the declared
+/// fields first, in their order, then the others in theirs.
+fn dumped(map: &Value, declared: &[(&str, Option<Value>)]) -> Option<Vec<(String, Value)>> {
+    if map.kind() != ValueKind::Map {
+        return None;
+    }
+    let mut out: Vec<(String, Value)> = Vec::new();
+    for (key, default) in declared {
+        match map.get_attr(key).ok().filter(|v| !v.is_undefined()) {
+            Some(v) => out.push(((*key).to_owned(), v)),
+            None => out.push(((*key).to_owned(), default.clone()?)),
+        }
+    }
+    for k in map.try_iter().ok()? {
+        let Some(key) = k.as_str() else { continue };
+        if declared.iter().all(|(d, _)| *d != key) {
+            out.push((key.to_owned(), map.get_item(&k).ok()?));
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ fn tojson_writes_what_pythons_json_dumps_writes() {
     };
     assert_eq!(
         t("{{ tools[0] | tojson }}"),
-        r#"{"type": "function", "function": {"name": "get_weather", "z": 1, "a": [1.5, 1e-07, 2e+16, 0.0001, -3], "s": "é\"\\\n\t\u0001<>&", "n": null, "t": true, "e": {}, "l": []}}"#
+        r#"{"type": "function", "function": {"name": "get_weather", "description": null, "parameters": null, "z": 1, "a": [1.5, 1e-07, 2e+16, 0.0001, -3], "s": "é\"\\\n\t\u0001<>&", "n": null, "t": true, "e": {}, "l": []}}"#
     );
     assert_eq!(
         t("{{ tools[0].function.a | tojson(indent=2) }}"),
@@ -142,6 +142,24 @@ fn tojson_writes_what_pythons_json_dumps_writes() {
     assert_eq!(
         t("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}"),
         r#"{"a": 2, "b": 1}"#
+    );
+}
+
+#[test]
+fn tools_reach_the_template_as_vllms_models_dump_them() {
+    let body = r#"{"messages": [], "tools": [
+        {"function": {"name": "f"}, "x": 1},
+        {"function": {"parameters": {"b": 1, "a": 2}, "strict": true, "name": "g", "description": "G"}, "type": "function"},
+        {"type": "function", "function": {"description": "no name"}},
+        "not a tool"]}"#;
+    let text = ChatTemplate::new("{{ tools | tojson }}".to_owned(), special())
+        .unwrap()
+        .render(body.as_bytes())
+        .unwrap()
+        .text;
+    assert_eq!(
+        text,
+        r#"[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}, "x": 1}, {"type": "function", "function": {"name": "g", "description": "G", "parameters": {"b": 1, "a": 2}, "strict": true}}, {"type": "function", "function": {"description": "no name"}}, "not a tool"]"#
     );
 }
 
