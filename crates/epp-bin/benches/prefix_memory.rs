@@ -280,16 +280,32 @@ async fn warm(port: u16, n: usize) -> (BTreeMap<String, usize>, usize) {
     (picks, errors.load(Ordering::Relaxed))
 }
 
-/// The sum of `inference_extension_prefix_indexer_size` series on a picker's
-/// metrics page, if it has any.
-fn indexer_size(metrics_port: u16) -> Option<f64> {
+/// The sum of the series of family `name` on a picker's metrics page, if it
+/// has any.
+fn metric_sum(metrics_port: u16, name: &str) -> Option<f64> {
     let (_, page) = http::get_unchunked(metrics_port, "/metrics", Duration::from_secs(10)).ok()?;
     let values: Vec<f64> = page
         .lines()
-        .filter(|l| l.starts_with("inference_extension_prefix_indexer_size"))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The size of the approximate prefix index, as both pickers report it.
+fn indexer_size(metrics_port: u16) -> Option<f64> {
+    metric_sum(metrics_port, "inference_extension_prefix_indexer_size")
+}
+
+/// The Go heap of a Go picker (the reference): bytes in live and
+/// not-yet-collected objects, and bytes in spans holding objects.
+fn go_heap_mib(metrics_port: u16) -> Option<(f64, f64)> {
+    let alloc = metric_sum(metrics_port, "go_memstats_heap_alloc_bytes")?;
+    let inuse = metric_sum(metrics_port, "go_memstats_heap_inuse_bytes")?;
+    Some((alloc / 1048576.0, inuse / 1048576.0))
 }
 
 struct Picker {
@@ -310,6 +326,10 @@ struct Figures {
     pods_picked: usize,
     min_picks: usize,
     max_picks: usize,
+    /// Go heap allocated when cold, MiB: the reference only.
+    cold_heap: Option<f64>,
+    /// Go heap (alloc, in use) when warm, MiB: the reference only.
+    go_heap: Option<(f64, f64)>,
 }
 
 async fn run() {
@@ -386,6 +406,7 @@ async fn run() {
         .iter()
         .map(|p| Figures {
             cold: memory_mib(p.epp.proc.pid()),
+            cold_heap: go_heap_mib(p.epp.metrics_port).map(|h| h.0),
             ..Figures::default()
         })
         .collect();
@@ -412,6 +433,7 @@ async fn run() {
         tokio::time::sleep(Duration::from_secs(5)).await;
         f.warm = memory_mib(p.epp.proc.pid());
         f.entries = indexer_size(p.epp.metrics_port);
+        f.go_heap = go_heap_mib(p.epp.metrics_port);
         // epp's recent decisions, every candidate's scores (the reference has
         // no such page), for a look at how the picks spread.
         if let Ok((200, view)) = http::get_unchunked(
@@ -480,6 +502,16 @@ async fn run() {
         1,
     );
     line("warm-up prompts per second", &|f| f.prompts_per_s, 0);
+    for (p, f) in pickers.iter().zip(&figures) {
+        if let Some((alloc, inuse)) = f.go_heap {
+            println!(
+                "  {}: Go heap when warm: {alloc:.1} MiB allocated (live and not yet collected), \
+                 {inuse:.1} MiB in use; {:.0} bytes allocated per reported entry",
+                p.label,
+                (alloc - f.cold_heap.unwrap_or(0.0)) * 1048576.0 / f.entries.unwrap_or(f64::NAN)
+            );
+        }
+    }
     println!("load average at the end: {}", load_average());
 }
 
