@@ -50,8 +50,9 @@ use epp_test_support::{
     http,
     kube::{KubeCluster, Ns},
     process::{
-        BodyMode, Envoy, Epp, Sim, epp_command_at, scratch_dir, shared_loopback_port, spawn_epp,
-        start_envoy, start_envoy_round_robin_at, start_sim_at, workspace_bin,
+        BodyMode, Envoy, Epp, Sim, cpu_seconds, epp_command_at, memory_mib, scratch_dir,
+        shared_loopback_port, spawn_epp, start_envoy, start_envoy_round_robin_at,
+        start_epp_on_pool, start_sim_at, workspace_bin,
     },
     reference::{reference_version, start_reference},
     stats::percentile,
@@ -118,29 +119,6 @@ impl Stats {
             picker_cpu: cpu.0,
         }
     }
-}
-
-/// `utime + stime` of a process in seconds (100 Hz clock ticks).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    (tick(11) + tick(12)) as f64 / 100.0
-}
-
-/// `VmRSS` and `VmHWM` (peak) of a process, in MiB.
-fn memory_mib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }
 
 /// A picker under test.
@@ -514,22 +492,25 @@ async fn start_fleet(dir: &Path, n: usize, with_kube: bool) -> Fleet {
 /// Starts an epp build (`bin`) on the fleet: on the pool when there is one,
 /// else with static `--endpoints`; with `config` as its config file.
 fn start_epp_on(dir: &Path, name: &str, bin: &Path, fleet: &Fleet, config: &Path) -> Epp {
+    if let Some((cluster, ns)) = &fleet.kube {
+        return start_epp_on_pool(
+            dir,
+            name,
+            bin,
+            &cluster.kubeconfig,
+            &ns.name,
+            "pool",
+            config,
+            &[],
+        );
+    }
+    let endpoints: Vec<String> = fleet.addrs.iter().map(ToString::to_string).collect();
     let mut cmd = epp_command_at(bin);
     cmd.arg("--secure-serving=false")
         .arg("--config-file")
         .arg(config)
+        .args(["--endpoints", &endpoints.join(",")])
         .env("RUST_LOG", "info");
-    match &fleet.kube {
-        Some((cluster, ns)) => {
-            cmd.args(["--pool-name", "pool", "--pool-namespace", &ns.name])
-                .arg("--kubeconfig")
-                .arg(&cluster.kubeconfig);
-        }
-        None => {
-            let endpoints: Vec<String> = fleet.addrs.iter().map(ToString::to_string).collect();
-            cmd.args(["--endpoints", &endpoints.join(",")]);
-        }
-    }
     spawn_epp(name, cmd, dir.join(format!("{name}.log"))).0
 }
 

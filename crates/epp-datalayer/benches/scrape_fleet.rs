@@ -31,18 +31,11 @@ use epp_datalayer::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-const PAGE_BYTES: usize = 100 * 1024;
-
 /// The first ~100 KiB (whole lines) of the parser crate's large vLLM fixture:
-/// a data-parallel vLLM page with three engine ranks and their histograms.
+/// a data-parallel vLLM page with three engine ranks and their histograms
+/// (the page the side-by-side data-layer bench serves too).
 fn page() -> String {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../epp-promtext/tests/fixtures/vllm-1mb.txt"
-    );
-    let full = std::fs::read_to_string(path).unwrap();
-    let cut = full[..PAGE_BYTES].rfind('\n').unwrap() + 1;
-    full[..cut].to_owned()
+    epp_test_support::metrics_farm::vllm_page()
 }
 
 // === The farm (child process) ===

@@ -10,6 +10,8 @@
 //! - [`workload`]: the scheduling cycle the cycle benchmark measures.
 //! - [`process`] and [`http`]: simulators, epp and Envoy as real processes on
 //!   loopback, and a small HTTP client, for end-to-end tests and benchmarks.
+//! - [`metrics_farm`]: one child process serving a vLLM metrics page on every
+//!   loopback address, counting scrapes per client, for data-layer benchmarks.
 //! - [`kube`]: a real kube-apiserver (and etcd) started through
 //!   `scripts/kube-env.sh`, and the objects Kubernetes discovery reads.
 //! - [`helm`]: real helm (built from its Go module by `scripts/helm.sh`)
@@ -53,6 +55,7 @@ pub mod flow;
 pub mod helm;
 pub mod http;
 pub mod kube;
+pub mod metrics_farm;
 pub mod otelcol;
 pub mod plugins;
 pub mod process;

@@ -349,6 +349,71 @@ pub fn start_epp(dir: &Path, args: &[&str]) -> Epp {
     spawn_epp("epp", cmd, dir.join("epp.log")).0
 }
 
+/// Starts an epp build (`bin`) as `name` following InferencePool `pool` of
+/// `namespace` as the user of `kubeconfig`, in plaintext, with `config` as its
+/// config file, logging at `info`, then `extra` flags: the same way
+/// [`crate::reference::start_reference`] starts the reference picker.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "start_reference's arguments, plus which build and its name"
+)]
+pub fn start_epp_on_pool(
+    dir: &Path,
+    name: &str,
+    bin: &Path,
+    kubeconfig: &Path,
+    namespace: &str,
+    pool: &str,
+    config: &Path,
+    extra: &[&str],
+) -> Epp {
+    let mut cmd = epp_command_at(bin);
+    cmd.arg("--secure-serving=false")
+        .arg("--config-file")
+        .arg(config)
+        .args(["--pool-name", pool, "--pool-namespace", namespace])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(extra)
+        .env("RUST_LOG", "info");
+    spawn_epp(name, cmd, dir.join(format!("{name}.log"))).0
+}
+
+/// `utime + stime` of process `pid` in seconds (100 Hz clock ticks), from
+/// `/proc/<pid>/stat`; 0 when it cannot be read.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// `VmRSS` and `VmHWM` (peak) of process `pid`, in MiB, from
+/// `/proc/<pid>/status`; NaN when it cannot be read.
+pub fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`), as printed there.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Which Envoy body mode to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyMode {
