@@ -7,10 +7,12 @@
 //! state as [`crate::ExtProcServer`] (the tonic service), another way of
 //! driving it.
 //!
-//! Not done: replies are handed to h2 without waiting for Envoy's flow
-//! control window (h2 queues them). Envoy's default windows (256 MiB) make
-//! that moot for Envoy; a peer that keeps sending but never reads could
-//! grow that queue by what it sends.
+//! Replies go to h2 only within the peer's flow-control window; what the
+//! window does not take waits in the stream (`outbox.rs`), and a stream
+//! holding more than 64 KiB of replies reads no further message until the
+//! peer reads, so a peer that sends without reading is stopped by its own
+//! window instead of growing a queue here. Envoy's windows (256 MiB) take
+//! every reply at once.
 
 use std::{
     fmt,
@@ -37,6 +39,7 @@ use crate::{ExtProcService, decision::Decider};
 
 mod grpc;
 mod io;
+mod outbox;
 mod stream;
 
 use io::Coalesce;
