@@ -1,11 +1,18 @@
-//! What only the lean server has: its message-size limit, its flow control
-//! of replies.
+//! What only the lean server has: its message-size limit, its keep-alive
+//! PINGs, its flow control of replies.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering::SeqCst},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
-use epp_extproc::{ExtProcOptions, H2Options};
+use epp_extproc::{ExtProcOptions, H2Options, ServeError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::harness::*;
 
@@ -81,6 +88,116 @@ async fn keepalive_pings_leave_an_answering_connection_open() {
         .send(request_body(br#"{"model":"m","prompt":"p"}"#, true))
         .await;
     assert!(destination(&envoy.recv().await).is_some());
+}
+
+// === keep-alive ===
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const ACK: u8 = 1;
+
+fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("a small frame")
+        .to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 0];
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A bare HTTP/2 peer: the preface and an empty SETTINGS, the server's
+/// SETTINGS acknowledged, its PINGs counted in `pings` and answered only
+/// when `answer`. Returns once the server closed the connection.
+async fn bare_peer(io: tokio::io::DuplexStream, answer: bool, pings: Arc<AtomicUsize>) {
+    let (mut rd, mut wr) = tokio::io::split(io);
+    let _ = wr.write_all(PREFACE).await;
+    let _ = wr.write_all(&frame(SETTINGS, 0, &[])).await;
+    loop {
+        let mut head = [0u8; 9];
+        if rd.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0; len];
+        if rd.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        match (head[3], head[4] & ACK) {
+            (SETTINGS, 0) => {
+                let _ = wr.write_all(&frame(SETTINGS, ACK, &[])).await;
+            }
+            (PING, 0) => {
+                pings.fetch_add(1, SeqCst);
+                if answer {
+                    let _ = wr.write_all(&frame(PING, ACK, &payload)).await;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn keepalive(timeout: Duration) -> H2Options {
+    H2Options {
+        keepalive_interval: Some(Duration::from_millis(100)),
+        keepalive_timeout: timeout,
+        ..H2Options::default()
+    }
+}
+
+#[tokio::test]
+async fn a_peer_that_leaves_a_ping_unanswered_is_closed() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let (server_io, client_io) = tokio::io::duplex(64 << 10);
+    let service = fx.service.clone();
+    let serving = tokio::spawn(async move {
+        let options = keepalive(Duration::from_millis(100));
+        service.serve_connection(server_io, &options).await
+    });
+    let pings = Arc::new(AtomicUsize::new(0));
+    let peer = tokio::spawn(bare_peer(client_io, false, Arc::clone(&pings)));
+    let ended = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the connection is still open after 10 s")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(ServeError::KeepaliveTimeout)),
+        "{ended:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), peer)
+        .await
+        .expect("the peer did not see the close")
+        .unwrap();
+    // One PING, unanswered, then the close.
+    assert_eq!(pings.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_peer_that_answers_pings_is_kept_open() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let (server_io, client_io) = tokio::io::duplex(64 << 10);
+    let service = fx.service.clone();
+    // A timeout generous enough for a loaded machine; each PING answered
+    // restarts the interval, so five PINGs need five answers.
+    let serving = tokio::spawn(async move {
+        let options = keepalive(Duration::from_secs(2));
+        service.serve_connection(server_io, &options).await
+    });
+    let pings = Arc::new(AtomicUsize::new(0));
+    let peer = tokio::spawn(bare_peer(client_io, true, Arc::clone(&pings)));
+    let five = async {
+        while pings.load(SeqCst) < 5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), five)
+        .await
+        .expect("five PINGs within 20 s");
+    assert!(!serving.is_finished(), "{:?}", serving.await);
+    assert!(!peer.is_finished());
+    serving.abort();
+    peer.abort();
 }
 
 // === flow control of replies ===
