@@ -40,6 +40,7 @@ use crate::{ExtProcService, decision::Decider};
 mod grpc;
 mod io;
 mod outbox;
+mod reply;
 mod stream;
 
 use io::Coalesce;

@@ -15,7 +15,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use h2::{Reason, RecvStream, server::SendResponse};
 use http::{HeaderMap, Method, Request, StatusCode, header::CONTENT_TYPE};
 use prost::Message;
@@ -23,6 +23,7 @@ use prost::Message;
 use super::{
     grpc::{self, Code, Deframer, Status},
     outbox::Outbox,
+    reply,
 };
 use crate::{
     decision::Decider,
@@ -128,9 +129,9 @@ pub(crate) fn default_max_message(max_body_bytes: usize) -> usize {
 }
 
 impl StreamTask {
-    /// Sends the replies queued, all in one DATA frame send (as far as the
-    /// peer's window allows; the rest is held). `false` when the stream is
-    /// gone.
+    /// Sends the replies queued, all in one DATA frame send (a large body
+    /// apart, not copied: `reply.rs`), as far as the peer's window allows;
+    /// the rest is held. `false` when the stream is gone.
     fn flush(&mut self) -> bool {
         if self.pending.is_empty() {
             return true;
@@ -139,26 +140,19 @@ impl StreamTask {
         // the pieces of a re-chunked body: the rest are measured again).
         let mut lens = [0usize; 8];
         let mut total = 0;
+        let mut lifted = 0;
         for (i, reply) in self.pending.iter().enumerate() {
             let len = reply.encoded_len();
             if let Some(l) = lens.get_mut(i) {
                 *l = len;
             }
             total += 5 + len;
+            if let Some(body) = reply::large_body(reply) {
+                lifted += body.len();
+            }
         }
-        let mut buf = BytesMut::with_capacity(total);
-        for (i, reply) in self.pending.drain(..).enumerate() {
-            let len = match lens.get(i) {
-                Some(&len) => len,
-                None => reply.encoded_len(),
-            };
-            buf.put_u8(0);
-            // A reply is at most a body slice of a received message plus a
-            // few fields: far below 4 GiB.
-            buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-            reply.encode_raw(&mut buf);
-        }
-        self.out.send([buf.freeze()], total).is_ok()
+        let parts = reply::encode(&mut self.pending, &lens, total - lifted);
+        self.out.send(parts, total).is_ok()
     }
 
     /// Ends the stream with `status` after the replies queued: the trailers
