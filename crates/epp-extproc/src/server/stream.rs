@@ -151,8 +151,14 @@ impl StreamTask {
                 lifted += body.len();
             }
         }
-        let parts = reply::encode(&mut self.pending, &lens, total - lifted);
-        self.out.send(parts, total).is_ok()
+        let sent = if lifted == 0 {
+            let buf = reply::encode(&mut self.pending, &lens, total);
+            self.out.send([buf], total)
+        } else {
+            let parts = reply::encode_apart(&mut self.pending, &lens, total - lifted);
+            self.out.send(parts, total)
+        };
+        sent.is_ok()
     }
 
     /// Ends the stream with `status` after the replies queued: the trailers
