@@ -7,10 +7,24 @@
 //! state as [`crate::ExtProcServer`] (the tonic service), another way of
 //! driving it.
 //!
-//! Not done: replies are handed to h2 without waiting for Envoy's flow
-//! control window (h2 queues them). Envoy's default windows (256 MiB) make
-//! that moot for Envoy; a peer that keeps sending but never reads could
-//! grow that queue by what it sends.
+//! A large body in a reply (32 KiB or more: a FULL_DUPLEX body streamed
+//! back, a rewritten body) is not copied into that buffer: it goes to h2 as
+//! the `Bytes` it is, between the pieces of the buffer around it
+//! (`reply.rs`), and h2 and `io.rs` write it from there.
+//!
+//! Replies go to h2 only within the peer's flow-control window; what the
+//! window does not take waits in the stream (`outbox.rs`), and a stream
+//! holding more than 64 KiB of replies reads no further message until the
+//! peer reads, so a peer that sends without reading is stopped by its own
+//! window instead of growing a queue here. Envoy's windows (256 MiB) take
+//! every reply at once.
+//!
+//! Not done: unread request data is bounded per connection (its receive
+//! window, 4 MiB), but replies held are bounded per stream (64 KiB plus one
+//! message's replies here, h2's send buffer of at most ~400 KiB within the
+//! peer's window), not per connection: with
+//! [`H2Options::max_concurrent_streams`] unset (the default) a peer that
+//! opens many streams and reads none multiplies that.
 
 use std::{
     fmt,
@@ -37,6 +51,8 @@ use crate::{ExtProcService, decision::Decider};
 
 mod grpc;
 mod io;
+mod outbox;
+mod reply;
 mod stream;
 
 use io::Coalesce;

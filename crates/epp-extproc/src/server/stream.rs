@@ -1,6 +1,10 @@
 //! One ext_proc stream on the lean server: a future polled by its
 //! connection's task, reading Envoy's messages straight from h2's DATA
-//! frames and answering each with one DATA send.
+//! frames and answering each with one DATA send, within the peer's
+//! flow-control window: while more than [`MAX_HELD`] bytes of replies wait
+//! for that window, the stream reads no further message (and so releases
+//! no receive window: a peer that sends without reading is stopped by its
+//! own flow control).
 
 use std::{
     collections::VecDeque,
@@ -11,12 +15,16 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::{BufMut, Bytes, BytesMut};
-use h2::{Reason, RecvStream, SendStream, server::SendResponse};
-use http::{Method, Request, StatusCode, header::CONTENT_TYPE};
+use bytes::Bytes;
+use h2::{Reason, RecvStream, server::SendResponse};
+use http::{HeaderMap, Method, Request, StatusCode, header::CONTENT_TYPE};
 use prost::Message;
 
-use super::grpc::{self, Code, Deframer, Status};
+use super::{
+    grpc::{self, Code, Deframer, Status},
+    outbox::Outbox,
+    reply,
+};
 use crate::{
     decision::Decider,
     exchange::Exchange,
@@ -25,14 +33,21 @@ use crate::{
     wire::{ProcessingRequest, ProcessingResponse},
 };
 
+/// Reply bytes a stream may hold for the peer's window and still read the
+/// peer's next message. Past it, what the stream holds is bounded by this
+/// plus the replies to one message.
+pub(super) const MAX_HELD: usize = 64 << 10;
+
 /// The future of one stream: resolves once the stream ended (trailers
 /// sent, or reset).
 pub(super) struct StreamTask {
     recv: RecvStream,
-    send: SendStream<Bytes>,
+    out: Outbox,
     deframer: Deframer,
     exchange: Exchange,
     pending: VecDeque<ProcessingResponse>,
+    /// Once the stream ended: its trailers, sent after the replies held.
+    closing: Option<HeaderMap>,
     /// Counted open until dropped (last: after the exchange's accounting).
     open: OpenStream,
 }
@@ -42,6 +57,7 @@ impl fmt::Debug for StreamTask {
         f.debug_struct("StreamTask")
             .field("exchange", &self.exchange)
             .field("pending", &self.pending.len())
+            .field("held", &self.out.held())
             .finish_non_exhaustive()
     }
 }
@@ -90,10 +106,11 @@ pub(super) fn start(
     let open = decider.metrics.stream_opened(exchange.started());
     Some(StreamTask {
         recv: request.into_body(),
-        send,
+        out: Outbox::new(send),
         deframer: Deframer::new(max),
         exchange,
         pending: VecDeque::with_capacity(4),
+        closing: None,
         open,
     })
 }
@@ -112,8 +129,9 @@ pub(crate) fn default_max_message(max_body_bytes: usize) -> usize {
 }
 
 impl StreamTask {
-    /// Sends the replies queued, all in one DATA frame send. `false` when
-    /// the stream is gone.
+    /// Sends the replies queued, all in one DATA frame send (a large body
+    /// apart, not copied: `reply.rs`), as far as the peer's window allows;
+    /// the rest is held. `false` when the stream is gone.
     fn flush(&mut self) -> bool {
         if self.pending.is_empty() {
             return true;
@@ -122,33 +140,53 @@ impl StreamTask {
         // the pieces of a re-chunked body: the rest are measured again).
         let mut lens = [0usize; 8];
         let mut total = 0;
+        let mut lifted = 0;
         for (i, reply) in self.pending.iter().enumerate() {
             let len = reply.encoded_len();
             if let Some(l) = lens.get_mut(i) {
                 *l = len;
             }
             total += 5 + len;
+            if let Some(body) = reply::large_body(reply) {
+                lifted += body.len();
+            }
         }
-        let mut buf = BytesMut::with_capacity(total);
-        for (i, reply) in self.pending.drain(..).enumerate() {
-            let len = match lens.get(i) {
-                Some(&len) => len,
-                None => reply.encoded_len(),
-            };
-            buf.put_u8(0);
-            // A reply is at most a body slice of a received message plus a
-            // few fields: far below 4 GiB.
-            buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-            reply.encode_raw(&mut buf);
-        }
-        self.send.send_data(buf.freeze(), false).is_ok()
+        let sent = if lifted == 0 {
+            let buf = reply::encode(&mut self.pending, &lens, total);
+            self.out.send([buf], total)
+        } else {
+            let parts = reply::encode_apart(&mut self.pending, &lens, total - lifted);
+            self.out.send(parts, total)
+        };
+        sent.is_ok()
     }
 
-    /// Ends the stream with `status` after the replies queued.
+    /// Ends the stream with `status` after the replies queued: the trailers
+    /// go once the replies held went (`Ready` when the stream is gone).
     fn finish(&mut self, status: &Status, end: StreamEnd) -> Poll<()> {
         self.open.end(end);
-        if self.flush() {
-            let _ = self.send.send_trailers(status.trailers());
+        if !self.flush() {
+            return Poll::Ready(());
+        }
+        self.closing = Some(status.trailers());
+        Poll::Pending
+    }
+
+    /// The stream went while replies waited for the window (reset by the
+    /// peer, connection lost).
+    fn gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.exchange.abandon();
+        if self.closing.is_none()
+            && let Poll::Ready(Ok(reason)) = self.out.send.poll_reset(cx)
+        {
+            tracing::debug!(?reason, "ext_proc stream reset while replies waited");
+            // A reset by the gateway is a normal end (as a `CANCELLED` read).
+            let end = if reason == Reason::CANCEL {
+                StreamEnd::Ok
+            } else {
+                StreamEnd::Unknown
+            };
+            self.open.end(end);
         }
         Poll::Ready(())
     }
@@ -175,7 +213,8 @@ impl StreamTask {
         self.finish(status, StreamEnd::Unknown)
     }
 
-    /// Handles one message; `Some` when the stream ended.
+    /// Handles one message; `Some(Ready)` when the stream is gone,
+    /// `Some(Pending)` when it is closing.
     fn handle(&mut self, msg: Bytes) -> Option<Poll<()>> {
         let msg = match ProcessingRequest::decode(msg) {
             Ok(msg) => msg,
@@ -205,12 +244,31 @@ impl Future for StreamTask {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         loop {
-            // A request waiting in flow control first (its replies, if it
-            // left the queue); Envoy's messages are still read meanwhile so
-            // a reset or end removes it from its queue at once.
+            // Replies waiting for the peer's window first (nothing to do
+            // when the window took them all, the usual case).
+            let waiting = match this.out.poll_drain(cx) {
+                Poll::Ready(Ok(())) => false,
+                Poll::Ready(Err(_)) => return this.gone(cx),
+                Poll::Pending => true,
+            };
+            if this.closing.is_some() {
+                if waiting {
+                    return Poll::Pending;
+                }
+                if let Some(trailers) = this.closing.take() {
+                    let _ = this.out.send.send_trailers(trailers);
+                }
+                return Poll::Ready(());
+            }
+            // A request waiting in flow control (its replies, if it left
+            // the queue); Envoy's messages are still read meanwhile so a
+            // reset or end removes it from its queue at once.
             if this.exchange.poll_wait(cx, &mut this.pending) {
                 if this.exchange.is_closed() {
-                    return this.finish(&Status::ok(), StreamEnd::Ok);
+                    if this.finish(&Status::ok(), StreamEnd::Ok).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    continue;
                 }
                 if !this.flush() {
                     this.exchange.abandon();
@@ -218,16 +276,27 @@ impl Future for StreamTask {
                 }
                 continue;
             }
+            // Backpressure: while the peer leaves too many replies unread,
+            // read nothing more from it (its window is not released, so it
+            // stops sending). The window opening wakes this task.
+            if waiting && this.out.held() > MAX_HELD {
+                return Poll::Pending;
+            }
             // Messages already received.
             match this.deframer.next() {
                 Ok(Some(msg)) => {
-                    if let Some(done) = this.handle(msg) {
-                        return done;
+                    if let Some(Poll::Ready(())) = this.handle(msg) {
+                        return Poll::Ready(());
                     }
                     continue;
                 }
                 Ok(None) => {}
-                Err(status) => return this.refuse(&status),
+                Err(status) => {
+                    if this.refuse(&status).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    continue;
+                }
             }
             match this.recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
@@ -237,14 +306,18 @@ impl Future for StreamTask {
                 }
                 Poll::Ready(Some(Err(e))) => return this.broken(&e),
                 Poll::Ready(None) => {
-                    if this.deframer.is_mid_message() {
-                        return this.refuse(&Status::new(
+                    let ended = if this.deframer.is_mid_message() {
+                        this.refuse(&Status::new(
                             Code::Internal,
                             "the stream ended in the middle of a message",
-                        ));
+                        ))
+                    } else {
+                        this.exchange.end();
+                        this.finish(&Status::ok(), StreamEnd::Ok)
+                    };
+                    if ended.is_ready() {
+                        return Poll::Ready(());
                     }
-                    this.exchange.end();
-                    return this.finish(&Status::ok(), StreamEnd::Ok);
                 }
                 Poll::Pending => return Poll::Pending,
             }

@@ -1,6 +1,18 @@
-//! What only the lean server has: its message-size limit.
+//! What only the lean server has: its message-size limit, its keep-alive
+//! PINGs, its flow control of replies.
 
-use epp_extproc::{ExtProcOptions, H2Options};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering::SeqCst},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
+use epp_extproc::{ExtProcOptions, H2Options, ServeError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::harness::*;
 
@@ -76,4 +88,278 @@ async fn keepalive_pings_leave_an_answering_connection_open() {
         .send(request_body(br#"{"model":"m","prompt":"p"}"#, true))
         .await;
     assert!(destination(&envoy.recv().await).is_some());
+}
+
+// === keep-alive ===
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const ACK: u8 = 1;
+
+fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("a small frame")
+        .to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 0];
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A bare HTTP/2 peer: the preface and an empty SETTINGS, the server's
+/// SETTINGS acknowledged, its PINGs counted in `pings` and answered only
+/// when `answer`. Returns once the server closed the connection.
+async fn bare_peer(io: tokio::io::DuplexStream, answer: bool, pings: Arc<AtomicUsize>) {
+    let (mut rd, mut wr) = tokio::io::split(io);
+    let _ = wr.write_all(PREFACE).await;
+    let _ = wr.write_all(&frame(SETTINGS, 0, &[])).await;
+    loop {
+        let mut head = [0u8; 9];
+        if rd.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0; len];
+        if rd.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        match (head[3], head[4] & ACK) {
+            (SETTINGS, 0) => {
+                let _ = wr.write_all(&frame(SETTINGS, ACK, &[])).await;
+            }
+            (PING, 0) => {
+                pings.fetch_add(1, SeqCst);
+                if answer {
+                    let _ = wr.write_all(&frame(PING, ACK, &payload)).await;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn keepalive(timeout: Duration) -> H2Options {
+    H2Options {
+        keepalive_interval: Some(Duration::from_millis(100)),
+        keepalive_timeout: timeout,
+        ..H2Options::default()
+    }
+}
+
+#[tokio::test]
+async fn a_peer_that_leaves_a_ping_unanswered_is_closed() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let (server_io, client_io) = tokio::io::duplex(64 << 10);
+    let service = fx.service.clone();
+    let serving = tokio::spawn(async move {
+        let options = keepalive(Duration::from_millis(100));
+        service.serve_connection(server_io, &options).await
+    });
+    let pings = Arc::new(AtomicUsize::new(0));
+    let peer = tokio::spawn(bare_peer(client_io, false, Arc::clone(&pings)));
+    let ended = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the connection is still open after 10 s")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(ServeError::KeepaliveTimeout)),
+        "{ended:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), peer)
+        .await
+        .expect("the peer did not see the close")
+        .unwrap();
+    // One PING, unanswered, then the close.
+    assert_eq!(pings.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_peer_that_answers_pings_is_kept_open() {
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let (server_io, client_io) = tokio::io::duplex(64 << 10);
+    let service = fx.service.clone();
+    // A timeout generous enough for a loaded machine; each PING answered
+    // restarts the interval, so five PINGs need five answers.
+    let serving = tokio::spawn(async move {
+        let options = keepalive(Duration::from_secs(2));
+        service.serve_connection(server_io, &options).await
+    });
+    let pings = Arc::new(AtomicUsize::new(0));
+    let peer = tokio::spawn(bare_peer(client_io, true, Arc::clone(&pings)));
+    let five = async {
+        while pings.load(SeqCst) < 5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), five)
+        .await
+        .expect("five PINGs within 20 s");
+    assert!(!serving.is_finished(), "{:?}", serving.await);
+    assert!(!peer.is_finished());
+    serving.abort();
+    peer.abort();
+}
+
+// === flow control of replies ===
+
+/// The replies of one stream as a client reads them, releasing its window
+/// as it goes.
+struct Replies {
+    body: h2::RecvStream,
+    buf: Vec<u8>,
+}
+
+impl Replies {
+    async fn next(&mut self) -> ProcessingResponse {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
+                if self.buf.len() >= 5 + len {
+                    let msg = prost::Message::decode(&self.buf[5..5 + len]).expect("a reply");
+                    self.buf.drain(..5 + len);
+                    return msg;
+                }
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(10), self.body.data())
+                .await
+                .expect("no reply data within 10 s")
+                .expect("the stream ended before its replies")
+                .expect("reply data");
+            let _ = self.body.flow_control().release_capacity(chunk.len());
+            self.buf.extend_from_slice(&chunk);
+        }
+    }
+
+    /// `grpc-status` of the trailers, once every reply was read.
+    async fn status(mut self) -> Option<String> {
+        assert!(self.buf.is_empty(), "a partial reply");
+        let more = tokio::time::timeout(Duration::from_secs(10), self.body.data())
+            .await
+            .expect("no end within 10 s");
+        assert!(more.is_none(), "replies beyond those expected");
+        let trailers = tokio::time::timeout(Duration::from_secs(10), self.body.trailers())
+            .await
+            .expect("no trailers within 10 s")
+            .expect("trailers")?;
+        Some(trailers.get("grpc-status")?.to_str().ok()?.to_owned())
+    }
+}
+
+/// Waits until `send` may send `len` bytes within the server's window:
+/// `false` if that did not happen within `patience`.
+async fn window_for(send: &mut h2::SendStream<Bytes>, len: usize, patience: Duration) -> bool {
+    send.reserve_capacity(len);
+    let granted = async {
+        while send.capacity() < len {
+            std::future::poll_fn(|cx| send.poll_capacity(cx))
+                .await
+                .expect("the stream is open")
+                .expect("capacity");
+        }
+    };
+    tokio::time::timeout(patience, granted).await.is_ok()
+}
+
+#[tokio::test]
+async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
+    // The client lets the server send 64 KiB ahead of its reading; the
+    // server's windows are the default 1 MiB (stream) and 4 MiB.
+    const WINDOW: u32 = 64 << 10;
+    const CHUNK: usize = 32 << 10;
+    const CHUNKS: usize = 128; // 4 MiB of response body, echoed as much
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let tcp = tokio::net::TcpStream::connect(fx.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(WINDOW)
+        .initial_connection_window_size(WINDOW)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!("http://epp{PROCESS}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+
+    // A routed FULL_DUPLEX request and its response headers: small replies.
+    let opening = [
+        request_headers(
+            &pairs(&post("/v1/completions")),
+            false,
+            FULL_DUPLEX,
+            FULL_DUPLEX,
+        ),
+        request_body(&chat_body("m", "hello"), true),
+        response_headers(
+            &[(":status", "200"), ("content-type", "application/json")],
+            false,
+        ),
+    ];
+    for msg in &opening {
+        send.send_data(Bytes::from(framed(msg)), false).unwrap();
+    }
+    let head = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("no response head within 10 s")
+        .unwrap();
+    let mut replies = Replies {
+        body: head.into_body(),
+        buf: Vec::new(),
+    };
+    assert!(destination(&replies.next().await).is_some());
+    assert_eq!(streamed(&replies.next().await).0, chat_body("m", "hello"));
+    let _response_headers = replies.next().await;
+
+    // The response body in 32 KiB chunks, each echoed in a reply as large;
+    // the client reads none. The server, its replies held for the client's
+    // window, must stop reading, and its own window stops the client.
+    let chunks: Vec<Bytes> = (0..CHUNKS)
+        .map(|i| {
+            let body = vec![u8::try_from(i % 251).unwrap(); CHUNK];
+            Bytes::from(framed(&response_body(&body, i + 1 == CHUNKS)))
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < CHUNKS && window_for(&mut send, chunks[sent].len(), Duration::from_secs(1)).await {
+        send.send_data(chunks[sent].clone(), false).unwrap();
+        sent += 1;
+    }
+    assert!(
+        sent < CHUNKS,
+        "the server took all {CHUNKS} chunks with none of its replies read: it holds them all"
+    );
+    // What it took: its 1 MiB stream window, what it held and what the
+    // client's window took (~1 MiB measured), not its 4 MiB connection
+    // window.
+    assert!(sent * CHUNK < 3 << 20, "{sent} chunks taken");
+
+    // Once the client reads, the rest goes and every reply comes, in order.
+    let sending = async {
+        for chunk in &chunks[sent..] {
+            assert!(
+                window_for(&mut send, chunk.len(), Duration::from_secs(10)).await,
+                "the window did not reopen"
+            );
+            send.send_data(chunk.clone(), false).unwrap();
+        }
+        send.send_data(Bytes::new(), true).unwrap();
+    };
+    let reading = async {
+        for i in 0..CHUNKS {
+            let (body, eos) = streamed(&replies.next().await);
+            assert_eq!(body.len(), CHUNK, "reply {i}");
+            assert!(body.iter().all(|&b| usize::from(b) == i % 251), "reply {i}");
+            assert_eq!(eos, i + 1 == CHUNKS);
+        }
+        replies.status().await
+    };
+    let ((), status) = tokio::join!(sending, reading);
+    assert_eq!(status.as_deref(), Some("0"));
+    fx.eventually("released", |f| f.inflight() == vec![0]).await;
 }
