@@ -55,7 +55,7 @@ use epp_test_support::{
         start_epp_on_pool, start_sim_at, workspace_bin,
     },
     reference::{reference_version, start_reference},
-    stats::percentile,
+    stats::{median, percentile},
 };
 
 /// Rounds per scenario: odd, so that the side-by-side medians are a round's
@@ -296,15 +296,6 @@ async fn wait_routing(port: u16, what: &str) {
             "{what} never routed a request; last answer {last}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 

@@ -58,17 +58,15 @@ use envoy_types::pb::envoy::{
 };
 use epp_test_support::{
     http,
-    kube::{KubeCluster, Ns},
     metrics_farm::{MetricsFarm, serve_if_child, vllm_core_page},
-    process::{Epp, load_average, memory_mib, scratch_dir, start_epp_on_pool, workspace_bin},
-    reference::{reference_version, start_reference},
+    process::{Epp, load_average, memory_mib, scratch_dir},
+    side_by_side::{PoolPickers, start_pool_pickers},
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 const PODS: usize = 64;
-const REFRESH: &str = "50ms";
 /// Both pickers' defaults: 16 tokens × 4 characters per block, 256 blocks.
 const BLOCK_CHARS: usize = 64;
 const MAX_BLOCKS: usize = 256;
@@ -78,10 +76,6 @@ const PROMPT_BYTES: usize = 16 * 1024 + 512;
 const CONCURRENCY: usize = 16;
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const DESTINATION: &str = "x-gateway-destination-endpoint";
-
-fn pod_ip(i: usize) -> String {
-    format!("127.1.{}.{}", i / 250, i % 250 + 1)
-}
 
 /// A chat body whose text is distinct from its first character: the
 /// prompt's number, then words drawn by a generator seeded with it.
@@ -345,54 +339,14 @@ async fn run() {
 
     let page = vllm_core_page();
     let farm = MetricsFarm::start(&dir, &page);
-    let cluster = KubeCluster::start("prefix-memory");
-    let ns = Ns::create(&cluster, "bench").await;
-    ns.apply_pool("pool", &[("app", "model")], &[farm.port])
-        .await;
-    for i in 0..PODS {
-        ns.pod(&format!("pod-{i}"), &[("app", "model")], &pod_ip(i), true)
-            .await;
-    }
-    println!(
-        "pool: {PODS} Ready pods {} … {}; farm page {} bytes",
-        pod_ip(0),
-        pod_ip(PODS - 1),
-        page.len()
-    );
-    let epp = start_epp_on_pool(
-        &dir,
-        "epp",
-        &workspace_bin("epp"),
-        &cluster.kubeconfig,
-        &ns.name,
-        "pool",
-        &config,
-        &[
-            "--refresh-metrics-interval",
-            REFRESH,
-            // As the reference is started: metrics readable without a token.
-            "--metrics-endpoint-auth=false",
-            "--enable-pprof=false",
-        ],
-    );
-    let epp_agent = farm.wait_new_client(&[], PODS, Duration::from_secs(120));
-    let mut reference_args = vec![format!("--refresh-metrics-interval={REFRESH}")];
-    reference_args.extend(
-        std::env::var("EPP_BENCH_REFERENCE_ARGS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned),
-    );
-    println!("reference: {} {reference_args:?}", reference_version());
-    let reference = start_reference(
-        &dir,
-        &cluster.kubeconfig,
-        &ns.name,
-        "pool",
-        &config,
-        &reference_args,
-    );
-    farm.wait_new_client(&[epp_agent], PODS, Duration::from_secs(120));
+    println!("farm page {} bytes", page.len());
+    let PoolPickers {
+        epp,
+        reference,
+        ns: _ns,
+        cluster: _cluster,
+        ..
+    } = start_pool_pickers(&dir, "prefix-memory", &farm, PODS, &config).await;
     let pickers = [
         Picker { label: "epp", epp },
         Picker {

@@ -43,21 +43,13 @@ use std::{
 };
 
 use epp_test_support::{
-    kube::{KubeCluster, Ns},
     metrics_farm::{ClientCount, MetricsFarm, serve_if_child, vllm_page},
-    process::{
-        Epp, cpu_seconds, load_average, memory_mib, scratch_dir, start_epp_on_pool, workspace_bin,
-    },
-    reference::{reference_version, start_reference},
+    process::{Epp, cpu_seconds, load_average, memory_mib, scratch_dir},
+    side_by_side::{PoolPickers, REFRESH, start_pool_pickers},
+    stats::median,
 };
 
 const ROUNDS: usize = 3;
-const REFRESH: &str = "50ms";
-
-/// The IP of pod `i`: 127.1.0.1 … 127.1.0.250, 127.1.1.1 …
-fn pod_ip(i: usize) -> String {
-    format!("127.1.{}.{}", i / 250, i % 250 + 1)
-}
 
 struct Picker {
     label: &'static str,
@@ -143,19 +135,6 @@ fn measure(
     (windows, (farm1 - farm0) / wall, delta)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn agent_name(agent: &str) -> &str {
-    if agent.is_empty() { "(none)" } else { agent }
-}
-
 async fn run() {
     let quick = std::env::args().any(|a| a == "--quick");
     let pods: usize =
@@ -178,72 +157,14 @@ async fn run() {
         page.len(),
         farm.port
     );
-    let cluster = KubeCluster::start("scrape-cpu");
-    let ns = Ns::create(&cluster, "bench").await;
-    ns.apply_pool("pool", &[("app", "model")], &[farm.port])
-        .await;
-    let t = Instant::now();
-    for i in 0..pods {
-        ns.pod(&format!("pod-{i}"), &[("app", "model")], &pod_ip(i), true)
-            .await;
-    }
-    println!(
-        "pool: {pods} Ready pods {} … {} ({:.1} s to create)",
-        pod_ip(0),
-        pod_ip(pods - 1),
-        t.elapsed().as_secs_f64()
-    );
-
-    let t = Instant::now();
-    let epp = start_epp_on_pool(
-        &dir,
-        "epp",
-        &workspace_bin("epp"),
-        &cluster.kubeconfig,
-        &ns.name,
-        "pool",
-        &config,
-        &[
-            "--refresh-metrics-interval",
-            REFRESH,
-            // As the reference is started: metrics readable without a token.
-            "--metrics-endpoint-auth=false",
-            "--enable-pprof=false",
-        ],
-    );
-    let epp_agent = farm.wait_new_client(&[], pods, Duration::from_secs(120));
-    println!(
-        "epp: scraping all {pods} pods {:.1} s after start (user agent {})",
-        t.elapsed().as_secs_f64(),
-        agent_name(&epp_agent)
-    );
-    let mut reference_args = vec![format!("--refresh-metrics-interval={REFRESH}")];
-    reference_args.extend(
-        std::env::var("EPP_BENCH_REFERENCE_ARGS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned),
-    );
-    println!("reference: {} {reference_args:?}", reference_version());
-    let t = Instant::now();
-    let reference = start_reference(
-        &dir,
-        &cluster.kubeconfig,
-        &ns.name,
-        "pool",
-        &config,
-        &reference_args,
-    );
-    let reference_agent = farm.wait_new_client(
-        std::slice::from_ref(&epp_agent),
-        pods,
-        Duration::from_secs(120),
-    );
-    println!(
-        "reference: scraping all {pods} pods {:.1} s after start (user agent {})",
-        t.elapsed().as_secs_f64(),
-        agent_name(&reference_agent)
-    );
+    let PoolPickers {
+        epp,
+        epp_agent,
+        reference,
+        reference_agent,
+        ns: _ns,
+        cluster: _cluster,
+    } = start_pool_pickers(&dir, "scrape-cpu", &farm, pods, &config).await;
     let pickers = [
         Picker {
             label: "epp",

@@ -62,6 +62,7 @@ pub mod process;
 pub mod prometheus;
 pub mod redis;
 pub mod reference;
+pub mod side_by_side;
 pub mod stats;
 pub mod tokenizer;
 pub mod wait;

@@ -12,9 +12,28 @@ pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// The median of `v` (the mean of the middle two for an even count; NaN
+/// when empty).
+#[must_use]
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
+    }
 
     #[test]
     fn nearest_rank() {
