@@ -108,7 +108,8 @@ pub use plugin::{
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{
     ApiKind, CHARS_PER_TOKEN, InferenceRequest, InferenceRequestBuilder, MediaItem, OPENAI_KINDS,
-    PromptRenderer, RenderFuture, RenderService, RenderedPrompt, RequestParsers, Usage,
+    Placeholder, PromptRenderer, RenderFuture, RenderService, RenderedPrompt, RequestParsers,
+    Usage,
 };
 pub use scheduler::{
     ProfilePicks, Scheduler, SchedulingProfile, SchedulingResult, Scratch, SingleProfileHandler,

@@ -239,7 +239,7 @@ pub struct InferenceRequest {
 }
 
 /// One media item of a rendered prompt, as the model server reports it
-/// (vLLM's render answer, `features.mm_hashes`).
+/// (vLLM's render answer, `features.mm_hashes` and `features.mm_placeholders`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaItem {
     /// `image`, `audio`, `video`, … (the server's modality key).
@@ -247,6 +247,28 @@ pub struct MediaItem {
     /// The server's hash of the item's content: the same image is the same
     /// item wherever it was fetched from.
     pub hash: String,
+    /// The prompt tokens standing for the item, when the server said
+    /// (vLLM's engine hashes the item into every KV block these overlap).
+    pub placeholder: Option<Placeholder>,
+}
+
+/// Where a media item sits in a rendered prompt: `length` tokens from token
+/// `offset` (vLLM's `PlaceholderRange`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placeholder {
+    /// Index of its first token in the prompt's token ids.
+    pub offset: u32,
+    /// Its number of tokens.
+    pub length: u32,
+}
+
+impl Placeholder {
+    /// Whether it has a token in `start..end`.
+    #[must_use]
+    pub fn overlaps(&self, start: usize, end: usize) -> bool {
+        let offset = self.offset as usize;
+        offset < end && offset + self.length as usize > start
+    }
 }
 
 /// A prompt as the model server renders it.

@@ -10,7 +10,9 @@
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use epp_core::{ApiKind, MediaItem, PromptRenderer, RenderFuture, RenderService, RenderedPrompt};
+use epp_core::{
+    ApiKind, MediaItem, Placeholder, PromptRenderer, RenderFuture, RenderService, RenderedPrompt,
+};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -65,8 +67,11 @@ impl VllmRenderer {
 }
 
 /// The prompt in a render answer: its token ids, and its media items from
-/// `features.mm_hashes` (`{modality: [hash, …]}`; `features` is null or
-/// absent for a text-only prompt).
+/// `features.mm_hashes` (`{modality: [hash, …]}`) with their places from
+/// `features.mm_placeholders` (`{modality: [{offset, length}, …]}`, in the
+/// same order; `features` is null or absent for a text-only prompt). A
+/// modality whose places do not pair one to one with its hashes has none.
+/// The prompts of a completions answer are concatenated, places shifted.
 fn rendered_of(api: ApiKind, answer: &[u8]) -> Result<RenderedPrompt, String> {
     #[derive(serde::Deserialize)]
     struct Rendered {
@@ -78,14 +83,34 @@ fn rendered_of(api: ApiKind, answer: &[u8]) -> Result<RenderedPrompt, String> {
     struct Features {
         #[serde(default)]
         mm_hashes: Option<BTreeMap<String, Vec<String>>>,
+        #[serde(default)]
+        mm_placeholders: Option<BTreeMap<String, Vec<Range>>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Range {
+        offset: u32,
+        length: u32,
     }
     fn add(into: &mut RenderedPrompt, r: Rendered) {
+        let shift = u32::try_from(into.token_ids.len()).unwrap_or(u32::MAX);
         into.token_ids.extend(r.token_ids);
-        let hashes = r.features.and_then(|f| f.mm_hashes).unwrap_or_default();
-        for (modality, hashes) in hashes {
+        let (hashes, mut places) = r
+            .features
+            .map(|f| (f.mm_hashes, f.mm_placeholders))
+            .unwrap_or_default();
+        for (modality, hashes) in hashes.unwrap_or_default() {
+            let places = places
+                .as_mut()
+                .and_then(|p| p.remove(&modality))
+                .filter(|p| p.len() == hashes.len());
+            let mut places = places.into_iter().flatten();
             into.media.extend(hashes.into_iter().map(|hash| MediaItem {
                 modality: modality.clone(),
                 hash,
+                placeholder: places.next().map(|p| Placeholder {
+                    offset: p.offset.saturating_add(shift),
+                    length: p.length,
+                }),
             }));
         }
     }
@@ -223,25 +248,36 @@ mod tests {
         );
         assert!(ids(ApiKind::Completions, b"[]").is_err());
         assert!(ids(ApiKind::Completions, br#"{"error":"x"}"#).is_err());
-        // vLLM's features: the media items' content hashes by modality.
+        // vLLM's features: the media items' content hashes by modality, with
+        // their places where they pair one to one (not for audio here).
         let with_media = rendered_of(
             ApiKind::ChatCompletions,
             br#"{"token_ids":[5],"features":{"mm_hashes":{"image":["a1","b2"],"audio":["c3"]},
-                 "mm_placeholders":{"image":[{"offset":0,"length":1}]}}}"#,
+                 "mm_placeholders":{"image":[{"offset":0,"length":1},{"offset":4,"length":9,"is_embed":null}],
+                 "audio":[]}}}"#,
         )
         .unwrap();
-        let item = |m: &str, h: &str| MediaItem {
+        let item = |m: &str, h: &str, at: Option<(u32, u32)>| MediaItem {
             modality: m.into(),
             hash: h.into(),
+            placeholder: at.map(|(offset, length)| Placeholder { offset, length }),
         };
         assert_eq!(
             with_media.media,
             vec![
-                item("audio", "c3"),
-                item("image", "a1"),
-                item("image", "b2")
+                item("audio", "c3", None),
+                item("image", "a1", Some((0, 1))),
+                item("image", "b2", Some((4, 9)))
             ]
         );
+        // Several prompts: the second one's places count from its start.
+        let two = rendered_of(
+            ApiKind::Completions,
+            br#"[{"token_ids":[1,2,3]},{"token_ids":[4,5],
+                 "features":{"mm_hashes":{"image":["d4"]},"mm_placeholders":{"image":[{"offset":1,"length":1}]}}}]"#,
+        )
+        .unwrap();
+        assert_eq!(two.media, vec![item("image", "d4", Some((4, 1)))]);
         let service = |url: &str| RenderService {
             url: url.into(),
             model: "m".into(),

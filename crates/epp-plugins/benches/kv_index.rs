@@ -173,18 +173,18 @@ fn lookup_in_blocks_of(c: &mut Criterion, block: usize, name: &str) {
     g.bench_function(name, |b| {
         b.iter(|| {
             m.reset();
-            index.keys_of("m", None, &tokens, 8192, &mut keys);
+            index.keys_of("m", None, &[], &tokens, 8192, &mut keys);
             index.lookup(&keys, &mut m);
             m.matched(EndpointId(0))
         });
     });
     g.bench_function(format!("{name}-keys-only"), |b| {
         b.iter(|| {
-            index.keys_of("m", None, &tokens, 8192, &mut keys);
+            index.keys_of("m", None, &[], &tokens, 8192, &mut keys);
             keys.len()
         });
     });
-    index.keys_of("m", None, &tokens, 8192, &mut keys);
+    index.keys_of("m", None, &[], &tokens, 8192, &mut keys);
     g.bench_function(format!("{name}-match-only"), |b| {
         b.iter(|| {
             m.reset();

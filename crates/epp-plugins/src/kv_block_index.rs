@@ -12,6 +12,16 @@
 //! size has to be reproduced: an engine with 16-token blocks feeds an index
 //! of 64-token blocks (partial blocks carry over to the child).
 //!
+//! What else the engine hashed into a block (its `extra_keys`) goes into
+//! the keys too, so a key matches only what the engine would reuse: the
+//! first block's (multimodal items, then the cache salt) into the root;
+//! a later block's (the multimodal items its tokens overlap) into the index
+//! block(s) its tokens fall in. A request's keys take the same from its
+//! salt and from its media items' places in the rendered prompt
+//! ([`epp_core::Placeholder`]), chunked by the engine's block size as the
+//! engine does; a request whose media items have no place gets no keys
+//! (its placeholder tokens alone would match another image's blocks).
+//!
 //! Reads are lock-free (`papaya`, epoch-based reclamation): a lookup never
 //! waits for the event tasks. Writes for one endpoint come from one task
 //! (its subscriber) and take that endpoint's own lock.
@@ -22,12 +32,12 @@ use std::{
     hash::{BuildHasher, Hasher},
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use epp_core::{BlockStored, EndpointId, ExtraKey, KvEvent, KvEventBatch, PrefixMatch};
+use epp_core::{BlockStored, EndpointId, ExtraKey, KvEvent, KvEventBatch, MediaItem, PrefixMatch};
 use parking_lot::{Mutex, RwLock};
 
 /// Keys are already uniformly mixed: hash them as themselves.
@@ -174,6 +184,41 @@ pub fn fold_extra(root: u64, extra: &[u8]) -> u64 {
     mix(h.finish() ^ (extra.len() as u64).rotate_left(32))
 }
 
+/// The digest of one of a later block's extra keys (a multimodal item's
+/// identifier), as [`Chain::push`] folds it into index keys.
+fn extra_digest(extra: &[u8]) -> u64 {
+    let mut h = KeyHasher(0x6d6d_6974_656d_7321);
+    h.write(extra);
+    mix(h.finish() ^ (extra.len() as u64).rotate_left(32))
+}
+
+/// An engine block's extra keys as digests: all but a LoRA adapter's name
+/// or id first (the root already names it).
+fn block_extras(s: &BlockStored, i: usize, out: &mut Vec<u64>) {
+    out.clear();
+    let Some(keys) = s.extra_keys.get(i) else {
+        return;
+    };
+    let skip = usize::from(keys.first().is_some_and(|k| is_adapter(s, k)));
+    out.extend(keys[skip..].iter().map(|k| match k {
+        ExtraKey::Text(t) => extra_digest(t.as_bytes()),
+        ExtraKey::Media { id, .. } => extra_digest(id.as_bytes()),
+        ExtraKey::Int(i) => extra_digest(&i.to_le_bytes()),
+        // Unknown to requests: nothing they send can match it.
+        _ => extra_digest(&[0xff; 9]),
+    }));
+}
+
+/// Whether `k` names `s`'s LoRA adapter (vLLM puts it first in every
+/// block's extra keys).
+fn is_adapter(s: &BlockStored, k: &ExtraKey) -> bool {
+    match k {
+        ExtraKey::Text(name) => s.lora_name.as_deref() == Some(name.as_str()),
+        ExtraKey::Int(id) => s.lora_id == Some(*id),
+        _ => false,
+    }
+}
+
 /// The root of a sequence whose first block is `s`'s first: the model's
 /// root, then the extra keys the engine hashed into that block after the
 /// LoRA adapter (which vLLM puts first and the root already names) —
@@ -183,12 +228,7 @@ fn event_root(seed: u64, model: &str, s: &BlockStored) -> u64 {
     let Some(first) = s.extra_keys.first() else {
         return key;
     };
-    let adapter = |k: &ExtraKey| match k {
-        ExtraKey::Text(name) => s.lora_name.as_deref() == Some(name.as_str()),
-        ExtraKey::Int(id) => s.lora_id == Some(*id),
-        _ => false,
-    };
-    let skip = usize::from(first.first().is_some_and(adapter));
+    let skip = usize::from(first.first().is_some_and(|k| is_adapter(s, k)));
     for k in &first[skip..] {
         key = match k {
             ExtraKey::Text(t) => fold_extra(key, t.as_bytes()),
@@ -248,12 +288,57 @@ impl Holders {
     }
 }
 
-/// Where a chain stands after an engine block: the last full key and the
-/// tokens since it (fewer than a block).
+/// Where a chain stands after an engine block: the last full key, the
+/// tokens since it (fewer than a block) and the extra keys of the engine
+/// blocks those came from.
 #[derive(Debug, Clone, Default)]
 struct Chain {
     key: u64,
     carry: Vec<u32>,
+    extras: Vec<u64>,
+}
+
+impl Chain {
+    fn new(root: u64) -> Self {
+        Self {
+            key: root,
+            ..Self::default()
+        }
+    }
+
+    /// Goes on with an engine block of `tokens` whose extra keys are
+    /// `extras` (digests), emitting the key of every index block of `size`
+    /// tokens it completes. An index block's key folds in the extra keys of
+    /// every engine block with tokens in it, in order, a repeat of the one
+    /// before left out. Requests and events key through here alike.
+    fn push(&mut self, tokens: &[u32], extras: &[u64], size: usize, mut emit: impl FnMut(u64)) {
+        fn add(to: &mut Vec<u64>, extras: &[u64]) {
+            for &d in extras {
+                if to.last() != Some(&d) {
+                    to.push(d);
+                }
+            }
+        }
+        add(&mut self.extras, extras);
+        self.carry.extend_from_slice(tokens);
+        let mut start = 0;
+        while self.carry.len() - start >= size {
+            let mut key = block_key(self.key, &self.carry[start..start + size]);
+            for &d in &self.extras {
+                key = mum(key ^ SECRETS[0], d ^ SECRETS[1]);
+            }
+            self.key = key;
+            start += size;
+            // What is left is this engine block's own (the carry held less
+            // than a block before it): its extra keys go on with it.
+            self.extras.clear();
+            if self.carry.len() > start {
+                add(&mut self.extras, extras);
+            }
+            emit(key);
+        }
+        self.carry.drain(..start);
+    }
 }
 
 /// What one engine block contributed on one endpoint.
@@ -350,6 +435,9 @@ pub struct KvBlockIndex {
     counters: IndexCounters,
     /// Told of every change, when set.
     mirror: OnceLock<Arc<dyn IndexMirror>>,
+    /// The engines' block size, from their last event (0: none yet): a
+    /// request with media is chunked by it as the engine chunks it.
+    engine_block_size: AtomicUsize,
 }
 
 impl KvBlockIndex {
@@ -368,6 +456,7 @@ impl KvBlockIndex {
             endpoints: RwLock::new(HashMap::new()),
             counters: IndexCounters::default(),
             mirror: OnceLock::new(),
+            engine_block_size: AtomicUsize::new(0),
         }
     }
 
@@ -469,20 +558,27 @@ impl KvBlockIndex {
         self.keys.is_empty()
     }
 
-    /// The keys of `tokens` for `model` and a request's `cache_salt`: one per
-    /// full block, at most `max_blocks`, written to `out` (cleared first).
-    /// As vLLM, an empty salt is no salt.
+    /// The keys of `tokens` for `model`, a request's `cache_salt` and its
+    /// `media` items: one per full block, at most `max_blocks`, written to
+    /// `out` (cleared first). As vLLM, an empty salt is no salt. None when
+    /// a media item has no place in the prompt.
     pub fn keys_of(
         &self,
         model: &str,
         salt: Option<&str>,
+        media: &[MediaItem],
         tokens: &[u32],
         max_blocks: usize,
         out: &mut Vec<u64>,
     ) {
         out.clear();
+        let salt = salt.filter(|s| !s.is_empty());
+        if !media.is_empty() {
+            self.keys_with_media(model, salt, media, tokens, max_blocks, out);
+            return;
+        }
         let mut key = root_key(self.seed, model);
-        if let Some(salt) = salt.filter(|s| !s.is_empty()) {
+        if let Some(salt) = salt {
             key = fold_extra(key, salt.as_bytes());
         }
         // One reservation, then no capacity check per key.
@@ -495,6 +591,58 @@ impl KvBlockIndex {
                     key
                 }),
         );
+    }
+
+    /// [`Self::keys_of`] for a prompt with media: the engine's blocks in
+    /// turn, each with the items it overlaps, as the engine hashes them
+    /// (the first block's into the root, before the salt).
+    fn keys_with_media(
+        &self,
+        model: &str,
+        salt: Option<&str>,
+        media: &[MediaItem],
+        tokens: &[u32],
+        max_blocks: usize,
+        out: &mut Vec<u64>,
+    ) {
+        let Some(mut items) = media
+            .iter()
+            .map(|m| m.placeholder.map(|p| (p, m.hash.as_str())))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return;
+        };
+        items.sort_by_key(|(p, _)| p.offset);
+        let engine = match self.engine_block_size.load(Ordering::Relaxed) {
+            0 => self.block_size,
+            n => n,
+        };
+        let mut root = root_key(self.seed, model);
+        for (_, hash) in items.iter().filter(|(p, _)| p.overlaps(0, engine)) {
+            root = fold_extra(root, hash.as_bytes());
+        }
+        if let Some(salt) = salt {
+            root = fold_extra(root, salt.as_bytes());
+        }
+        let mut chain = Chain::new(root);
+        let mut extras = Vec::new();
+        for (b, block) in tokens.chunks_exact(engine).enumerate() {
+            extras.clear();
+            if b > 0 {
+                let (start, end) = (b * engine, (b + 1) * engine);
+                extras.extend(
+                    items
+                        .iter()
+                        .filter(|(p, _)| p.overlaps(start, end))
+                        .map(|(_, hash)| extra_digest(hash.as_bytes())),
+                );
+            }
+            chain.push(block, &extras, self.block_size, |k| out.push(k));
+            if out.len() >= max_blocks {
+                out.truncate(max_blocks);
+                break;
+            }
+        }
     }
 
     /// Fills `m` with each endpoint's contiguous matched blocks of `keys`
@@ -586,18 +734,22 @@ impl KvBlockIndex {
 
     fn stored(&self, id: EndpointId, b: &mut EndpointBlocks, model: Option<&str>, s: &BlockStored) {
         let medium = b.medium(s.medium.as_deref());
-        let root = || Chain {
-            key: event_root(
+        let root = || {
+            Chain::new(event_root(
                 self.seed,
                 s.lora_name.as_deref().or(model).unwrap_or_default(),
                 s,
-            ),
-            carry: Vec::new(),
+            ))
         };
+        // A sequence's first block: its extra keys are in the root.
+        let mut from_root = true;
         let mut chain = match s.parent_block_hash {
             None => root(),
             Some(p) => match b.engine.get(&(p, medium)).or_else(|| b.engine.get(&(p, 0))) {
-                Some(parent) => parent.chain.clone(),
+                Some(parent) => {
+                    from_root = false;
+                    parent.chain.clone()
+                }
                 // llm-d's publishers (its simulator, its KV-cache library)
                 // send 0, their empty block hash, for "no parent".
                 None if p == 0 => root(),
@@ -609,22 +761,24 @@ impl KvBlockIndex {
             },
         };
         let engine_size = usize::try_from(s.block_size).unwrap_or(usize::MAX).max(1);
+        if s.block_size > 0 {
+            self.engine_block_size.store(engine_size, Ordering::Relaxed);
+        }
         let map = self.keys.pin();
+        let mut extras = Vec::new();
         for (i, &h) in s.block_hashes.iter().enumerate() {
             let Some(tokens) = s.token_ids.get(i * engine_size..(i + 1) * engine_size) else {
                 // Fewer tokens than blocks: nothing more can be keyed.
                 self.counters.orphans.fetch_add(1, Ordering::Relaxed);
                 break;
             };
-            let mut keys = Vec::new();
-            chain.carry.extend_from_slice(tokens);
-            let mut start = 0;
-            while chain.carry.len() - start >= self.block_size {
-                chain.key = block_key(chain.key, &chain.carry[start..start + self.block_size]);
-                keys.push(chain.key);
-                start += self.block_size;
+            if i == 0 && from_root {
+                extras.clear();
+            } else {
+                block_extras(s, i, &mut extras);
             }
-            chain.carry.drain(..start);
+            let mut keys = Vec::new();
+            chain.push(tokens, &extras, self.block_size, |k| keys.push(k));
             for &k in &keys {
                 let n = b.held.entry(k).or_insert(0);
                 *n += 1;

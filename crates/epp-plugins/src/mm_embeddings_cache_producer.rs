@@ -428,6 +428,7 @@ mod tests {
         let item = |m: &str, h: &str| epp_core::MediaItem {
             modality: m.into(),
             hash: h.into(),
+            placeholder: None,
         };
         // Two URLs of one image: one item by its content hash.
         let mut req = InferenceRequest::builder("m")

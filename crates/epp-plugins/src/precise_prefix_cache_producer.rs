@@ -359,6 +359,16 @@ impl PrecisePrefixCacheProducer {
     }
 }
 
+/// The request's media items, for its keys; `None` when it has media the
+/// renderer did not identify (its placeholder tokens alone would match the
+/// blocks of another image).
+fn keyed_media(request: &InferenceRequest) -> Option<&[epp_core::MediaItem]> {
+    if request.media_parts > 0 && request.media_items.is_empty() {
+        return None;
+    }
+    Some(&request.media_items)
+}
+
 /// Writes every change of the index to the shared store, under the
 /// endpoint's address.
 #[derive(Debug)]
@@ -392,10 +402,12 @@ impl PrefixLookup for SharedLookup {
     fn lookup(&self, request: &InferenceRequest) -> Option<PrefixLookupFuture> {
         let store = Arc::clone(self.store.get()?);
         let tokens = request.prompt_token_ids.as_deref()?;
+        let media = keyed_media(request)?;
         let mut keys = Vec::new();
         self.index.keys_of(
             &request.target_model,
             request.cache_salt.as_deref(),
+            media,
             tokens,
             self.max_blocks,
             &mut keys,
@@ -509,11 +521,15 @@ impl DataProducer for PrecisePrefixCacheProducer {
             }
             return;
         }
-        // The salt is in the keys as the engines hash it, so a salted
-        // request matches only blocks computed with the same salt.
+        let Some(media) = keyed_media(cx.request) else {
+            return;
+        };
+        // The salt and the media items are in the keys as the engines hash
+        // them, so a request matches only blocks computed with the same.
         self.index.keys_of(
             &cx.request.target_model,
             cx.request.cache_salt.as_deref(),
+            media,
             &tokens.ids,
             self.max_blocks,
             &mut prefix.hashes,

@@ -366,6 +366,7 @@ impl epp_core::PromptRenderer for TestRenderer {
                 media: vec![epp_core::MediaItem {
                     modality: "image".into(),
                     hash: "h1".into(),
+                    placeholder: None,
                 }],
             })
         }))

@@ -33,7 +33,7 @@ fn removed(hashes: &[u64]) -> KvEvent {
 
 fn matched(index: &KvBlockIndex, model: &str, tokens: &[u32]) -> (u32, u32, usize) {
     let mut keys = Vec::new();
-    index.keys_of(model, None, tokens, 1000, &mut keys);
+    index.keys_of(model, None, &[], tokens, 1000, &mut keys);
     let mut m = PrefixMatch::default();
     index.lookup(&keys, &mut m);
     (m.matched(A), m.matched(B), keys.len())
@@ -99,8 +99,8 @@ fn engine_blocks_smaller_than_the_index_carry_over() {
     same.apply(B, &batch(Some("m"), vec![stored(&[7, 8], None, &t, 8)]));
     let mut k1 = Vec::new();
     let mut k2 = Vec::new();
-    ix.keys_of("m", None, &t, 10, &mut k1);
-    same.keys_of("m", None, &t, 10, &mut k2);
+    ix.keys_of("m", None, &[], &t, 10, &mut k1);
+    same.keys_of("m", None, &[], &t, 10, &mut k2);
     assert_eq!(k1, k2);
     assert_eq!(matched(&same, "m", &t).1, 2);
 }
@@ -176,8 +176,8 @@ fn the_root_is_the_lora_name_else_the_topics_model() {
     // Seeds separate indexes.
     let other = KvBlockIndex::new(4, 2, 1000);
     let (mut k1, mut k2) = (Vec::new(), Vec::new());
-    ix.keys_of("base", None, &t, 9, &mut k1);
-    other.keys_of("base", None, &t, 9, &mut k2);
+    ix.keys_of("base", None, &[], &t, 9, &mut k1);
+    other.keys_of("base", None, &[], &t, 9, &mut k2);
     assert_ne!(k1, k2);
 }
 
@@ -290,7 +290,7 @@ fn ids_past_64_match_like_the_first_ones() {
         &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]),
     );
     let mut keys = Vec::new();
-    ix.keys_of("m", None, &t, 10, &mut keys);
+    ix.keys_of("m", None, &[], &t, 10, &mut keys);
     let mut m = PrefixMatch::default();
     ix.lookup(&keys, &mut m);
     assert_eq!(
@@ -315,7 +315,7 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(8);
     let mut keys = Vec::new();
-    ix.keys_of("m", None, &t, 10, &mut keys);
+    ix.keys_of("m", None, &[], &t, 10, &mut keys);
     let t0 = Instant::now();
     let ttl = Duration::from_secs(1);
     ix.speculate(A, &keys, t0, ttl);
@@ -327,6 +327,7 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     ix.keys_of(
         "m",
         None,
+        &[],
         &seq(4).iter().map(|x| x + 1).collect::<Vec<_>>(),
         10,
         &mut other,
@@ -344,7 +345,7 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
 
 fn matched_salted(index: &KvBlockIndex, model: &str, salt: Option<&str>, tokens: &[u32]) -> u32 {
     let mut keys = Vec::new();
-    index.keys_of(model, salt, tokens, 1000, &mut keys);
+    index.keys_of(model, salt, &[], tokens, 1000, &mut keys);
     let mut m = PrefixMatch::default();
     index.lookup(&keys, &mut m);
     m.matched(A)
@@ -413,8 +414,8 @@ fn a_salt_in_the_first_blocks_extra_keys_matches_only_the_same_salt() {
     assert_eq!(matched_salted(&ix, "sql", Some("t"), &t), 1);
     assert_eq!(matched_salted(&ix, "sql", None, &t), 0);
 
-    // A multimodal item in the first block: nothing a request sends keys it
-    // (epp knows no placeholder positions), so it never matches falsely.
+    // A multimodal item in the first block: a request matches it only with
+    // the same item at a place in that block.
     let image = BlockStored {
         block_hashes: vec![9],
         token_ids: t[..4].to_vec(),
@@ -428,6 +429,184 @@ fn a_salt_in_the_first_blocks_extra_keys_matches_only_the_same_salt() {
     ix.clear(A);
     ix.apply(A, &batch(Some("m"), vec![KvEvent::BlockStored(image)]));
     assert_eq!(matched_salted(&ix, "m", None, &t), 0);
+    assert_eq!(matched_media(&ix, &t, &[media("img", 1, 2)]), 1);
+    assert_eq!(matched_media(&ix, &t, &[media("other", 1, 2)]), 0);
+}
+
+fn media(hash: &str, offset: u32, length: u32) -> MediaItem {
+    MediaItem {
+        modality: "image".into(),
+        hash: hash.into(),
+        placeholder: Some(epp_core::Placeholder { offset, length }),
+    }
+}
+
+fn matched_media(index: &KvBlockIndex, tokens: &[u32], items: &[MediaItem]) -> u32 {
+    let mut keys = Vec::new();
+    index.keys_of("m", None, items, tokens, 1000, &mut keys);
+    let mut m = PrefixMatch::default();
+    index.lookup(&keys, &mut m);
+    m.matched(A)
+}
+
+/// An image after the first block (its placeholder tokens are the same
+/// whatever the image): the engine hashes its identifier into each block
+/// the placeholder overlaps, and a request matches those blocks only with
+/// the same image at the same place. Before, any image matched them.
+#[test]
+fn an_image_keys_the_blocks_it_overlaps() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(16);
+    let text = |s: &str| ExtraKey::Text(s.into());
+    let stored = BlockStored {
+        block_hashes: vec![1, 2, 3, 4],
+        token_ids: t.clone(),
+        block_size: 4,
+        // Tokens 5..11 stand for the image: engine blocks 1 and 2.
+        extra_keys: vec![vec![], vec![text("imgA")], vec![text("imgA")], vec![]],
+        ..BlockStored::default()
+    };
+    ix.apply(A, &batch(Some("m"), vec![KvEvent::BlockStored(stored)]));
+    assert_eq!(matched_media(&ix, &t, &[media("imgA", 5, 6)]), 4);
+    assert_eq!(
+        matched_media(&ix, &t, &[media("imgB", 5, 6)]),
+        1,
+        "another image"
+    );
+    assert_eq!(matched_media(&ix, &t, &[]), 1, "no image named");
+    assert_eq!(
+        matched_media(&ix, &t, &[media("imgA", 9, 2)]),
+        1,
+        "elsewhere"
+    );
+    let unplaced = MediaItem {
+        placeholder: None,
+        ..media("imgA", 5, 6)
+    };
+    let mut keys = vec![1];
+    ix.keys_of("m", None, &[unplaced], &t, 1000, &mut keys);
+    assert!(keys.is_empty(), "an item without a place: no keys at all");
+}
+
+/// Per engine block, vLLM's extra keys for `items` (`(hash, offset,
+/// length)`, sorted by offset) as its `_gen_mm_extra_hash_keys` walks them:
+/// the adapter's name first, the items whose placeholder the block
+/// overlaps, the salt in the first block. Written from vLLM's rule, apart
+/// from the index's code, for the test below to hold that code to it.
+fn vllm_extra_keys(
+    blocks: usize,
+    size: usize,
+    items: &[(String, usize, usize)],
+    lora: Option<&str>,
+    salt: Option<&str>,
+) -> Vec<Vec<ExtraKey>> {
+    let mut next = 0;
+    (0..blocks)
+        .map(|b| {
+            let (start, end) = (b * size, (b + 1) * size);
+            let mut keys: Vec<ExtraKey> =
+                lora.map(|l| ExtraKey::Text(l.into())).into_iter().collect();
+            let mut i = next;
+            while i < items.len() {
+                let (id, offset, length) = &items[i];
+                if end <= *offset {
+                    break;
+                }
+                if start > offset + length {
+                    i += 1;
+                    continue;
+                }
+                keys.push(ExtraKey::Text(id.clone()));
+                if end >= offset + length {
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            next = i;
+            if b == 0
+                && let Some(salt) = salt
+            {
+                keys.push(ExtraKey::Text(salt.into()));
+            }
+            keys
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+    /// Whatever the block sizes (the engine's and the index's apart), the
+    /// images (several, adjacent, repeated), a LoRA adapter and a salt: a
+    /// request keyed from its items' places matches every block the engine
+    /// reported for it, and with one image swapped for another it matches
+    /// none from the first block holding that image on.
+    #[test]
+    fn requests_key_media_as_the_engine_hashes_it(
+        engine in 1usize..9,
+        index in 1usize..9,
+        len in 1usize..120,
+        images in proptest::collection::vec((0u8..3, 0usize..6, 1usize..20), 0..4),
+        lora in proptest::bool::ANY,
+        salt in proptest::option::of("[a-c]{0,2}"),
+        swap in 0usize..4,
+    ) {
+        let tokens: Vec<u32> = (0..len as u32).map(|i| i % 5).collect();
+        // Placeholders one after another from the gaps drawn, within the prompt.
+        let mut items = Vec::new();
+        let mut at = 0;
+        for (which, gap, length) in images {
+            let offset = at + gap;
+            if offset + length > len {
+                break;
+            }
+            items.push((format!("img{which}"), offset, length));
+            at = offset + length;
+        }
+        let blocks = len / engine;
+        let lora_name = lora.then_some("sql");
+        let salt = salt.filter(|s| !s.is_empty());
+        let ix = KvBlockIndex::new(index, 1, 1_000_000);
+        let event = BlockStored {
+            block_hashes: (1..=blocks as u64).collect(),
+            token_ids: tokens[..blocks * engine].to_vec(),
+            block_size: engine as u32,
+            lora_name: lora_name.map(str::to_owned),
+            extra_keys: vllm_extra_keys(blocks, engine, &items, lora_name, salt.as_deref()),
+            ..BlockStored::default()
+        };
+        ix.apply(A, &batch(Some("m"), vec![KvEvent::BlockStored(event)]));
+        let model = lora_name.unwrap_or("m");
+        let request = |items: &[(String, usize, usize)]| {
+            let media: Vec<MediaItem> = items
+                .iter()
+                .map(|(id, offset, length)| media(id, *offset as u32, *length as u32))
+                .collect();
+            let mut keys = Vec::new();
+            ix.keys_of(model, salt.as_deref(), &media, &tokens, 1000, &mut keys);
+            let mut m = PrefixMatch::default();
+            ix.lookup(&keys, &mut m);
+            (m.matched(A) as usize, keys.len())
+        };
+        let whole = blocks * engine / index;
+        let (matched, keys) = request(&items);
+        proptest::prop_assert_eq!(matched, whole);
+        if !items.is_empty() {
+            // Keyed by whole engine blocks (a partial one is never stored).
+            proptest::prop_assert_eq!(keys, whole);
+        }
+        if let Some(i) = (!items.is_empty()).then(|| swap % items.len()) {
+            let mut other = items.clone();
+            other[i].0 = "another".into();
+            // The first index block with a token of the engine block where
+            // the image's placeholder starts keys it (the first engine
+            // block's keys sit in the root).
+            let (_, offset, _) = items[i];
+            let first = if offset < engine { 0 } else { (offset / engine) * engine / index };
+            let (matched, _) = request(&other);
+            proptest::prop_assert_eq!(matched, first.min(whole));
+        }
+    }
 }
 
 /// Block keys depend on the parent, on every token and on where it sits

@@ -348,7 +348,9 @@ fn with_a_shared_backend_changes_are_written_and_requests_looked_up_there() {
     // keyed as requests are.
     s.precise.apply(home, &stored_batch(&ids, 4, "m"));
     let mut keys = Vec::new();
-    s.precise.index().keys_of("m", None, &ids, 8192, &mut keys);
+    s.precise
+        .index()
+        .keys_of("m", None, &[], &ids, 8192, &mut keys);
     {
         let updates = store.updates.lock();
         assert_eq!(updates.len(), 1);
