@@ -12,6 +12,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::engine::MediaPlace;
+
 /// Hashes `text` in blocks of `block_chars` bytes, each hash chained to the
 /// previous one (and to `salt`) so a block only matches after the same prefix.
 /// A trailing partial block gets no hash: only full blocks are cached.
@@ -34,27 +36,48 @@ pub fn block_hashes(text: &[u8], block_chars: usize, salt: u64) -> Vec<u64> {
 }
 
 /// Hashes `tokens` in blocks of `block_size` token ids, chained like
-/// [`block_hashes`]: a block's hash covers its parent's hash, its own ids and
-/// (through the first parent) `salt`. A trailing partial block gets no hash.
+/// [`block_hashes`]: a block's hash covers its parent's hash, its own ids,
+/// the identifiers of the `media` items whose placeholder it overlaps (as
+/// vLLM's extra keys) and (through the first parent) `salt`. A trailing
+/// partial block gets no hash.
 #[must_use]
-pub fn token_block_hashes(tokens: &[u32], block_size: usize, salt: u64) -> Vec<u64> {
+pub fn token_block_hashes(
+    tokens: &[u32],
+    block_size: usize,
+    salt: u64,
+    media: &[MediaPlace],
+) -> Vec<u64> {
     let block_size = block_size.max(1);
     // A different seed than the character path: the two key spaces never meet.
     let mut prev = splitmix(salt ^ 0x746f_6b65_6e73_0000);
     tokens
         .chunks_exact(block_size)
-        .map(|block| {
+        .enumerate()
+        .map(|(i, block)| {
             let mut h = prev ^ 0xcbf2_9ce4_8422_2325;
-            for &t in block {
-                for b in t.to_le_bytes() {
-                    h ^= u64::from(b);
-                    h = h.wrapping_mul(0x0100_0000_01b3);
-                }
+            let extras = block_media(media, i, block_size).flat_map(str::bytes);
+            for b in block.iter().flat_map(|t| t.to_le_bytes()).chain(extras) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
             }
             prev = splitmix(h);
             prev
         })
         .collect()
+}
+
+/// The identifiers of the `media` items whose placeholder has a token in
+/// block `index` (of `block_size` tokens), in order.
+fn block_media(
+    media: &[MediaPlace],
+    index: usize,
+    block_size: usize,
+) -> impl Iterator<Item = &str> {
+    let (start, end) = (index * block_size, (index + 1) * block_size);
+    media
+        .iter()
+        .filter(move |m| m.overlaps(start, end))
+        .map(|m| m.hash.as_str())
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -98,6 +121,8 @@ pub struct BlockSource<'a> {
     pub lora: Option<&'a LoraTag>,
     /// The request's `cache_salt` (never empty: vLLM ignores an empty one).
     pub salt: Option<&'a str>,
+    /// The request's media items placed among `tokens`.
+    pub media: &'a [MediaPlace],
 }
 
 /// A change of the cached token blocks, in vLLM's KV event terms.
@@ -117,6 +142,9 @@ pub enum PoolEvent {
         /// The request's cache salt, hashed into the prompt's first block:
         /// set only when that block is the first of this event.
         salt: Option<String>,
+        /// Per block (empty, or one list per hash): the identifiers of the
+        /// media items it overlaps, hashed into it.
+        media: Vec<Vec<String>>,
     },
     /// Cached blocks were evicted.
     Removed {
@@ -320,16 +348,24 @@ fn note_stored(events: &mut Vec<PoolEvent>, src: &BlockSource<'_>, index: usize)
         .checked_sub(1)
         .and_then(|p| src.hashes.get(p))
         .copied();
+    let here: Vec<String> = block_media(src.media, index, bs)
+        .map(str::to_owned)
+        .collect();
     if let Some(PoolEvent::Stored {
         hashes,
         token_ids,
         lora,
+        media,
         ..
     }) = events.last_mut()
         && parent.is_some()
         && hashes.last().copied() == parent
         && lora.as_ref() == src.lora
     {
+        if !here.is_empty() || !media.is_empty() {
+            media.resize(hashes.len(), Vec::new());
+            media.push(here);
+        }
         hashes.push(hash);
         token_ids.extend_from_slice(ids);
         return true;
@@ -343,6 +379,11 @@ fn note_stored(events: &mut Vec<PoolEvent>, src: &BlockSource<'_>, index: usize)
             src.salt.map(str::to_owned)
         } else {
             None
+        },
+        media: if here.is_empty() {
+            Vec::new()
+        } else {
+            vec![here]
         },
     });
     true
@@ -412,6 +453,7 @@ mod tests {
             first,
             lora: None,
             salt: None,
+            media: &[],
         }
     }
 
@@ -420,7 +462,7 @@ mod tests {
         let mut p = BlockPool::new(3);
         p.record_events();
         let tokens = [1, 2, 3, 4, 5, 6, 7];
-        let h = token_block_hashes(&tokens, 2, 0);
+        let h = token_block_hashes(&tokens, 2, 0, &[]);
         assert_eq!(h.len(), 3, "the partial block has no hash");
         assert!(p.take_from(&h[..1], 0, Some(&src(&tokens, &h, 0))));
         assert!(p.take_from(&h[1..], 0, Some(&src(&tokens, &h, 1))));
@@ -430,6 +472,7 @@ mod tests {
             token_ids: tokens[..6].to_vec(),
             lora: None,
             salt: None,
+            media: Vec::new(),
         };
         assert_eq!(p.take_events(), [stored], "consecutive blocks, one event");
         assert!(p.take_from(&h, 0, Some(&src(&tokens, &h, 0))));
@@ -453,6 +496,7 @@ mod tests {
                 token_ids: vec![3, 4],
                 lora: None,
                 salt: None,
+                media: Vec::new(),
             }]
         );
         // A salted prompt: the salt goes with its first block only.
@@ -473,6 +517,40 @@ mod tests {
             })
             .collect();
         assert_eq!(salts, [None, Some("t")]);
+    }
+
+    /// An image standing for tokens 3..6: it is hashed into blocks 1 and 2
+    /// (of 2 tokens), which another image at the same place does not share,
+    /// and their stored event names it per block.
+    #[test]
+    fn media_items_are_hashed_into_and_announced_with_the_blocks_they_overlap() {
+        let tokens = [1, 2, 0, 0, 0, 6, 7, 8];
+        let image = |hash: &str| MediaPlace {
+            modality: "image",
+            hash: hash.into(),
+            offset: 2,
+            length: 3,
+        };
+        let a = [image("a")];
+        let h = token_block_hashes(&tokens, 2, 0, &a);
+        let other = token_block_hashes(&tokens, 2, 0, &[image("b")]);
+        let plain = token_block_hashes(&tokens, 2, 0, &[]);
+        assert_eq!(h[0], other[0]);
+        assert_eq!(h[0], plain[0]);
+        assert!((1..4).all(|i| h[i] != other[i] && h[i] != plain[i]));
+        let mut p = BlockPool::new(8);
+        p.record_events();
+        let source = BlockSource {
+            media: &a,
+            ..src(&tokens, &h, 0)
+        };
+        assert!(p.take_from(&h, 0, Some(&source)));
+        let events = p.take_events();
+        let [PoolEvent::Stored { media, .. }] = &events[..] else {
+            panic!("{events:?}");
+        };
+        let a = || vec!["a".to_owned()];
+        assert_eq!(media, &[vec![], a(), a(), vec![]]);
     }
 
     #[test]

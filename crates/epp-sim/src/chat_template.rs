@@ -68,11 +68,15 @@ impl ChatTemplate {
         })
     }
 
-    /// The prompt text of a chat request body `v`.
+    /// The prompt text of a chat request body `v`. A message's list of parts
+    /// is its text parts joined by newlines (vLLM's "string" content
+    /// format); with `media_markers`, a marker per media part (`<image>`,
+    /// `<audio>`, `<video>`) goes before them, as vLLM puts a multimodal
+    /// model's placeholders before the text.
     ///
     /// # Errors
     /// The template failed (e.g. `raise_exception`).
-    pub fn render(&self, v: &Value) -> Result<String, String> {
+    pub fn render(&self, v: &Value, media_markers: bool) -> Result<String, String> {
         let messages: Vec<Value> = v
             .get("messages")
             .and_then(Value::as_array)
@@ -81,11 +85,24 @@ impl ChatTemplate {
                     .map(|m| {
                         let content = match m.get("content") {
                             Some(Value::String(s)) => s.clone(),
-                            Some(Value::Array(parts)) => parts
-                                .iter()
-                                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                                .collect::<Vec<_>>()
-                                .join("\n"),
+                            Some(Value::Array(parts)) => {
+                                let markers = parts
+                                    .iter()
+                                    .filter(|_| media_markers)
+                                    .filter_map(|p| media_marker(p.get("type")?.as_str()?));
+                                let text = parts
+                                    .iter()
+                                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                                    .collect::<Vec<_>>()
+                                    .join("\n");
+                                let mut all: Vec<&str> = markers.collect();
+                                if all.is_empty() {
+                                    text
+                                } else {
+                                    all.push(&text);
+                                    all.join("\n")
+                                }
+                            }
                             _ => String::new(),
                         };
                         let role = m.get("role").cloned().unwrap_or(Value::from("user"));
@@ -105,4 +122,33 @@ impl ChatTemplate {
             .and_then(|t| t.render(Jinja::from_serialize(&ctx)))
             .map_err(|e| format!("{e:#}"))
     }
+}
+
+/// The media markers a prompt may hold and their modalities.
+pub const MEDIA_MARKERS: [(&str, &str); 3] = [
+    ("<image>", "image"),
+    ("<audio>", "audio"),
+    ("<video>", "video"),
+];
+
+/// The modality of a chat content part of type `kind`, if it is media.
+#[must_use]
+pub fn media_modality(kind: &str) -> Option<&'static str> {
+    match kind {
+        "image_url" | "input_image" => Some("image"),
+        "input_audio" | "audio_url" => Some("audio"),
+        "video_url" => Some("video"),
+        _ => None,
+    }
+}
+
+/// The marker a media part of type `kind` renders as in a prompt (which the
+/// engine expands into placeholder tokens).
+#[must_use]
+pub fn media_marker(kind: &str) -> Option<&'static str> {
+    let modality = media_modality(kind)?;
+    MEDIA_MARKERS
+        .iter()
+        .find(|(_, m)| *m == modality)
+        .map(|(marker, _)| *marker)
 }

@@ -139,6 +139,15 @@ pub struct SimConfig {
     /// does. Without it, chat is the flattened `role: text` transcript.
     #[arg(long, value_name = "FILE", requires = "tokenizer")]
     pub chat_template: Option<PathBuf>,
+    /// Placeholder tokens each media part of a chat stands for, as a
+    /// multimodal model's processor expands an image into N tokens: where
+    /// the --chat-template renders `<image>`, `<audio>` or `<video>` for a
+    /// part, N placeholder tokens (id 0) replace it; the prefix cache hashes
+    /// the item into every block they overlap, KV events carry its
+    /// identifier in those blocks' extra keys and renders report the places
+    /// (`mm_placeholders`), as vLLM does. 0: media parts add no tokens.
+    #[arg(long, default_value_t = 0, requires = "chat_template")]
+    pub mm_tokens: u32,
     /// vLLM's KVEventsConfig as JSON, e.g. `{"enable_kv_cache_events": true,
     /// "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
     /// "tcp://*:5558", "buffer_steps": 10000, "topic": ""}`: publish KV cache

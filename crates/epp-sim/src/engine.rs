@@ -71,11 +71,46 @@ pub struct NewRequest {
     /// The request's `cache_salt`: blocks are only shared with requests of
     /// the same salt.
     pub cache_salt: Option<String>,
+    /// The prompt's media items and their places in `token_ids`.
+    pub media: Vec<MediaPlace>,
     /// The prompt's KV was computed by a prefill server and transferred here
     /// (P/D, `kv_transfer_params.do_remote_prefill`): its blocks are taken
     /// at admission and only the last prompt token is computed, as vLLM's
     /// KV connectors do.
     pub remote_prefill: bool,
+}
+
+/// A media item of a prompt and the placeholder tokens standing for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaPlace {
+    /// `image`, `audio` or `video`.
+    pub modality: &'static str,
+    /// Its identifier (vLLM's `mm_hash`).
+    pub hash: String,
+    /// Index of its first placeholder token.
+    pub offset: u32,
+    /// Its number of placeholder tokens.
+    pub length: u32,
+}
+
+impl MediaPlace {
+    /// Whether it has a token in `start..end`.
+    #[must_use]
+    pub fn overlaps(&self, start: usize, end: usize) -> bool {
+        (self.offset as usize) < end && (self.offset + self.length) as usize > start
+    }
+}
+
+/// A chat rendered through the `--chat-template`.
+#[derive(Debug, Clone, Default)]
+pub struct RenderedChat {
+    /// The text the template rendered.
+    pub text: String,
+    /// Its token ids, media placeholders expanded (`--mm-tokens`).
+    pub token_ids: Vec<u32>,
+    /// The media items placed among them (none when `--mm-tokens` is 0 or
+    /// the template did not render a marker per item).
+    pub media: Vec<MediaPlace>,
 }
 
 /// Why a request was refused before it was queued.
@@ -195,8 +230,10 @@ impl Sim {
         self.tokenizer.as_ref()
     }
 
-    /// A chat body's token ids through the `--chat-template` (then the
-    /// tokenizer, without special tokens), with the rendered text; `None`
+    /// A chat body through the `--chat-template` (then the tokenizer,
+    /// without special tokens): its text and token ids, each of `media`
+    /// (the body's media parts, in order) standing for `--mm-tokens`
+    /// placeholder tokens where the template rendered its marker; `None`
     /// without a template.
     ///
     /// # Errors
@@ -204,13 +241,48 @@ impl Sim {
     pub fn render_chat(
         &self,
         body: &serde_json::Value,
-    ) -> Result<Option<(String, Vec<u32>)>, String> {
+        media: &[(&'static str, String)],
+    ) -> Result<Option<RenderedChat>, String> {
         let (Some(template), Some(tokenizer)) = (&self.chat_template, &self.tokenizer) else {
             return Ok(None);
         };
-        let text = template.render(body)?;
-        let ids = crate::tokens::encode_with(tokenizer, &text, false)?;
-        Ok(Some((text, ids)))
+        let text = template.render(body, self.cfg.mm_tokens > 0)?;
+        let encode = |t: &str| crate::tokens::encode_with(tokenizer, t, false);
+        let pieces = split_at_markers(&text);
+        let placed = self.cfg.mm_tokens > 0
+            && !media.is_empty()
+            && pieces.len() == media.len() + 1
+            && pieces[1..]
+                .iter()
+                .zip(media)
+                .all(|((_, after), (modality, _))| *after == Some(*modality));
+        if !placed {
+            let token_ids = encode(&text)?;
+            return Ok(Some(RenderedChat {
+                text,
+                token_ids,
+                media: Vec::new(),
+            }));
+        }
+        let mut token_ids = Vec::new();
+        let mut places = Vec::with_capacity(media.len());
+        for (i, (piece, _)) in pieces.iter().enumerate() {
+            if let Some((modality, hash)) = i.checked_sub(1).and_then(|m| media.get(m)) {
+                places.push(MediaPlace {
+                    modality,
+                    hash: hash.clone(),
+                    offset: u32::try_from(token_ids.len()).unwrap_or(u32::MAX),
+                    length: self.cfg.mm_tokens,
+                });
+                token_ids.extend(std::iter::repeat_n(0, self.cfg.mm_tokens as usize));
+            }
+            token_ids.extend(encode(piece)?);
+        }
+        Ok(Some(RenderedChat {
+            text,
+            token_ids,
+            media: places,
+        }))
     }
 
     /// `text`'s token ids with the `--tokenizer` (special tokens added);
@@ -348,6 +420,32 @@ async fn run(sim: Weak<Sim>, wake: Arc<Notify>) {
             None => {
                 last_end = None;
                 wake.notified().await;
+            }
+        }
+    }
+}
+
+/// `text` cut at each media marker (`<image>`, `<audio>`, `<video>`): the
+/// pieces between them, each with the modality of the marker before it
+/// (`None` for the first).
+fn split_at_markers(text: &str) -> Vec<(&str, Option<&'static str>)> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    let mut before = None;
+    loop {
+        let next = crate::chat_template::MEDIA_MARKERS
+            .iter()
+            .filter_map(|(m, modality)| rest.find(m).map(|at| (at, *m, *modality)))
+            .min_by_key(|(at, ..)| *at);
+        match next {
+            Some((at, marker, modality)) => {
+                pieces.push((&rest[..at], before));
+                before = Some(modality);
+                rest = &rest[at + marker.len()..];
+            }
+            None => {
+                pieces.push((rest, before));
+                return pieces;
             }
         }
     }

@@ -17,7 +17,7 @@ use tokio::{sync::mpsc::UnboundedSender, time::Instant};
 use crate::{
     blocks::{BlockPool, BlockSource, LoraTag, PoolEvent, block_hashes, token_block_hashes},
     config::SimConfig,
-    engine::{CHARS_PER_TOKEN, Event, NewRequest, Outcome},
+    engine::{CHARS_PER_TOKEN, Event, MediaPlace, NewRequest, Outcome},
     stats::{FinishReason, Stats},
 };
 
@@ -38,6 +38,8 @@ struct Req {
     hashes: Vec<u64>,
     /// The prompt's token ids, when known (its blocks are then announced).
     tokens: Option<Vec<u32>>,
+    /// The prompt's media items placed among `tokens`.
+    media: Vec<MediaPlace>,
     prompt_tokens: u64,
     max_tokens: u64,
     generated: u64,
@@ -72,6 +74,7 @@ impl Req {
             first,
             lora: self.lora.as_ref(),
             salt: self.salt.as_deref(),
+            media: &self.media,
         })
     }
 
@@ -340,7 +343,7 @@ impl Core {
             .fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
         let prompt_tokens = req.prompt_tokens;
         let hashes = match &req.token_ids {
-            Some(ids) => token_block_hashes(ids, self.cfg.block_size, salt),
+            Some(ids) => token_block_hashes(ids, self.cfg.block_size, salt, &req.media),
             None => {
                 let block_chars = self.cfg.block_size.max(1) * CHARS_PER_TOKEN;
                 let mut hashes = block_hashes(req.prompt.as_bytes(), block_chars, salt);
@@ -354,6 +357,7 @@ impl Core {
             salt: req.cache_salt.filter(|s| !s.is_empty()),
             hashes,
             tokens: req.token_ids,
+            media: req.media,
             prompt_tokens,
             max_tokens: req.max_tokens.max(1),
             generated: 0,

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{
     config::KvRole,
-    engine::{Event, Generation, NewRequest, Outcome, Sim, count_tokens},
+    engine::{Event, Generation, MediaPlace, NewRequest, Outcome, Sim, count_tokens},
     engine_core::Injected,
 };
 
@@ -63,6 +63,10 @@ struct Ask {
     prompt_tokens: u64,
     /// The prompt's token ids: given as such, or from the `--tokenizer`.
     token_ids: Option<Vec<u32>>,
+    /// The chat's media parts, in order (modality, identifier).
+    media: Vec<(&'static str, String)>,
+    /// Where they stand among `token_ids`, when placed (`--mm-tokens`).
+    places: Vec<MediaPlace>,
     cache_salt: Option<String>,
     max_tokens: u64,
     stream: bool,
@@ -188,8 +192,9 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
     // Token-id prompts are token ids, tokenizer or not; chat goes through
     // the --chat-template when there is one; other text (a prompt string,
     // or the flattened chat) is tokenized when there is a tokenizer.
+    let media = if chat { media_parts(&v) } else { Vec::new() };
     let rendered = if chat {
-        sim.render_chat(&v).map_err(|e| {
+        sim.render_chat(&v, &media).map_err(|e| {
             api_error(
                 StatusCode::BAD_REQUEST,
                 "BadRequestError",
@@ -199,9 +204,11 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
     } else {
         None
     };
-    let token_ids = if let Some((text, rendered)) = rendered {
-        prompt = text;
-        Some(rendered)
+    let mut places = Vec::new();
+    let token_ids = if let Some(rendered) = rendered {
+        prompt = rendered.text;
+        places = rendered.media;
+        Some(rendered.token_ids)
     } else if !ids.is_empty() && texts == 0 {
         Some(ids)
     } else {
@@ -239,6 +246,8 @@ fn parse(sim: &Sim, body: &[u8], chat: bool) -> Result<Ask, ApiError> {
         prompt,
         prompt_tokens,
         token_ids,
+        media,
+        places,
         cache_salt,
         max_tokens,
         stream,
@@ -387,6 +396,7 @@ async fn generate(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
         prompt_tokens: ask.prompt_tokens,
         max_tokens: ask.max_tokens,
         token_ids: ask.token_ids.take(),
+        media: std::mem::take(&mut ask.places),
         cache_salt: ask.cache_salt.take(),
         remote_prefill: ask.transfer == Transfer::Consume,
     };
@@ -511,17 +521,13 @@ fn stream(mut g: Generation, ask: Ask, id: String, chat: bool) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-/// The `features` of a chat render answer: `{"mm_hashes": {modality:
-/// [hash, …]}}` for the messages' media parts, in order (`image_url`,
-/// `input_image` → image; `input_audio`, `audio_url` → audio; `video_url` →
-/// video), or null without any. vLLM hashes each item's content; the
-/// simulator fetches nothing, so it hashes the reference (the URL, or the
-/// inline data, which is the content).
-fn media_features(body: &[u8]) -> Value {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return Value::Null;
-    };
-    let mut hashes: serde_json::Map<String, Value> = serde_json::Map::new();
+/// The media parts of a chat body's messages, in order, as (modality,
+/// identifier): `image_url`, `input_image` → image; `input_audio`,
+/// `audio_url` → audio; `video_url` → video. vLLM hashes each item's
+/// content; the simulator fetches nothing, so it hashes the reference (the
+/// URL, or the inline data, which is the content).
+fn media_parts(v: &Value) -> Vec<(&'static str, String)> {
+    let mut items = Vec::new();
     let parts = v
         .get("messages")
         .and_then(Value::as_array)
@@ -533,11 +539,8 @@ fn media_features(body: &[u8]) -> Value {
         let Some(kind) = part.get("type").and_then(Value::as_str) else {
             continue;
         };
-        let modality = match kind {
-            "image_url" | "input_image" => "image",
-            "input_audio" | "audio_url" => "audio",
-            "video_url" => "video",
-            _ => continue,
+        let Some(modality) = crate::chat_template::media_modality(kind) else {
+            continue;
         };
         // `{"image_url": {"url": …}}`, `{"image_url": "…"}`, `{"input_audio": {"data": …}}`.
         let reference = part.get(kind).map_or(Value::Null, |r| {
@@ -548,19 +551,41 @@ fn media_features(body: &[u8]) -> Value {
         });
         let mut h = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&reference.to_string(), &mut h);
-        let hash = format!("{:016x}", std::hash::Hasher::finish(&h));
+        items.push((modality, format!("{:016x}", std::hash::Hasher::finish(&h))));
+    }
+    items
+}
+
+/// The `features` of a chat render answer: `{"mm_hashes": {modality:
+/// [hash, …]}}` for the media parts, in order, with `"mm_placeholders":
+/// {modality: [{"offset", "length"}, …]}` when they were placed among the
+/// tokens (`--mm-tokens`); null without any.
+fn media_features(media: &[(&'static str, String)], places: &[MediaPlace]) -> Value {
+    if media.is_empty() {
+        return Value::Null;
+    }
+    let mut hashes: serde_json::Map<String, Value> = serde_json::Map::new();
+    for (modality, hash) in media {
         if let Value::Array(list) = hashes
-            .entry(modality)
+            .entry(*modality)
             .or_insert_with(|| Value::Array(Vec::new()))
         {
-            list.push(Value::String(hash));
+            list.push(Value::String(hash.clone()));
         }
     }
-    if hashes.is_empty() {
-        Value::Null
-    } else {
-        json!({ "mm_hashes": hashes })
+    if places.is_empty() {
+        return json!({ "mm_hashes": hashes });
     }
+    let mut ranges: serde_json::Map<String, Value> = serde_json::Map::new();
+    for p in places {
+        if let Value::Array(list) = ranges
+            .entry(p.modality)
+            .or_insert_with(|| Value::Array(Vec::new()))
+        {
+            list.push(json!({"offset": p.offset, "length": p.length}));
+        }
+    }
+    json!({ "mm_hashes": hashes, "mm_placeholders": ranges })
 }
 
 /// `POST /v1/completions/render` and `/v1/chat/completions/render` (vLLM's
@@ -582,7 +607,7 @@ async fn render(sim: Arc<Sim>, body: &[u8], chat: bool) -> Response {
     };
     let id = format!("render-{:016x}", sim.next_id());
     if chat {
-        let features = media_features(body);
+        let features = media_features(&ask.media, &ask.places);
         Json(json!({"request_id": id, "token_ids": ids, "features": features})).into_response()
     } else {
         Json(json!([{"request_id": id, "token_ids": ids}])).into_response()
@@ -610,12 +635,28 @@ mod render_tests {
             {"type":"image_url","image_url":{"url":"http://x/a.png"}},
             {"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}},
             {"type":"image_url","image_url":{"url":"http://x/a.png"}}]}]}"#;
-        let f = media_features(body);
+        let media = media_parts(&serde_json::from_slice(body).unwrap());
+        let f = media_features(&media, &[]);
         let images = f["mm_hashes"]["image"].as_array().unwrap();
         assert_eq!(images.len(), 2, "one per part, repeats included");
         assert_eq!(images[0], images[1], "the same reference, the same hash");
         assert_eq!(f["mm_hashes"]["audio"].as_array().unwrap().len(), 1);
+        assert!(f.get("mm_placeholders").is_none(), "not placed");
+        // Placed: each modality's places in order.
+        let at = |i: usize, offset| MediaPlace {
+            modality: media[i].0,
+            hash: media[i].1.clone(),
+            offset,
+            length: 4,
+        };
+        let f = media_features(&media, &[at(0, 2), at(1, 6), at(2, 12)]);
+        assert_eq!(
+            f["mm_placeholders"],
+            json!({"image": [{"offset": 2, "length": 4}, {"offset": 12, "length": 4}],
+                   "audio": [{"offset": 6, "length": 4}]})
+        );
         let text_only = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-        assert_eq!(media_features(text_only), Value::Null);
+        let none = media_parts(&serde_json::from_slice(text_only).unwrap());
+        assert_eq!(media_features(&none, &[]), Value::Null);
     }
 }

@@ -641,6 +641,97 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// A chat template beside the test tokenizer in `dir` that renders an image
+/// part as `<image>` (the simulators expand it into `--mm-tokens`
+/// placeholder tokens, as a multimodal model's processor does); the
+/// simulator arguments that render with it, eight tokens an image.
+fn with_media_template(dir: &Path) -> Vec<String> {
+    let template = dir.join("media_template.jinja");
+    std::fs::write(
+        &template,
+        "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n\
+         {% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}\
+         {% if p.type == 'text' %}{{ p.text }}{% else %}<image>{% endif %}{% endfor %}{% endif %}\n\
+         {% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<|bos|>"}"#,
+    )
+    .unwrap();
+    vec![
+        "--chat-template".into(),
+        template.to_str().unwrap().into(),
+        "--mm-tokens".into(),
+        "8".into(),
+    ]
+}
+
+/// A chat after `system` asking `question` about the image at `url`.
+fn image_chat(system: &str, url: &str, question: &str) -> serde_json::Value {
+    serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": question}]}]})
+}
+
+/// Multimodal prompts: an image's placeholder tokens are the same whatever
+/// the image, and the engines hash the image's identifier into the blocks
+/// they overlap (the simulators as vLLM, in their KV events' extra keys).
+/// Two engines cached the same system prompt and question with two
+/// different images; each image's requests, rendered by the engine's render
+/// endpoint (which reports the images' places), go through Envoy to the
+/// engine that cached that image. Before, both engines matched every image
+/// alike, and the picks split between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_images_requests_follow_the_blocks_of_that_image() {
+    let dir = scratch_dir("precise-media");
+    let tokenizer = write_test_tokenizer(&dir).unwrap();
+    let sim_args = with_media_template(&dir);
+    let sim_args: Vec<&str> = sim_args.iter().map(String::as_str).collect();
+    let mut render_args = vec!["--tokenizer", tokenizer.to_str().unwrap()];
+    render_args.extend_from_slice(&sim_args);
+    let render = epp_test_support::process::start_sim(&dir, 9, &render_args);
+    let backend = format!(
+        "    vllm: {{url: 'http://127.0.0.1:{}', timeout: 2s}}",
+        render.port
+    );
+    let (sims, epp, envoy) = start_fleet(&dir, &tokenizer, &sim_args, &backend).await;
+
+    let system = "You describe pictures of boats and harbours, briefly. ".repeat(4);
+    let images = ["http://img/ketch.png", "http://img/schooner.png"];
+    for (on, url) in [(1, images[0]), (2, images[1])] {
+        let endpoint = at(IPS[on], &sims[on]);
+        let before = blocks(epp.metrics_port, &endpoint, "stored").await;
+        let warm = image_chat(&system, url, "What is this?");
+        let r = http::post_json_at(IPS[on], sims[on].port, "/v1/chat/completions", &warm)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        wait_for_blocks(epp.metrics_port, &endpoint, "stored", before).await;
+    }
+    for (on, url) in [(1, images[0]), (2, images[1])] {
+        for q in 0..6 {
+            let r = http::post_json(
+                envoy.port,
+                "/v1/chat/completions",
+                &image_chat(&system, url, "What is this?"),
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(
+                r.header("x-inference-pod"),
+                Some(format!("sim-{on}").as_str()),
+                "{url}, request {q}"
+            );
+        }
+    }
+    drop((render, envoy));
+}
+
 /// llm-d's simulator (llm-d/llm-d-inference-sim, built from its Go module)
 /// as two model servers: each publishes its KV-cache events to the socket
 /// epp binds (`zmqEndpoint`), naming itself by `POD_IP` in the topic, and

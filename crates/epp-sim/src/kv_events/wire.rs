@@ -6,7 +6,7 @@
 //! batch  = [ts: f64, events: [event...]]            (data_parallel_rank unset: omitted)
 //! event  = ["BlockStored", block_hashes, parent_block_hash | nil, token_ids,
 //!           block_size, lora_id | nil, "GPU"(, lora_name | nil(, extra_keys))]
-//! extra_keys = [[lora_name?, cache_salt? (first block of the prompt only)] | nil, ...]
+//! extra_keys = [[lora_name?, mm identifier*, cache_salt? (first block of the prompt only)] | nil, ...]
 //!        | ["BlockRemoved", block_hashes, "GPU"]
 //!        | ["AllBlocksCleared"]
 //! hash   = uint64, or (hash_bytes) bin32 whose last 8 bytes are the big-endian u64
@@ -80,10 +80,12 @@ fn write_event(w: &mut ByteBuf, e: &PoolEvent, block_size: usize, enc_h: HashEnc
             token_ids,
             lora,
             salt,
+            media,
         } => {
-            // As vLLM: each block's extra keys are the adapter's name, then
-            // (the prompt's first block only) the salt; omitted when none.
-            let extras = lora.is_some() || salt.is_some();
+            // As vLLM: each block's extra keys are the adapter's name, the
+            // media items it overlaps, then (the prompt's first block only)
+            // the salt; omitted when none.
+            let extras = lora.is_some() || salt.is_some() || !media.is_empty();
             let fields = match (lora.is_some(), extras) {
                 (_, true) => 9,
                 (true, false) => 8,
@@ -117,7 +119,9 @@ fn write_event(w: &mut ByteBuf, e: &PoolEvent, block_size: usize, enc_h: HashEnc
                 enc::write_array_len(w, len32(hashes.len()))?;
                 for i in 0..hashes.len() {
                     let salt = salt.as_deref().filter(|_| i == 0);
-                    let n = u32::from(lora.is_some()) + u32::from(salt.is_some());
+                    let items = media.get(i).map_or(&[][..], Vec::as_slice);
+                    let n =
+                        u32::from(lora.is_some()) + len32(items.len()) + u32::from(salt.is_some());
                     if n == 0 {
                         write_nil(w);
                         continue;
@@ -125,6 +129,9 @@ fn write_event(w: &mut ByteBuf, e: &PoolEvent, block_size: usize, enc_h: HashEnc
                     enc::write_array_len(w, n)?;
                     if let Some(l) = lora {
                         enc::write_str(w, &l.name)?;
+                    }
+                    for id in items {
+                        enc::write_str(w, id)?;
                     }
                     if let Some(salt) = salt {
                         enc::write_str(w, salt)?;
@@ -214,6 +221,7 @@ mod tests {
             token_ids: vec![1, 300, 70_000, 2, 3, 4, 5, 6],
             lora: None,
             salt: None,
+            media: Vec::new(),
         };
         let v = decode(&encode_batch(TS, &[e], 4, HashEncoding::Int));
         let f = only_event(&v);
@@ -250,6 +258,7 @@ mod tests {
                 name: "sql-lora".into(),
             }),
             salt: None,
+            media: Vec::new(),
         };
         let v = decode(&encode_batch(TS, &[e], 2, HashEncoding::Int));
         let f = only_event(&v);
@@ -275,6 +284,7 @@ mod tests {
             token_ids: vec![1, 2, 3, 4],
             lora,
             salt: Some("tenant".into()),
+            media: Vec::new(),
         };
         let v = decode(&encode_batch(TS, &[salted(None)], 2, HashEncoding::Int));
         let f = only_event(&v);
@@ -300,6 +310,30 @@ mod tests {
             Value::Array(vec![
                 Value::Array(vec![Value::from("ad"), Value::from("tenant")]),
                 Value::Array(vec![Value::from("ad")]),
+            ])
+        );
+        // Media items between the adapter and the salt, in the blocks they
+        // overlap; a block with none of the three is nil.
+        let with_media = PoolEvent::Stored {
+            hashes: vec![1, 2, 3],
+            parent: None,
+            token_ids: vec![1, 2, 3, 4, 5, 6],
+            lora: None,
+            salt: Some("tenant".into()),
+            media: vec![
+                vec!["img".into()],
+                vec!["img".into(), "img2".into()],
+                vec![],
+            ],
+        };
+        let v = decode(&encode_batch(TS, &[with_media], 2, HashEncoding::Int));
+        let f = only_event(&v);
+        assert_eq!(
+            f[8],
+            Value::Array(vec![
+                Value::Array(vec![Value::from("img"), Value::from("tenant")]),
+                Value::Array(vec![Value::from("img"), Value::from("img2")]),
+                Value::Nil,
             ])
         );
     }
@@ -339,6 +373,7 @@ mod tests {
             token_ids: vec![0],
             lora: None,
             salt: None,
+            media: Vec::new(),
         };
         let v = decode(&encode_batch(TS, &[e], 1, HashEncoding::Bytes));
         let f = only_event(&v);
