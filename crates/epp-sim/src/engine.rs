@@ -450,3 +450,22 @@ fn split_at_markers(text: &str) -> Vec<(&str, Option<&'static str>)> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_cut_at_each_media_marker_in_order() {
+        assert_eq!(
+            split_at_markers("a<image>b<audio><image>c"),
+            [
+                ("a", None),
+                ("b", Some("image")),
+                ("", Some("audio")),
+                ("c", Some("image"))
+            ]
+        );
+        assert_eq!(split_at_markers("plain"), [("plain", None)]);
+    }
+}
