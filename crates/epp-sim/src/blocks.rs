@@ -80,6 +80,15 @@ fn block_media(
         .map(|m| m.hash.as_str())
 }
 
+/// The hash of block `index` of a request's generated tokens after the
+/// block hashed `parent` (its prompt's last full block, or the output block
+/// before): `nonce` is the request's own, so no other request's block has
+/// it, as no other request generates the same tokens after the same prefix.
+#[must_use]
+pub fn output_block_hash(parent: u64, nonce: u64, index: usize) -> u64 {
+    splitmix(parent ^ splitmix(nonce ^ index as u64) ^ 0x6f75_7470_7574_0000)
+}
+
 fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -148,6 +148,15 @@ pub struct SimConfig {
     /// (`mm_placeholders`), as vLLM does. 0: media parts add no tokens.
     #[arg(long, default_value_t = 0, requires = "chat_template")]
     pub mm_tokens: u32,
+    /// Cache generated tokens' blocks too, as vLLM's prefix caching does:
+    /// each block of output that fills up is hashed (never matching another
+    /// request), kept cached after the request like its prompt's blocks (and
+    /// evicted before them: a request's blocks are freed last to first) and
+    /// announced in KV events. Long outputs then crowd cached prompts out of
+    /// the cache, as they do in vLLM. Off by default: earlier figures were
+    /// measured without it.
+    #[arg(long)]
+    pub cache_output_blocks: bool,
     /// vLLM's KVEventsConfig as JSON, e.g. `{"enable_kv_cache_events": true,
     /// "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
     /// "tcp://*:5558", "buffer_steps": 10000, "topic": ""}`: publish KV cache

@@ -15,7 +15,10 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::{sync::mpsc::UnboundedSender, time::Instant};
 
 use crate::{
-    blocks::{BlockPool, BlockSource, LoraTag, PoolEvent, block_hashes, token_block_hashes},
+    blocks::{
+        BlockPool, BlockSource, LoraTag, PoolEvent, block_hashes, output_block_hash,
+        token_block_hashes,
+    },
     config::SimConfig,
     engine::{CHARS_PER_TOKEN, Event, MediaPlace, NewRequest, Outcome},
     stats::{FinishReason, Stats},
@@ -40,6 +43,9 @@ struct Req {
     tokens: Option<Vec<u32>>,
     /// The prompt's media items placed among `tokens`.
     media: Vec<MediaPlace>,
+    /// With `--cache-output-blocks`: what makes this request's output
+    /// blocks' hashes its own.
+    output_nonce: Option<u64>,
     prompt_tokens: u64,
     max_tokens: u64,
     generated: u64,
@@ -112,6 +118,23 @@ fn grow(pool: &mut BlockPool, req: &mut Req, tokens: u64, block_size: u64) -> bo
         let restored = pool.take(&[], shrink);
         debug_assert!(restored, "blocks just returned are free");
         false
+    }
+}
+
+/// A generated token of `r`, with `--cache-output-blocks`: its id joins the
+/// prompt's (when those are known, for the KV events), and a block it fills
+/// gets a hash, so the next growth caches it like a prompt block.
+fn note_output_token(r: &mut Req, nonce: u64, block_size: usize) {
+    let tokens = r.num_tokens() as usize;
+    if let Some(ids) = r.tokens.as_mut() {
+        // Ids of the tokenizer's range, the request's own.
+        let id = output_block_hash(nonce, tokens as u64, 0) % 30_000;
+        ids.push(u32::try_from(id).unwrap_or(0));
+    }
+    if tokens.is_multiple_of(block_size) && r.hashes.len() + 1 == tokens / block_size {
+        let parent = r.hashes.last().copied().unwrap_or(nonce);
+        let index = r.hashes.len();
+        r.hashes.push(output_block_hash(parent, nonce, index));
     }
 }
 
@@ -358,6 +381,7 @@ impl Core {
             hashes,
             tokens: req.token_ids,
             media: req.media,
+            output_nonce: self.cfg.cache_output_blocks.then(|| self.rng.random()),
             prompt_tokens,
             max_tokens: req.max_tokens.max(1),
             generated: 0,
@@ -600,6 +624,9 @@ impl Core {
             }
             // The last computed token yields a new one.
             r.generated += 1;
+            if let Some(nonce) = r.output_nonce {
+                note_output_token(r, nonce, self.cfg.block_size.max(1));
+            }
             self.stats.generation_tokens += 1;
             match r.last_token {
                 None => {

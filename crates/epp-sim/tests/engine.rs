@@ -168,6 +168,35 @@ async fn the_cache_evicts_least_recently_freed_blocks() {
     );
 }
 
+/// vLLM caches the blocks of generated tokens too: a request's output
+/// stays cached after it (blocks of 4 tokens: 8 prompt tokens and 9 output
+/// tokens fill 4 blocks, the 17th token's is partial), and long outputs
+/// crowd cached prompts out. Without the flag only prompts are cached.
+#[tokio::test(start_paused = true)]
+async fn generated_blocks_are_cached_and_crowd_out_prompts() {
+    let prompt = |c: char| c.to_string().repeat(32); // 8 tokens, 2 blocks
+    for (flag, cached_after_a, a_survives) in [(true, 4, false), (false, 2, true)] {
+        let mut args = vec!["--num-gpu-blocks", "8", "--block-size", "4"];
+        if flag {
+            args.push("--cache-output-blocks");
+        }
+        let s = sim(&args);
+        let _ = run(&s, req(MODEL, &prompt('a'), 9)).await;
+        assert_eq!(
+            s.with_core(|c| c.pool().cached_blocks()),
+            cached_after_a,
+            "--cache-output-blocks {flag}"
+        );
+        // b and its output take the 4 blocks left; then c's 16-token prompt
+        // needs 4: with outputs cached the pool must evict a's 4 (its output
+        // first, then its prompt from the tail).
+        let _ = run(&s, req(MODEL, &prompt('b'), 9)).await;
+        let _ = run(&s, req(MODEL, &"c".repeat(64), 1)).await;
+        let hit = run(&s, req(MODEL, &prompt('a'), 1)).await.1.cached_tokens;
+        assert_eq!(hit > 0, a_survives, "--cache-output-blocks {flag}: {hit}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn kv_usage_counts_the_blocks_running_requests_hold() {
     let s = sim(&["--num-gpu-blocks", "100", "--itl-ms", "10"]);

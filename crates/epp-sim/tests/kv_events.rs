@@ -395,3 +395,54 @@ async fn token_id_prompts_publish_events_without_a_tokenizer() {
     .await;
     assert!(recv(&mut sub).await.is_none());
 }
+
+/// With `--cache-output-blocks`, the blocks a request's output fills are
+/// announced after its prompt's, chained to them, as vLLM announces every
+/// block it caches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_blocks_are_announced_after_the_prompts() {
+    let (server, endpoint, _) = start(&["--cache-output-blocks"]);
+    let mut sub = subscribe(&endpoint).await;
+    let ids: Vec<u32> = (1000..1010).collect();
+    // 10 prompt tokens and 9 generated: blocks 0-1 are the prompt's, block 2
+    // holds 2 prompt and 2 generated tokens, blocks 3 the generated ones.
+    post(
+        server.http,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": ids, "max_tokens": 9}),
+    )
+    .await;
+    let mut blocks: Vec<(u64, Vec<u64>)> = Vec::new();
+    while let Some(m) = recv(&mut sub).await {
+        for e in &m.events {
+            let f = e.as_array().unwrap();
+            if f[0].as_str() != Some("BlockStored") {
+                continue;
+            }
+            let tokens: Vec<u64> = f[3]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap())
+                .collect();
+            for (i, h) in f[1].as_array().unwrap().iter().enumerate() {
+                blocks.push((
+                    h.as_u64().unwrap(),
+                    tokens[i * BLOCK..(i + 1) * BLOCK].to_vec(),
+                ));
+            }
+        }
+        if blocks.len() >= 4 {
+            break;
+        }
+    }
+    assert_eq!(blocks.len(), 4, "{blocks:?}");
+    assert_eq!(blocks[0].1, [1000, 1001, 1002, 1003]);
+    assert_eq!(
+        &blocks[2].1[..2],
+        [1008, 1009],
+        "the prompt's tail, then output"
+    );
+    let hashes: HashSet<u64> = blocks.iter().map(|b| b.0).collect();
+    assert_eq!(hashes.len(), 4);
+}
