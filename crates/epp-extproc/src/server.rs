@@ -19,12 +19,12 @@
 //! window instead of growing a queue here. Envoy's windows (256 MiB) take
 //! every reply at once.
 //!
-//! Not done: unread request data is bounded per connection (its receive
-//! window, 4 MiB), but replies held are bounded per stream (64 KiB plus one
-//! message's replies here, h2's send buffer of at most ~400 KiB within the
-//! peer's window), not per connection: with
-//! [`H2Options::max_concurrent_streams`] unset (the default) a peer that
-//! opens many streams and reads none multiplies that.
+//! Unread request data is bounded per connection (its receive window,
+//! 4 MiB); replies held here per stream (64 KiB plus one message's replies)
+//! and per connection: past 1 MiB held by all its streams, none of them
+//! reads on, so a peer opening many streams and reading none is stopped
+//! too. Still per stream: h2's own send buffer (at most ~400 KiB within the
+//! peer's window).
 
 use std::{
     fmt,
@@ -194,6 +194,7 @@ impl ExtProcService {
             streams: FuturesUnordered::new(),
             decider: Arc::clone(&self.decider),
             max_message: options.max_message_bytes,
+            held: Arc::default(),
             keepalive,
             shutdown: Some(shutdown),
             defer,
@@ -263,6 +264,8 @@ struct ConnectionTask<T, S> {
     streams: FuturesUnordered<StreamTask>,
     decider: Arc<Decider>,
     max_message: Option<usize>,
+    /// What its streams hold for the peer's windows, in all.
+    held: Arc<outbox::ConnectionHeld>,
     keepalive: Option<Keepalive>,
     /// Until it fired (then the connection is going away).
     shutdown: Option<S>,
@@ -298,7 +301,13 @@ where
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(r)) => {
                 let (request, respond) = r?;
-                if let Some(s) = stream::start(&self.decider, request, respond, self.max_message) {
+                if let Some(s) = stream::start(
+                    &self.decider,
+                    request,
+                    respond,
+                    self.max_message,
+                    &self.held,
+                ) {
                     self.streams.push(s);
                 }
                 cx.waker().wake_by_ref();
@@ -322,9 +331,13 @@ where
                     Poll::Pending => break,
                     Poll::Ready(Some(r)) => {
                         let (request, respond) = r?;
-                        if let Some(s) =
-                            stream::start(&self.decider, request, respond, self.max_message)
-                        {
+                        if let Some(s) = stream::start(
+                            &self.decider,
+                            request,
+                            respond,
+                            self.max_message,
+                            &self.held,
+                        ) {
                             self.streams.push(s);
                         }
                         accepted = true;

@@ -1,11 +1,17 @@
 //! The send side of one stream on the lean server: replies go to h2 only
 //! as far as the peer's flow-control window allows; the rest waits here
 //! (not in h2's queue, which would grow without bound) until the peer
-//! opens the window.
+//! opens the window. What the streams of one connection hold is counted
+//! together ([`ConnectionHeld`]), so a peer reading none of many streams'
+//! replies stops them all.
 
 use std::{
     collections::VecDeque,
-    task::{Context, Poll},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering::Relaxed},
+    },
+    task::{Context, Poll, Waker},
 };
 
 use bytes::Bytes;
@@ -15,6 +21,48 @@ use h2::SendStream;
 /// 2^31 - 1 bytes).
 const MAX_RESERVE: usize = (1 << 31) - 1;
 
+/// Reply bytes all the streams of one connection may hold for the peer's
+/// windows before every stream of it stops reading.
+pub(super) const MAX_HELD_PER_CONNECTION: usize = 1 << 20;
+
+/// The reply bytes the streams of one connection hold, and the streams
+/// waiting for that to fall under [`MAX_HELD_PER_CONNECTION`].
+#[derive(Debug, Default)]
+pub(super) struct ConnectionHeld {
+    bytes: AtomicUsize,
+    waiting: Mutex<Vec<Waker>>,
+}
+
+impl ConnectionHeld {
+    /// Whether the connection holds more than it may: then the stream
+    /// asking is woken once it holds less.
+    pub(super) fn over(&self, cx: &Context<'_>) -> bool {
+        if self.bytes.load(Relaxed) <= MAX_HELD_PER_CONNECTION {
+            return false;
+        }
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            waiting.push(cx.waker().clone());
+        }
+        drop(waiting);
+        // Drained meanwhile: do not wait for a wake that came before.
+        self.bytes.load(Relaxed) > MAX_HELD_PER_CONNECTION
+    }
+
+    fn add(&self, n: usize) {
+        self.bytes.fetch_add(n, Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        let before = self.bytes.fetch_sub(n, Relaxed);
+        if before > MAX_HELD_PER_CONNECTION && before - n <= MAX_HELD_PER_CONNECTION {
+            let waiting =
+                std::mem::take(&mut *self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
+            waiting.into_iter().for_each(Waker::wake);
+        }
+    }
+}
+
 /// Reply bytes of one stream, handed to h2 within the window, or held.
 #[derive(Debug)]
 pub(super) struct Outbox {
@@ -23,6 +71,14 @@ pub(super) struct Outbox {
     held: VecDeque<Bytes>,
     /// Their total length.
     held_len: usize,
+    /// What the connection's streams hold in all.
+    connection: Arc<ConnectionHeld>,
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.connection.sub(self.held_len);
+    }
 }
 
 /// The stream is gone (reset by the peer, or its connection failed).
@@ -30,12 +86,18 @@ pub(super) struct Outbox {
 pub(super) struct Gone;
 
 impl Outbox {
-    pub(super) fn new(send: SendStream<Bytes>) -> Self {
+    pub(super) fn new(send: SendStream<Bytes>, connection: Arc<ConnectionHeld>) -> Self {
         Self {
             send,
             held: VecDeque::new(),
             held_len: 0,
+            connection,
         }
+    }
+
+    /// The connection's account of what its streams hold.
+    pub(super) fn connection(&self) -> &ConnectionHeld {
+        &self.connection
     }
 
     /// Bytes waiting for the peer's window.
@@ -70,6 +132,7 @@ impl Outbox {
             }
             if !part.is_empty() {
                 self.held_len += part.len();
+                self.connection.add(part.len());
                 self.held.push_back(part);
             }
         }
@@ -100,6 +163,7 @@ impl Outbox {
                 };
                 capacity -= part.len();
                 self.held_len -= part.len();
+                self.connection.sub(part.len());
                 self.send.send_data(part, false).map_err(|_| Gone)?;
             }
         }

@@ -2,9 +2,9 @@
 //! connection's task, reading Envoy's messages straight from h2's DATA
 //! frames and answering each with one DATA send, within the peer's
 //! flow-control window: while more than [`MAX_HELD`] bytes of replies wait
-//! for that window, the stream reads no further message (and so releases
-//! no receive window: a peer that sends without reading is stopped by its
-//! own flow control).
+//! for that window (or more than a MiB on all the connection's streams),
+//! the stream reads no further message (and so releases no receive window:
+//! a peer that sends without reading is stopped by its own flow control).
 
 use std::{
     collections::VecDeque,
@@ -22,7 +22,7 @@ use prost::Message;
 
 use super::{
     grpc::{self, Code, Deframer, Status},
-    outbox::Outbox,
+    outbox::{ConnectionHeld, Outbox},
     reply,
 };
 use crate::{
@@ -69,6 +69,7 @@ pub(super) fn start(
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     max_message: Option<usize>,
+    held: &Arc<ConnectionHeld>,
 ) -> Option<StreamTask> {
     let refusal = if request.uri().path() != PROCESS_PATH {
         Some((
@@ -106,7 +107,7 @@ pub(super) fn start(
     let open = decider.metrics.stream_opened(exchange.started());
     Some(StreamTask {
         recv: request.into_body(),
-        out: Outbox::new(send),
+        out: Outbox::new(send, Arc::clone(held)),
         deframer: Deframer::new(max),
         exchange,
         pending: VecDeque::with_capacity(4),
@@ -277,9 +278,11 @@ impl Future for StreamTask {
                 continue;
             }
             // Backpressure: while the peer leaves too many replies unread,
-            // read nothing more from it (its window is not released, so it
-            // stops sending). The window opening wakes this task.
-            if waiting && this.out.held() > MAX_HELD {
+            // on this stream or on all of the connection's, read nothing
+            // more from it (its window is not released, so it stops
+            // sending). The window opening, or the connection's streams
+            // holding less, wakes this task.
+            if (waiting && this.out.held() > MAX_HELD) || this.out.connection().over(cx) {
                 return Poll::Pending;
             }
             // Messages already received.

@@ -261,33 +261,37 @@ async fn window_for(send: &mut h2::SendStream<Bytes>, len: usize, patience: Dura
     tokio::time::timeout(patience, granted).await.is_ok()
 }
 
-#[tokio::test]
-async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
-    // The client lets the server send 64 KiB ahead of its reading; the
-    // server's windows are the default 1 MiB (stream) and 4 MiB.
-    const WINDOW: u32 = 64 << 10;
-    const CHUNK: usize = 32 << 10;
-    const CHUNKS: usize = 128; // 4 MiB of response body, echoed as much
-    let fx = start(&[0], ExtProcOptions::default()).await;
-    let tcp = tokio::net::TcpStream::connect(fx.addr).await.unwrap();
+/// A client letting the server send `window` bytes ahead of its reading,
+/// on each stream and on the connection; the server's windows are the
+/// default 1 MiB (stream) and 4 MiB.
+async fn slow_reader(addr: std::net::SocketAddr, window: u32) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(WINDOW)
-        .initial_connection_window_size(WINDOW)
+        .initial_window_size(window)
+        .initial_connection_window_size(window)
         .handshake::<_, Bytes>(tcp)
         .await
-        .unwrap();
+        .expect("handshake");
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let mut client = client.ready().await.unwrap();
+    client.ready().await.expect("ready")
+}
+
+/// Opens a stream with a routed FULL_DUPLEX request and its response
+/// headers (small replies, read): the server now echoes each response
+/// body chunk in a reply as large.
+async fn at_response_body(
+    client: &mut h2::client::SendRequest<Bytes>,
+) -> (h2::SendStream<Bytes>, Replies) {
     let request = http::Request::post(format!("http://epp{PROCESS}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(())
-        .unwrap();
-    let (response, mut send) = client.send_request(request, false).unwrap();
-
-    // A routed FULL_DUPLEX request and its response headers: small replies.
+        .expect("a request");
+    let (response, mut send) = client
+        .send_request(request, false)
+        .expect("send the request");
     let opening = [
         request_headers(
             &pairs(&post("/v1/completions")),
@@ -302,12 +306,13 @@ async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
         ),
     ];
     for msg in &opening {
-        send.send_data(Bytes::from(framed(msg)), false).unwrap();
+        send.send_data(Bytes::from(framed(msg)), false)
+            .expect("send");
     }
     let head = tokio::time::timeout(Duration::from_secs(10), response)
         .await
         .expect("no response head within 10 s")
-        .unwrap();
+        .expect("a response head");
     let mut replies = Replies {
         body: head.into_body(),
         buf: Vec::new(),
@@ -315,16 +320,28 @@ async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
     assert!(destination(&replies.next().await).is_some());
     assert_eq!(streamed(&replies.next().await).0, chat_body("m", "hello"));
     let _response_headers = replies.next().await;
+    (send, replies)
+}
+
+/// The `i`-th of `n` response body chunks of `len` bytes, framed.
+fn body_chunk(i: usize, n: usize, len: usize) -> Bytes {
+    let body = vec![(i % 251) as u8; len];
+    Bytes::from(framed(&response_body(&body, i + 1 == n)))
+}
+
+#[tokio::test]
+async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
+    const WINDOW: u32 = 64 << 10;
+    const CHUNK: usize = 32 << 10;
+    const CHUNKS: usize = 128; // 4 MiB of response body, echoed as much
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut client = slow_reader(fx.addr, WINDOW).await;
+    let (mut send, mut replies) = at_response_body(&mut client).await;
 
     // The response body in 32 KiB chunks, each echoed in a reply as large;
     // the client reads none. The server, its replies held for the client's
     // window, must stop reading, and its own window stops the client.
-    let chunks: Vec<Bytes> = (0..CHUNKS)
-        .map(|i| {
-            let body = vec![u8::try_from(i % 251).unwrap(); CHUNK];
-            Bytes::from(framed(&response_body(&body, i + 1 == CHUNKS)))
-        })
-        .collect();
+    let chunks: Vec<Bytes> = (0..CHUNKS).map(|i| body_chunk(i, CHUNKS, CHUNK)).collect();
     let mut sent = 0;
     while sent < CHUNKS && window_for(&mut send, chunks[sent].len(), Duration::from_secs(1)).await {
         send.send_data(chunks[sent].clone(), false).unwrap();
@@ -361,5 +378,86 @@ async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
     };
     let ((), status) = tokio::join!(sending, reading);
     assert_eq!(status.as_deref(), Some("0"));
+    fx.eventually("released", |f| f.inflight() == vec![0]).await;
+}
+
+/// Many streams, none of whose replies the peer reads: what the server
+/// holds for them is bounded for the connection (1 MiB), not only per
+/// stream (64 KiB and a reply: two 60 KiB replies, which 24 streams would
+/// multiply to 2.8 MiB), so the peer is stopped sooner; once it reads,
+/// every stream carries on, those stopped while holding nothing included,
+/// and every reply comes.
+#[tokio::test]
+async fn a_peer_reading_none_of_many_streams_is_stopped_for_the_connection() {
+    const WINDOW: u32 = 64 << 10;
+    const STREAMS: usize = 24;
+    const CHUNK: usize = 60 << 10;
+    const CHUNKS: usize = 24; // per stream
+    let fx = start(&[0], ExtProcOptions::default()).await;
+    let mut client = slow_reader(fx.addr, WINDOW).await;
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        streams.push(at_response_body(&mut client).await);
+    }
+    let chunks: Vec<Bytes> = (0..CHUNKS).map(|i| body_chunk(i, CHUNKS, CHUNK)).collect();
+    // Round after round, a chunk on every stream that takes one, until a
+    // whole round takes none.
+    let mut sent = [0usize; STREAMS];
+    loop {
+        let mut took = false;
+        for (k, (send, _)) in streams.iter_mut().enumerate() {
+            if sent[k] < CHUNKS
+                && window_for(send, chunks[sent[k]].len(), Duration::from_millis(150)).await
+            {
+                send.send_data(chunks[sent[k]].clone(), false).unwrap();
+                sent[k] += 1;
+                took = true;
+            }
+        }
+        if !took {
+            break;
+        }
+    }
+    // Taken: the server's 4 MiB connection window of unread data, what it
+    // holds (~1 MiB and a chunk; bounded per stream only, 2.8 MiB) and what
+    // the client's 64 KiB window took.
+    let taken: usize = sent.iter().sum::<usize>() * CHUNK;
+    assert!(
+        taken < (5 << 20) + (512 << 10),
+        "{taken} bytes taken: {sent:?}"
+    );
+
+    // The client reads: every stream goes on to its end, in order.
+    let mut all = Vec::new();
+    for (k, (mut send, mut replies)) in streams.into_iter().enumerate() {
+        let chunks = chunks.clone();
+        let from = sent[k];
+        all.push(tokio::spawn(async move {
+            let sending = async {
+                for chunk in &chunks[from..] {
+                    assert!(
+                        window_for(&mut send, chunk.len(), Duration::from_secs(20)).await,
+                        "the window did not reopen"
+                    );
+                    send.send_data(chunk.clone(), false).unwrap();
+                }
+                send.send_data(Bytes::new(), true).unwrap();
+            };
+            let reading = async {
+                for i in 0..CHUNKS {
+                    let (body, eos) = streamed(&replies.next().await);
+                    assert_eq!(body.len(), CHUNK, "reply {i}");
+                    assert!(body.iter().all(|&b| usize::from(b) == i % 251), "reply {i}");
+                    assert_eq!(eos, i + 1 == CHUNKS);
+                }
+                replies.status().await
+            };
+            let ((), status) = tokio::join!(sending, reading);
+            status
+        }));
+    }
+    for s in all {
+        assert_eq!(s.await.unwrap().as_deref(), Some("0"));
+    }
     fx.eventually("released", |f| f.inflight() == vec![0]).await;
 }
