@@ -40,7 +40,10 @@ use std::{
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, stream::FuturesUnordered};
-use h2::{Ping, PingPong, server::Connection};
+use h2::{
+    Ping, PingPong,
+    server::{Connection, SendResponse},
+};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     task::JoinSet,
@@ -301,19 +304,24 @@ where
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(r)) => {
                 let (request, respond) = r?;
-                if let Some(s) = stream::start(
-                    &self.decider,
-                    request,
-                    respond,
-                    self.max_message,
-                    &self.held,
-                ) {
-                    self.streams.push(s);
-                }
+                self.start(request, respond);
                 cx.waker().wake_by_ref();
                 Poll::Pending
             }
             Poll::Ready(None) => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Starts serving a stream the peer opened.
+    fn start(&mut self, request: http::Request<h2::RecvStream>, respond: SendResponse<Bytes>) {
+        if let Some(s) = stream::start(
+            &self.decider,
+            request,
+            respond,
+            self.max_message,
+            &self.held,
+        ) {
+            self.streams.push(s);
         }
     }
 
@@ -331,15 +339,7 @@ where
                     Poll::Pending => break,
                     Poll::Ready(Some(r)) => {
                         let (request, respond) = r?;
-                        if let Some(s) = stream::start(
-                            &self.decider,
-                            request,
-                            respond,
-                            self.max_message,
-                            &self.held,
-                        ) {
-                            self.streams.push(s);
-                        }
+                        self.start(request, respond);
                         accepted = true;
                     }
                     // Closed: streams still here went with the connection.

@@ -434,13 +434,19 @@ schedulingProfiles:
 /// A chat template beside the test tokenizer in `dir`; the simulator
 /// arguments that render with it too.
 fn with_chat_template(dir: &Path) -> Vec<String> {
-    let template = dir.join("chat_template.jinja");
-    std::fs::write(
-        &template,
+    write_template(
+        dir,
+        "chat_template.jinja",
         "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content | trim }}\n{% endfor %}\
          {% if add_generation_prompt %}<|assistant|>\n{% endif %}",
     )
-    .unwrap();
+}
+
+/// Writes chat template `source` as `dir/name`, with a `tokenizer_config.json`
+/// naming the BOS token; the simulator arguments that render with it.
+fn write_template(dir: &Path, name: &str, source: &str) -> Vec<String> {
+    let template = dir.join(name);
+    std::fs::write(&template, source).unwrap();
     std::fs::write(
         dir.join("tokenizer_config.json"),
         r#"{"bos_token": "<|bos|>"}"#,
@@ -646,26 +652,16 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
 /// placeholder tokens, as a multimodal model's processor does); the
 /// simulator arguments that render with it, eight tokens an image.
 fn with_media_template(dir: &Path) -> Vec<String> {
-    let template = dir.join("media_template.jinja");
-    std::fs::write(
-        &template,
+    let mut args = write_template(
+        dir,
+        "media_template.jinja",
         "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n\
          {% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}\
          {% if p.type == 'text' %}{{ p.text }}{% else %}<image>{% endif %}{% endfor %}{% endif %}\n\
          {% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        r#"{"bos_token": "<|bos|>"}"#,
-    )
-    .unwrap();
-    vec![
-        "--chat-template".into(),
-        template.to_str().unwrap().into(),
-        "--mm-tokens".into(),
-        "8".into(),
-    ]
+    );
+    args.extend(["--mm-tokens".into(), "8".into()]);
+    args
 }
 
 /// A chat after `system` asking `question` about the image at `url`.

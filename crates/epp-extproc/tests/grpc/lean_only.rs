@@ -323,6 +323,39 @@ async fn at_response_body(
     (send, replies)
 }
 
+/// Sends `chunks[from..]` (of `len` bytes each) and the stream's end while
+/// reading every reply, which must echo each chunk in order; the stream's
+/// `grpc-status`.
+async fn read_to_the_end(
+    mut send: h2::SendStream<Bytes>,
+    mut replies: Replies,
+    chunks: &[Bytes],
+    from: usize,
+    len: usize,
+) -> Option<String> {
+    let sending = async {
+        for chunk in &chunks[from..] {
+            assert!(
+                window_for(&mut send, chunk.len(), Duration::from_secs(20)).await,
+                "the window did not reopen"
+            );
+            send.send_data(chunk.clone(), false).expect("send");
+        }
+        send.send_data(Bytes::new(), true).expect("send the end");
+    };
+    let reading = async {
+        for i in 0..chunks.len() {
+            let (body, eos) = streamed(&replies.next().await);
+            assert_eq!(body.len(), len, "reply {i}");
+            assert!(body.iter().all(|&b| usize::from(b) == i % 251), "reply {i}");
+            assert_eq!(eos, i + 1 == chunks.len());
+        }
+        replies.status().await
+    };
+    let ((), status) = tokio::join!(sending, reading);
+    status
+}
+
 /// The `i`-th of `n` response body chunks of `len` bytes, framed.
 fn body_chunk(i: usize, n: usize, len: usize) -> Bytes {
     let body = vec![(i % 251) as u8; len];
@@ -336,7 +369,7 @@ async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
     const CHUNKS: usize = 128; // 4 MiB of response body, echoed as much
     let fx = start(&[0], ExtProcOptions::default()).await;
     let mut client = slow_reader(fx.addr, WINDOW).await;
-    let (mut send, mut replies) = at_response_body(&mut client).await;
+    let (mut send, replies) = at_response_body(&mut client).await;
 
     // The response body in 32 KiB chunks, each echoed in a reply as large;
     // the client reads none. The server, its replies held for the client's
@@ -357,26 +390,7 @@ async fn a_peer_that_reads_no_reply_is_stopped_by_its_own_window() {
     assert!(sent * CHUNK < 3 << 20, "{sent} chunks taken");
 
     // Once the client reads, the rest goes and every reply comes, in order.
-    let sending = async {
-        for chunk in &chunks[sent..] {
-            assert!(
-                window_for(&mut send, chunk.len(), Duration::from_secs(10)).await,
-                "the window did not reopen"
-            );
-            send.send_data(chunk.clone(), false).unwrap();
-        }
-        send.send_data(Bytes::new(), true).unwrap();
-    };
-    let reading = async {
-        for i in 0..CHUNKS {
-            let (body, eos) = streamed(&replies.next().await);
-            assert_eq!(body.len(), CHUNK, "reply {i}");
-            assert!(body.iter().all(|&b| usize::from(b) == i % 251), "reply {i}");
-            assert_eq!(eos, i + 1 == CHUNKS);
-        }
-        replies.status().await
-    };
-    let ((), status) = tokio::join!(sending, reading);
+    let status = read_to_the_end(send, replies, &chunks, sent, CHUNK).await;
     assert_eq!(status.as_deref(), Some("0"));
     fx.eventually("released", |f| f.inflight() == vec![0]).await;
 }
@@ -429,31 +443,11 @@ async fn a_peer_reading_none_of_many_streams_is_stopped_for_the_connection() {
 
     // The client reads: every stream goes on to its end, in order.
     let mut all = Vec::new();
-    for (k, (mut send, mut replies)) in streams.into_iter().enumerate() {
+    for (k, (send, replies)) in streams.into_iter().enumerate() {
         let chunks = chunks.clone();
         let from = sent[k];
         all.push(tokio::spawn(async move {
-            let sending = async {
-                for chunk in &chunks[from..] {
-                    assert!(
-                        window_for(&mut send, chunk.len(), Duration::from_secs(20)).await,
-                        "the window did not reopen"
-                    );
-                    send.send_data(chunk.clone(), false).unwrap();
-                }
-                send.send_data(Bytes::new(), true).unwrap();
-            };
-            let reading = async {
-                for i in 0..CHUNKS {
-                    let (body, eos) = streamed(&replies.next().await);
-                    assert_eq!(body.len(), CHUNK, "reply {i}");
-                    assert!(body.iter().all(|&b| usize::from(b) == i % 251), "reply {i}");
-                    assert_eq!(eos, i + 1 == CHUNKS);
-                }
-                replies.status().await
-            };
-            let ((), status) = tokio::join!(sending, reading);
-            status
+            read_to_the_end(send, replies, &chunks, from, CHUNK).await
         }));
     }
     for s in all {
