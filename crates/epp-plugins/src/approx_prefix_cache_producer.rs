@@ -50,7 +50,18 @@ pub struct PrefixCacheParams {
     /// meant characters). Default 0 = unset.
     #[serde(default)]
     pub block_size: usize,
+    /// Apply each decision's record on a writer thread instead of in the
+    /// decision (see [`PrefixIndex::in_background`]): the decision returns
+    /// without the record's time, and a request scheduled within
+    /// microseconds of another may not see the other's blocks yet. Default
+    /// false.
+    #[serde(default)]
+    pub record_in_background: bool,
 }
+
+/// Records a background index queues at most before its recording callers
+/// apply them themselves.
+const BACKGROUND_QUEUE: usize = 64;
 
 /// llm-d's default `maxPrefixTokensToMatch` (128 Ki tokens), which applies
 /// there when `maxPrefixBlocksToMatch` is 0.
@@ -78,6 +89,7 @@ impl Default for PrefixCacheParams {
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
             block_size: 0,
+            record_in_background: false,
         }
     }
 }
@@ -266,7 +278,11 @@ impl ApproxPrefixCacheProducer {
             name: name.into(),
             params,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            index: PrefixIndex::default(),
+            index: if params.record_in_background {
+                PrefixIndex::in_background(BACKGROUND_QUEUE)
+            } else {
+                PrefixIndex::default()
+            },
             slot: PrefixSlot::default(),
         }
     }

@@ -1,0 +1,352 @@
+//! Records applied off the request path, as llm-d's producer does in its
+//! `PreRequest` goroutine: the recording caller copies the blocks into a
+//! bounded queue and returns; one writer thread per index applies the queued
+//! records in order.
+//!
+//! This moves the work, it does not remove it: a record costs the writer
+//! what it cost the caller, plus the copy and, when the writer sleeps, a
+//! wake-up. What the request path gains is the record's time. Readers
+//! (matches) still take the index's read lock, and a record holds the write
+//! lock while it links its blocks; its evictions run in slices of
+//! `EVICT_SLICE` (see [`super::apply`]), between which waiting readers go
+//! first, so a match waits for at most the linking or one slice.
+//!
+//! Waking a sleeping thread is a system call, and on a busy machine the woken
+//! writer may take the caller's core: measured, it cost a decision more than
+//! the record it saved. So the caller never wakes a writer that is merely
+//! between records: once the queue is empty the writer looks again every
+//! [`POLL`] (a record waits that long at most) and only after [`LINGER`]
+//! without records does it sleep until woken, flagging that the next record
+//! must wake it. Under steady traffic the request path makes no system call;
+//! after a lull, the first record pays one wake-up.
+//!
+//! When the queue is full the caller applies the oldest queued record itself
+//! before queueing its own (back-pressure: nothing is dropped, the order
+//! holds, and the request path pays again only while the writer cannot keep
+//! up). Records are taken from the queue and applied under one mutex, so
+//! whoever applies them, writer or caller, applies them in queue order.
+
+use std::{
+    collections::VecDeque,
+    fmt,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use epp_core::{Endpoint, EndpointId};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::Inner;
+
+/// How often an idle writer looks for records before it sleeps.
+const POLL: Duration = Duration::from_micros(200);
+
+/// How long a writer keeps looking after its last record.
+const LINGER: Duration = Duration::from_millis(10);
+
+/// The queue and writer of a [`super::PrefixIndex::in_background`] index.
+pub(super) struct Background {
+    shared: Arc<Shared>,
+    /// The writer, started on the first record; `None` inside when it could
+    /// not be started (every record is then applied by its caller).
+    writer: OnceLock<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    index: Arc<RwLock<Inner>>,
+    queue: Mutex<Queue>,
+    /// Signalled when a record is queued or the queue closes.
+    work: Condvar,
+    /// Held while one record is taken from the queue and applied.
+    apply: Mutex<()>,
+    /// Records the queue holds at most.
+    bound: usize,
+    /// Records applied by a caller because the queue was full.
+    by_callers: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: VecDeque<Pending>,
+    /// Buffers of applied records, reused so that queueing allocates
+    /// nothing once the queue has been full once.
+    spare: Vec<Vec<u64>>,
+    /// Records queued since the start.
+    queued: u64,
+    /// Records applied since the start (by the writer or a caller).
+    applied: u64,
+    /// The index is being dropped: the writer stops.
+    closed: bool,
+    /// The writer sleeps until woken (it stopped looking after [`LINGER`]).
+    asleep: bool,
+}
+
+/// One record waiting to be applied.
+struct Pending {
+    id: EndpointId,
+    endpoint: Option<Arc<Endpoint>>,
+    hashes: Vec<u64>,
+    capacity: usize,
+    matched: u32,
+}
+
+impl fmt::Debug for Background {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let q = self.shared.queue.lock();
+        f.debug_struct("Background")
+            .field("bound", &self.shared.bound)
+            .field("pending", &q.pending.len())
+            .field("queued", &q.queued)
+            .field("applied", &q.applied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Background {
+    pub(super) fn new(index: Arc<RwLock<Inner>>, bound: usize) -> Self {
+        let bound = bound.max(1);
+        Self {
+            shared: Arc::new(Shared {
+                index,
+                queue: Mutex::new(Queue {
+                    pending: VecDeque::with_capacity(bound),
+                    ..Queue::default()
+                }),
+                work: Condvar::new(),
+                apply: Mutex::new(()),
+                bound,
+                by_callers: AtomicU64::new(0),
+            }),
+            writer: OnceLock::new(),
+        }
+    }
+
+    /// Queues a record (or, with no writer, applies it at once).
+    pub(super) fn submit(
+        &self,
+        id: EndpointId,
+        endpoint: Option<&Arc<Endpoint>>,
+        hashes: &[u64],
+        capacity: usize,
+        matched: u32,
+    ) {
+        let started = self.writer.get_or_init(|| {
+            let shared = Arc::clone(&self.shared);
+            std::thread::Builder::new()
+                .name("epp-prefix-index".into())
+                .spawn(move || shared.run())
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no prefix-index writer thread: recording in place");
+                })
+                .ok()
+        });
+        if started.is_none() {
+            super::apply(&self.shared.index, id, endpoint, hashes, capacity, matched);
+            return;
+        }
+        self.shared.submit(id, endpoint, hashes, capacity, matched);
+    }
+
+    pub(super) fn flush(&self) {
+        self.shared.flush();
+    }
+
+    pub(super) fn applied_by_callers(&self) -> u64 {
+        self.shared.by_callers.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.shared.queue.lock().closed = true;
+        self.shared.work.notify_all();
+        if let Some(Some(writer)) = self.writer.take() {
+            // The writer only returns or applies a record: it cannot fail
+            // short of a bug, which its own panic message reports.
+            let _ = writer.join();
+        }
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    /// The writer: applies queued records until the queue closes.
+    fn run(&self) {
+        // When a record was last seen queued, and how many had been then (a
+        // caller that flushes may apply records before the writer sees them:
+        // they count as traffic all the same).
+        let (mut last, mut seen) = (Instant::now(), 0);
+        loop {
+            {
+                let mut q = self.queue.lock();
+                while q.pending.is_empty() && !q.closed {
+                    if q.queued != seen {
+                        (last, seen) = (Instant::now(), q.queued);
+                    }
+                    if last.elapsed() < LINGER {
+                        self.work.wait_for(&mut q, POLL);
+                    } else {
+                        q.asleep = true;
+                        self.work.wait(&mut q);
+                        q.asleep = false;
+                    }
+                }
+                if q.closed {
+                    return;
+                }
+            }
+            self.apply_next();
+        }
+    }
+
+    fn submit(
+        &self,
+        id: EndpointId,
+        endpoint: Option<&Arc<Endpoint>>,
+        hashes: &[u64],
+        capacity: usize,
+        matched: u32,
+    ) {
+        let mut q = self.queue.lock();
+        while q.pending.len() >= self.bound {
+            drop(q);
+            self.by_callers.fetch_add(1, Ordering::Relaxed);
+            self.apply_next();
+            q = self.queue.lock();
+        }
+        let mut buf = q.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(hashes);
+        q.pending.push_back(Pending {
+            id,
+            endpoint: endpoint.cloned(),
+            hashes: buf,
+            capacity,
+            matched,
+        });
+        q.queued += 1;
+        // The flag is read under the lock the writer set it under, before
+        // waiting: a writer that is asleep is waiting by now.
+        let asleep = q.asleep;
+        drop(q);
+        if asleep {
+            self.work.notify_one();
+        }
+    }
+
+    /// Applies the oldest queued record, if any (waiting for the one being
+    /// applied first).
+    fn apply_next(&self) {
+        let _in_order = self.apply.lock();
+        let Some(p) = self.queue.lock().pending.pop_front() else {
+            return;
+        };
+        super::apply(
+            &self.index,
+            p.id,
+            p.endpoint.as_ref(),
+            &p.hashes,
+            p.capacity,
+            p.matched,
+        );
+        let Pending { hashes, .. } = p;
+        let mut q = self.queue.lock();
+        q.applied += 1;
+        if q.spare.len() < self.bound {
+            q.spare.push(hashes);
+        }
+    }
+
+    /// Applies, helping the writer, until every record queued before the
+    /// call is applied.
+    fn flush(&self) {
+        let target = self.queue.lock().queued;
+        while self.queue.lock().applied < target {
+            self.apply_next();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PrefixIndex;
+
+    /// The queue without its writer thread: what a caller does alone.
+    fn unattended(bound: usize) -> (Arc<RwLock<Inner>>, Shared) {
+        let index = PrefixIndex::default();
+        let inner = Arc::clone(&index.inner);
+        let shared = Shared {
+            index: Arc::clone(&inner),
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
+            apply: Mutex::new(()),
+            bound,
+            by_callers: AtomicU64::new(0),
+        };
+        (inner, shared)
+    }
+
+    fn len(inner: &RwLock<Inner>, e: u32) -> u32 {
+        inner.read().lrus.get(e as usize).map_or(0, |l| l.len)
+    }
+
+    #[test]
+    fn a_full_queue_makes_the_caller_apply_the_oldest_record() {
+        let (inner, shared) = unattended(2);
+        // Endpoint i records i + 1 blocks, so each one's length tells
+        // which records were applied.
+        let record = |e: u32| {
+            let hashes: Vec<u64> = (0..=u64::from(e)).map(|k| 100 * u64::from(e) + k).collect();
+            shared.submit(EndpointId(e), None, &hashes, 100, 0);
+        };
+        record(0);
+        record(1);
+        assert_eq!(
+            (len(&inner, 0), len(&inner, 1)),
+            (0, 0),
+            "queued, not applied"
+        );
+        record(2);
+        assert_eq!(shared.by_callers.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            (len(&inner, 0), len(&inner, 1), len(&inner, 2)),
+            (1, 0, 0),
+            "the oldest applied first, the new one queued"
+        );
+        record(3);
+        assert_eq!((len(&inner, 1), len(&inner, 2), len(&inner, 3)), (2, 0, 0));
+        let q = shared.queue.lock();
+        assert_eq!((q.queued, q.applied, q.pending.len()), (4, 2, 2));
+        // The applied records' buffers are kept for the next ones.
+        assert_eq!(q.spare.len(), 0, "both spares reused by records 2 and 3");
+        drop(q);
+        shared.flush();
+        assert_eq!((len(&inner, 2), len(&inner, 3)), (3, 4));
+        let q = shared.queue.lock();
+        assert_eq!(
+            (q.queued, q.applied, q.pending.len(), q.spare.len()),
+            (4, 4, 0, 2)
+        );
+    }
+
+    #[test]
+    fn dropping_the_index_stops_its_writer() {
+        let index = PrefixIndex::in_background(4);
+        let e = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+        for k in 0..100 {
+            index.record_for(&e, &[k, k + 1000], 10);
+        }
+        let shared = Arc::downgrade(&index.background.as_ref().unwrap().shared);
+        drop(index);
+        assert!(
+            shared.upgrade().is_none(),
+            "the writer thread has returned and let go of the queue"
+        );
+    }
+}
