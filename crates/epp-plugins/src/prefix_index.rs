@@ -31,7 +31,7 @@ use std::sync::{Arc, Weak};
 
 use bytemuck::{Pod, Zeroable};
 use epp_core::{Endpoint, EndpointId, PrefixMatch};
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::RwLock;
 
 use self::{background::Background, pages::Pages};
 
@@ -174,9 +174,6 @@ impl Default for PrefixIndex {
 /// How many records pass between sweeps for endpoints that left the pool.
 const SWEEP_EVERY: u32 = 64;
 
-/// Evictions between two moments a record's writer lets waiting readers in.
-const EVICT_SLICE: u32 = 16;
-
 impl PrefixIndex {
     /// An empty index whose records are applied off the caller's path: each
     /// record is copied into a queue of at most `queue` records (at least
@@ -299,47 +296,35 @@ fn apply(
     if ep == NIL {
         return;
     }
-    let mut guard = index.write();
+    // One hold of the write lock for the whole record. (Letting waiting
+    // readers in between slices of evictions was tried: in a closed loop on
+    // a busy machine each hand-over cost the writer a context switch, and
+    // decisions took twice as long.)
+    let mut inner = index.write();
+    let inner = &mut *inner;
+    if inner.lrus.len() <= id.index() {
+        inner.lrus.resize_with(id.index() + 1, Lru::default);
+    }
+    // Track the endpoint object last recorded for this id: a relabelled
+    // endpoint is a new object with the same id, and only the object in
+    // the current snapshot tells whether it is still in the pool. (Between
+    // a relabel and its next pick a sweep may drop its blocks: only
+    // affinity is lost, and relabels are rare.)
+    if let Some(e) = endpoint
+        && inner.lrus[id.index()].endpoint.as_ptr() != Arc::as_ptr(e)
     {
-        let inner = &mut *guard;
-        if inner.lrus.len() <= id.index() {
-            inner.lrus.resize_with(id.index() + 1, Lru::default);
-        }
-        // Track the endpoint object last recorded for this id: a relabelled
-        // endpoint is a new object with the same id, and only the object in
-        // the current snapshot tells whether it is still in the pool. (Between
-        // a relabel and its next pick a sweep may drop its blocks: only
-        // affinity is lost, and relabels are rare.)
-        if let Some(e) = endpoint
-            && inner.lrus[id.index()].endpoint.as_ptr() != Arc::as_ptr(e)
-        {
-            inner.lrus[id.index()].endpoint = Arc::downgrade(e);
-        }
-        // Blocks past the capacity would be evicted again at once.
-        let hashes = &hashes[..hashes.len().min(capacity as usize)];
-        // Out of entries or table slots (2^32): record what fitted, then
-        // still enforce the capacity.
-        let _ = inner.record_run(ep, hashes, matched as usize);
+        inner.lrus[id.index()].endpoint = Arc::downgrade(e);
     }
-    // Evictions, a slice at a time, letting waiting readers in between: every
-    // list is in recency order again once the run is recorded, so evicting
-    // any number of tail entries leaves every endpoint's blocks prefix-closed
-    // (see `match_prefix`). The excess is recounted after each pause, for
-    // another record of the same endpoint may have evicted meanwhile.
-    loop {
-        let inner = &mut *guard;
-        let over = inner.lrus[id.index()].len.saturating_sub(capacity);
-        if over == 0 {
-            break;
-        }
-        let n = over.min(EVICT_SLICE);
-        inner.warm_tail(ep, n as usize);
-        for _ in 0..n {
-            inner.evict_tail(ep);
-        }
-        RwLockWriteGuard::bump(&mut guard);
+    // Blocks past the capacity would be evicted again at once.
+    let hashes = &hashes[..hashes.len().min(capacity as usize)];
+    // Out of entries or table slots (2^32): record what fitted, then
+    // still enforce the capacity.
+    let _ = inner.record_run(ep, hashes, matched as usize);
+    let over = inner.lrus[id.index()].len.saturating_sub(capacity);
+    inner.warm_tail(ep, over as usize);
+    for _ in 0..over {
+        inner.evict_tail(ep);
     }
-    let inner = &mut *guard;
     inner.since_sweep += 1;
     if inner.since_sweep >= SWEEP_EVERY {
         inner.since_sweep = 0;

@@ -7,9 +7,8 @@
 //! what it cost the caller, plus the copy and, when the writer sleeps, a
 //! wake-up. What the request path gains is the record's time. Readers
 //! (matches) still take the index's read lock, and a record holds the write
-//! lock while it links its blocks; its evictions run in slices of
-//! `EVICT_SLICE` (see [`super::apply`]), between which waiting readers go
-//! first, so a match waits for at most the linking or one slice.
+//! lock throughout (see [`super::apply`]): a match that meets the writer at
+//! work waits for the rest of one record.
 //!
 //! Waking a sleeping thread is a system call, and on a busy machine the woken
 //! writer may take the caller's core: measured, it cost a decision more than
@@ -20,11 +19,15 @@
 //! must wake it. Under steady traffic the request path makes no system call;
 //! after a lull, the first record pays one wake-up.
 //!
-//! When the queue is full the caller applies the oldest queued record itself
-//! before queueing its own (back-pressure: nothing is dropped, the order
-//! holds, and the request path pays again only while the writer cannot keep
-//! up). Records are taken from the queue and applied under one mutex, so
-//! whoever applies them, writer or caller, applies them in queue order.
+//! When the queue is full the caller waits for the writer to take a record
+//! from it, if the writer is applying one; else (the writer not running, or
+//! not there yet) it applies the oldest queued record itself. Either way it
+//! then queues its own: back-pressure, nothing dropped, and the request path
+//! pays again only while the writer cannot keep up. (Helping while the writer
+//! applies would queue the caller behind the writer's record and then make
+//! it apply a second one.) Records are taken from the queue and applied under
+//! one mutex, so whoever applies them, writer or caller, applies them in
+//! queue order.
 
 use std::{
     collections::VecDeque,
@@ -38,7 +41,7 @@ use std::{
 };
 
 use epp_core::{Endpoint, EndpointId};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use super::Inner;
 
@@ -61,6 +64,8 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Signalled when a record is queued or the queue closes.
     work: Condvar,
+    /// Signalled when a record is taken from the queue.
+    space: Condvar,
     /// Held while one record is taken from the queue and applied.
     apply: Mutex<()>,
     /// Records the queue holds at most.
@@ -117,6 +122,7 @@ impl Background {
                     ..Queue::default()
                 }),
                 work: Condvar::new(),
+                space: Condvar::new(),
                 apply: Mutex::new(()),
                 bound,
                 by_callers: AtomicU64::new(0),
@@ -214,9 +220,15 @@ impl Shared {
     ) {
         let mut q = self.queue.lock();
         while q.pending.len() >= self.bound {
+            // Whoever holds `apply` takes a record from the queue, under
+            // its lock, before it lets `apply` go: waiting cannot miss it.
+            let Some(in_order) = self.apply.try_lock() else {
+                self.space.wait(&mut q);
+                continue;
+            };
             drop(q);
             self.by_callers.fetch_add(1, Ordering::Relaxed);
-            self.apply_next();
+            self.apply_next_holding(in_order);
             q = self.queue.lock();
         }
         let mut buf = q.spare.pop().unwrap_or_default();
@@ -242,10 +254,15 @@ impl Shared {
     /// Applies the oldest queued record, if any (waiting for the one being
     /// applied first).
     fn apply_next(&self) {
-        let _in_order = self.apply.lock();
+        self.apply_next_holding(self.apply.lock());
+    }
+
+    /// [`Self::apply_next`], `apply` already held.
+    fn apply_next_holding(&self, in_order: MutexGuard<'_, ()>) {
         let Some(p) = self.queue.lock().pending.pop_front() else {
             return;
         };
+        self.space.notify_one();
         super::apply(
             &self.index,
             p.id,
@@ -260,6 +277,10 @@ impl Shared {
         if q.spare.len() < self.bound {
             q.spare.push(hashes);
         }
+        drop(q);
+        drop(in_order);
+        // A caller waiting for a place may apply the next record itself now.
+        self.space.notify_one();
     }
 
     /// Applies, helping the writer, until every record queued before the
@@ -285,6 +306,7 @@ mod tests {
             index: Arc::clone(&inner),
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
+            space: Condvar::new(),
             apply: Mutex::new(()),
             bound,
             by_callers: AtomicU64::new(0),
@@ -333,6 +355,32 @@ mod tests {
             (q.queued, q.applied, q.pending.len(), q.spare.len()),
             (4, 4, 0, 2)
         );
+    }
+
+    #[test]
+    fn a_full_queue_waits_for_a_record_being_applied() {
+        let (inner, shared) = unattended(1);
+        let shared = Arc::new(shared);
+        shared.submit(EndpointId(0), None, &[1], 100, 0);
+        // Stands for the writer, in the middle of applying a record.
+        let writer = shared.apply.lock();
+        let caller = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || shared.submit(EndpointId(1), None, &[2, 3], 100, 0))
+        };
+        // Likely, not needed, for the caller to be waiting by now.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(len(&inner, 1), 0);
+        shared.apply_next_holding(writer);
+        caller.join().unwrap();
+        assert_eq!(
+            shared.by_callers.load(Ordering::Relaxed),
+            0,
+            "the caller waited for the writer's record instead of applying another"
+        );
+        assert_eq!((len(&inner, 0), len(&inner, 1)), (1, 0));
+        shared.flush();
+        assert_eq!(len(&inner, 1), 2);
     }
 
     #[test]

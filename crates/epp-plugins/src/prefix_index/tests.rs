@@ -302,9 +302,8 @@ proptest! {
     }
 }
 
-/// Matches taken while the writer applies records (its evictions pause for
-/// waiting readers) always find every endpoint's blocks prefix-closed and
-/// the lists and chains whole.
+/// Matches taken while the writer applies records always find every
+/// endpoint's blocks prefix-closed and the lists and chains whole.
 #[test]
 fn readers_never_see_a_half_applied_record() {
     let index = PrefixIndex::in_background(8);
