@@ -16,8 +16,8 @@ use std::sync::{
 };
 
 use epp_core::{
-    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily,
-    MetricSink, Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, MetricFamily, MetricSink,
+    Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
 };
 
 use crate::{Builtin, PrefixIndex};
@@ -350,16 +350,20 @@ impl ApproxPrefixCacheProducer {
             return;
         }
         // What the match found held saves the index searching again.
-        let record = |endpoint: &Arc<Endpoint>| {
+        let what = |endpoint| {
             let capacity = self.capacity_for(&Candidate::new(endpoint));
-            let matched = prefix.matched(endpoint.id());
-            self.index
-                .record_matched(endpoint, hashes, capacity, matched);
+            (endpoint, capacity, prefix.matched(endpoint.id()))
         };
-        record(target);
         // P/D: the prefill endpoint computed the prompt's KV too.
-        if let Some(prefill) = result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
-            record(prefill);
+        match result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
+            Some(prefill) => self
+                .index
+                .record_matched_both(hashes, what(target), what(prefill)),
+            None => {
+                let (endpoint, capacity, matched) = what(target);
+                self.index
+                    .record_matched(endpoint, hashes, capacity, matched);
+            }
         }
     }
 }

@@ -252,6 +252,26 @@ impl PrefixIndex {
         self.record_inner(endpoint.id(), Some(endpoint), hashes, capacity, matched);
     }
 
+    /// [`Self::record_matched`] for two endpoints in turn (a P/D decision's
+    /// decode and prefill endpoints): in the background, one copy of
+    /// `hashes` is queued for both. Each is `(endpoint, capacity, matched)`.
+    pub fn record_matched_both(
+        &self,
+        hashes: &[u64],
+        first: (&Arc<Endpoint>, usize, u32),
+        second: (&Arc<Endpoint>, usize, u32),
+    ) {
+        fn target((endpoint, capacity, matched): (&Arc<Endpoint>, usize, u32)) -> Target<'_> {
+            Target {
+                id: endpoint.id(),
+                endpoint: Some(endpoint),
+                capacity,
+                matched,
+            }
+        }
+        self.record_targets(hashes, &[target(first), target(second)]);
+    }
+
     fn record_inner(
         &self,
         id: EndpointId,
@@ -260,9 +280,23 @@ impl PrefixIndex {
         capacity: usize,
         matched: u32,
     ) {
+        let target = Target {
+            id,
+            endpoint,
+            capacity,
+            matched,
+        };
+        self.record_targets(hashes, &[target]);
+    }
+
+    fn record_targets(&self, hashes: &[u64], targets: &[Target<'_>]) {
         match &self.background {
-            Some(b) => b.submit(id, endpoint, hashes, capacity, matched),
-            None => apply(&self.inner, id, endpoint, hashes, capacity, matched),
+            Some(b) => b.submit(hashes, targets),
+            None => {
+                for t in targets {
+                    apply(&self.inner, hashes, t);
+                }
+            }
         }
     }
 
@@ -280,15 +314,23 @@ impl PrefixIndex {
     }
 }
 
-/// Records `hashes` for `id` in `index` (see [`PrefixIndex::record_matched`]).
-fn apply(
-    index: &RwLock<Inner>,
+/// An endpoint to record a prompt's blocks for, with the LRU capacity to
+/// keep and the matched-blocks hint (see [`PrefixIndex::record_matched`]).
+struct Target<'a> {
     id: EndpointId,
-    endpoint: Option<&Arc<Endpoint>>,
-    hashes: &[u64],
+    endpoint: Option<&'a Arc<Endpoint>>,
     capacity: usize,
     matched: u32,
-) {
+}
+
+/// Records `hashes` for `target` in `index`.
+fn apply(index: &RwLock<Inner>, hashes: &[u64], target: &Target<'_>) {
+    let Target {
+        id,
+        endpoint,
+        capacity,
+        matched,
+    } = *target;
     let capacity = u32::try_from(capacity).unwrap_or(u32::MAX - 1).max(1);
     let Ok(ep) = u32::try_from(id.index()) else {
         return;

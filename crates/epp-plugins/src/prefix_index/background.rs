@@ -77,9 +77,9 @@ struct Shared {
 #[derive(Default)]
 struct Queue {
     pending: VecDeque<Pending>,
-    /// Buffers of applied records, reused so that queueing allocates
-    /// nothing once the queue has been full once.
-    spare: Vec<Vec<u64>>,
+    /// Emptied buffers of applied records, reused so that queueing
+    /// allocates nothing once the queue has been full once.
+    spare: Vec<Pending>,
     /// Records queued since the start.
     queued: u64,
     /// Records applied since the start (by the writer or a caller).
@@ -90,11 +90,18 @@ struct Queue {
     asleep: bool,
 }
 
-/// One record waiting to be applied.
+/// A prompt's blocks waiting to be recorded for one or more endpoints (a
+/// P/D decision's decode and prefill endpoints share one copy).
+#[derive(Default)]
 struct Pending {
+    hashes: Vec<u64>,
+    targets: Vec<Target>,
+}
+
+/// One endpoint to record the blocks for.
+struct Target {
     id: EndpointId,
     endpoint: Option<Arc<Endpoint>>,
-    hashes: Vec<u64>,
     capacity: usize,
     matched: u32,
 }
@@ -131,15 +138,9 @@ impl Background {
         }
     }
 
-    /// Queues a record (or, with no writer, applies it at once).
-    pub(super) fn submit(
-        &self,
-        id: EndpointId,
-        endpoint: Option<&Arc<Endpoint>>,
-        hashes: &[u64],
-        capacity: usize,
-        matched: u32,
-    ) {
+    /// Queues `hashes` to be recorded for each of `targets` in turn (or,
+    /// with no writer, records them at once).
+    pub(super) fn submit(&self, hashes: &[u64], targets: &[super::Target<'_>]) {
         let started = self.writer.get_or_init(|| {
             let shared = Arc::clone(&self.shared);
             std::thread::Builder::new()
@@ -151,10 +152,12 @@ impl Background {
                 .ok()
         });
         if started.is_none() {
-            super::apply(&self.shared.index, id, endpoint, hashes, capacity, matched);
+            for t in targets {
+                super::apply(&self.shared.index, hashes, t);
+            }
             return;
         }
-        self.shared.submit(id, endpoint, hashes, capacity, matched);
+        self.shared.submit(hashes, targets);
     }
 
     pub(super) fn flush(&self) {
@@ -210,14 +213,7 @@ impl Shared {
         }
     }
 
-    fn submit(
-        &self,
-        id: EndpointId,
-        endpoint: Option<&Arc<Endpoint>>,
-        hashes: &[u64],
-        capacity: usize,
-        matched: u32,
-    ) {
+    fn submit(&self, hashes: &[u64], targets: &[super::Target<'_>]) {
         let mut q = self.queue.lock();
         while q.pending.len() >= self.bound {
             // Whoever holds `apply` takes a record from the queue, under
@@ -231,16 +227,15 @@ impl Shared {
             self.apply_next_holding(in_order);
             q = self.queue.lock();
         }
-        let mut buf = q.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(hashes);
-        q.pending.push_back(Pending {
-            id,
-            endpoint: endpoint.cloned(),
-            hashes: buf,
-            capacity,
-            matched,
-        });
+        let mut p = q.spare.pop().unwrap_or_default();
+        p.hashes.extend_from_slice(hashes);
+        p.targets.extend(targets.iter().map(|t| Target {
+            id: t.id,
+            endpoint: t.endpoint.cloned(),
+            capacity: t.capacity,
+            matched: t.matched,
+        }));
+        q.pending.push_back(p);
         q.queued += 1;
         // The flag is read under the lock the writer set it under, before
         // waiting: a writer that is asleep is waiting by now.
@@ -259,23 +254,25 @@ impl Shared {
 
     /// [`Self::apply_next`], `apply` already held.
     fn apply_next_holding(&self, in_order: MutexGuard<'_, ()>) {
-        let Some(p) = self.queue.lock().pending.pop_front() else {
+        let Some(mut p) = self.queue.lock().pending.pop_front() else {
             return;
         };
         self.space.notify_one();
-        super::apply(
-            &self.index,
-            p.id,
-            p.endpoint.as_ref(),
-            &p.hashes,
-            p.capacity,
-            p.matched,
-        );
-        let Pending { hashes, .. } = p;
+        for t in &p.targets {
+            let target = super::Target {
+                id: t.id,
+                endpoint: t.endpoint.as_ref(),
+                capacity: t.capacity,
+                matched: t.matched,
+            };
+            super::apply(&self.index, &p.hashes, &target);
+        }
+        p.hashes.clear();
+        p.targets.clear();
         let mut q = self.queue.lock();
         q.applied += 1;
         if q.spare.len() < self.bound {
-            q.spare.push(hashes);
+            q.spare.push(p);
         }
         drop(q);
         drop(in_order);
@@ -314,6 +311,16 @@ mod tests {
         (inner, shared)
     }
 
+    /// Endpoint `e`, no endpoint object, room for 100 blocks, no hint.
+    fn target(e: u32) -> crate::prefix_index::Target<'static> {
+        crate::prefix_index::Target {
+            id: EndpointId(e),
+            endpoint: None,
+            capacity: 100,
+            matched: 0,
+        }
+    }
+
     fn len(inner: &RwLock<Inner>, e: u32) -> u32 {
         inner.read().lrus.get(e as usize).map_or(0, |l| l.len)
     }
@@ -325,7 +332,7 @@ mod tests {
         // which records were applied.
         let record = |e: u32| {
             let hashes: Vec<u64> = (0..=u64::from(e)).map(|k| 100 * u64::from(e) + k).collect();
-            shared.submit(EndpointId(e), None, &hashes, 100, 0);
+            shared.submit(&hashes, &[target(e)]);
         };
         record(0);
         record(1);
@@ -361,12 +368,12 @@ mod tests {
     fn a_full_queue_waits_for_a_record_being_applied() {
         let (inner, shared) = unattended(1);
         let shared = Arc::new(shared);
-        shared.submit(EndpointId(0), None, &[1], 100, 0);
+        shared.submit(&[1], &[target(0)]);
         // Stands for the writer, in the middle of applying a record.
         let writer = shared.apply.lock();
         let caller = {
             let shared = Arc::clone(&shared);
-            std::thread::spawn(move || shared.submit(EndpointId(1), None, &[2, 3], 100, 0))
+            std::thread::spawn(move || shared.submit(&[2, 3], &[target(1)]))
         };
         // Likely, not needed, for the caller to be waiting by now.
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -285,6 +285,16 @@ proptest! {
                     plain.forget(EndpointId(e as u32));
                 }
                 1 => compare(&hashes),
+                // A P/D decision: two endpoints, one queued copy.
+                5 => {
+                    let f = (e + 1) % 4;
+                    let mut m = PrefixMatch::default();
+                    background.match_prefix(&hashes, &mut m);
+                    let hint = |i: usize| m.matched(EndpointId(i as u32));
+                    background.record_matched_both(&hashes, (&endpoints[e], cap, hint(e)), (&endpoints[f], cap, hint(f)));
+                    plain.record_for(&endpoints[e], &hashes, cap);
+                    plain.record_for(&endpoints[f], &hashes, cap);
+                }
                 _ => {
                     let mut m = PrefixMatch::default();
                     background.match_prefix(&hashes, &mut m);
