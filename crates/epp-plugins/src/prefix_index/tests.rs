@@ -340,3 +340,29 @@ fn readers_never_see_a_half_applied_record() {
         index.check_prefix_closed(&prompt(p, 60));
     }
 }
+
+/// More distinct match lengths than a match walks chains side by side: each
+/// endpoint still gets its own length, whichever batch its level falls in.
+#[test]
+fn many_distinct_lengths_each_get_their_own() {
+    let index = PrefixIndex::default();
+    let full = prompt(1, 40);
+    // Endpoint e holds the first 2e + 1 blocks (20 lengths); endpoints 20..30
+    // hold the whole prompt, and 30 another group's prompt.
+    for e in 0..20u32 {
+        index.record(EndpointId(e), &full[..2 * e as usize + 1], 100);
+    }
+    for e in 20..30u32 {
+        index.record(EndpointId(e), &full, 100);
+    }
+    index.record(EndpointId(30), &prompt(2, 40), 100);
+    let mut m = PrefixMatch::default();
+    index.match_prefix(&full, &mut m);
+    for e in 0..20u32 {
+        assert_eq!(m.matched(EndpointId(e)), 2 * e + 1, "endpoint {e}");
+    }
+    for e in 20..30u32 {
+        assert_eq!(m.matched(EndpointId(e)), 40, "endpoint {e}");
+    }
+    assert_eq!(m.matched(EndpointId(30)), 0, "another group's prompt");
+}
