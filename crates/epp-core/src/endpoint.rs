@@ -251,6 +251,60 @@ impl InflightCounters {
     }
 }
 
+/// The label llm-d gives an endpoint's disaggregation role.
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// An endpoint's disaggregation role: its [`ROLE_LABEL`] label, resolved once
+/// when the endpoint is made. An endpoint's labels never change (a relabel
+/// makes a new endpoint), so role filters test this instead of looking the
+/// label up and comparing strings on every cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndpointRole {
+    /// No role label.
+    Unlabelled,
+    /// `encode`.
+    Encode,
+    /// `prefill`.
+    Prefill,
+    /// `decode`.
+    Decode,
+    /// `encode-prefill`.
+    EncodePrefill,
+    /// `prefill-decode`.
+    PrefillDecode,
+    /// `both`.
+    Both,
+    /// `encode-prefill-decode`.
+    EncodePrefillDecode,
+    /// Any other value.
+    Other,
+}
+
+impl EndpointRole {
+    /// The role a [`ROLE_LABEL`] value names (`None`: no label).
+    #[must_use]
+    pub fn from_label(value: Option<&str>) -> Self {
+        match value {
+            None => Self::Unlabelled,
+            Some("encode") => Self::Encode,
+            Some("prefill") => Self::Prefill,
+            Some("decode") => Self::Decode,
+            Some("encode-prefill") => Self::EncodePrefill,
+            Some("prefill-decode") => Self::PrefillDecode,
+            Some("both") => Self::Both,
+            Some("encode-prefill-decode") => Self::EncodePrefillDecode,
+            Some(_) => Self::Other,
+        }
+    }
+
+    /// A distinct bit per role, for sets of roles kept in one integer.
+    #[must_use]
+    pub fn bit(self) -> u16 {
+        1 << self as u16
+    }
+}
+
 /// One model-server replica.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -260,6 +314,8 @@ pub struct Endpoint {
     /// What discovery calls it (e.g. `<pod>-rank-<i>` on Kubernetes).
     name: Option<Arc<str>>,
     labels: BTreeMap<String, String>,
+    /// `labels[ROLE_LABEL]`, resolved.
+    role: EndpointRole,
     metrics: ArcSwap<EndpointMetrics>,
     /// Bumped after every metrics store, so a reader that kept the metrics
     /// can tell, with one plain load, whether they are still current.
@@ -282,6 +338,7 @@ impl Endpoint {
             addr,
             addr_text: addr.to_string(),
             name: None,
+            role: EndpointRole::from_label(labels.get(ROLE_LABEL).map(String::as_str)),
             labels,
             metrics: ArcSwap::from_pointee(EndpointMetrics::default()),
             metrics_version: AtomicU64::new(0),
@@ -337,6 +394,13 @@ impl Endpoint {
     #[must_use]
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
+    }
+
+    /// Its disaggregation role (label [`ROLE_LABEL`]), resolved when it was
+    /// made.
+    #[must_use]
+    pub fn role(&self) -> EndpointRole {
+        self.role
     }
 
     /// The latest metrics, shared (no copy).
@@ -467,6 +531,45 @@ mod tests {
         let full = EndpointSnapshot::new(vec![one]).with_empty_reason(reason);
         assert_eq!(full.empty_reason(), None);
         assert_eq!(EndpointSnapshot::default().empty_reason(), None);
+    }
+
+    #[test]
+    fn the_role_is_resolved_from_its_label() {
+        let addr = "127.0.0.1:1".parse().unwrap();
+        let with = |role: Option<&str>| {
+            let labels = role
+                .map(|r| (ROLE_LABEL.to_owned(), r.to_owned()))
+                .into_iter()
+                .chain([("zone".to_owned(), "a".to_owned())])
+                .collect();
+            Endpoint::with_labels(EndpointId(0), addr, labels).role()
+        };
+        assert_eq!(with(None), EndpointRole::Unlabelled);
+        assert_eq!(with(Some("prefill")), EndpointRole::Prefill);
+        assert_eq!(with(Some("decode")), EndpointRole::Decode);
+        assert_eq!(with(Some("both")), EndpointRole::Both);
+        assert_eq!(
+            with(Some("encode-prefill-decode")),
+            EndpointRole::EncodePrefillDecode
+        );
+        assert_eq!(with(Some("Decode")), EndpointRole::Other, "case matters");
+        assert_eq!(with(Some("")), EndpointRole::Other, "empty is a value");
+        let all = [
+            EndpointRole::Unlabelled,
+            EndpointRole::Encode,
+            EndpointRole::Prefill,
+            EndpointRole::Decode,
+            EndpointRole::EncodePrefill,
+            EndpointRole::PrefillDecode,
+            EndpointRole::Both,
+            EndpointRole::EncodePrefillDecode,
+            EndpointRole::Other,
+        ];
+        let bits = all.iter().fold(0u16, |acc, r| {
+            assert_eq!(acc & r.bit(), 0, "{r:?}: a bit of its own");
+            acc | r.bit()
+        });
+        assert_eq!(bits.count_ones() as usize, all.len());
     }
 
     #[test]

@@ -82,8 +82,8 @@ pub use cycle::{
 };
 pub use dispatch::{Dispatch, uncached_tokens};
 pub use endpoint::{
-    CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointSnapshot, EndpointSource,
-    Extensions, InflightCounters, InflightSample, LoraInfo,
+    CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointRole, EndpointSnapshot,
+    EndpointSource, Extensions, InflightCounters, InflightSample, LoraInfo, ROLE_LABEL,
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{EndpointDiscovery, ExtractError, Extractor, MetricsSource, TlsFiles};

@@ -11,6 +11,15 @@
 //! prefill pick for each prompt whose uncached part is long enough: here
 //! every prompt's unique quarter) on a fleet of 32 prefill and 32 decode
 //! servers; `cycle-decode-only` the same fleet and decode profile alone.
+//! `cycle-pd-background` and `cycle-decode-only-background` are the same
+//! with `recordInBackground: true`, the prefix index's records applied off
+//! the decision: after each timed cycle the bench waits, untimed, until the
+//! records are applied (helping the writer), as in a server whose requests
+//! arrive slower than the writer applies their records; the cycle still pays
+//! queueing them and waking the writer. `…-background-closed-loop` does not
+//! wait: back-to-back decisions outrun the writer (the more so when other
+//! work holds the second core), and the figure includes waiting for the
+//! index's lock and the records applied in the cycle when the queue is full.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench cycle
@@ -28,16 +37,41 @@ fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
 }
 
 fn bench_profile(c: &mut Criterion, group: &str, endpoints: usize, kib: usize, profile: Profile) {
+    bench_recording(c, group, endpoints, kib, profile, Recording::InPlace);
+}
+
+/// How the prefix scorer's index records.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recording {
+    /// Within the cycle (the default).
+    InPlace,
+    /// In the background, the records applied after each cycle, untimed.
+    Background,
+    /// In the background, never waited for.
+    BackgroundClosedLoop,
+}
+
+fn bench_recording(
+    c: &mut Criterion,
+    group: &str,
+    endpoints: usize,
+    kib: usize,
+    profile: Profile,
+    recording: Recording,
+) {
     // Built on first use, so a filtered-out setup costs nothing.
     let mut setup: Option<Workload<PrefixCacheScorer>> = None;
     let mut g = c.benchmark_group(group);
     g.bench_function(BenchmarkId::new(format!("{endpoints}ep"), format!("{kib}KiB")), |b| {
         let w = setup.get_or_insert_with(|| {
-            let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, PrefixCacheScorerParams::default())
+            let mut params = PrefixCacheScorerParams::default();
+            params.index.record_in_background = recording != Recording::InPlace;
+            let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params)
                 .expect("default parameters are valid");
             let mut w =
                 Workload::with_profile(endpoints, kib, &builtin_registry(), Arc::new(prefix), profile);
             w.warm(10_000);
+            w.prefix.index().flush();
             eprintln!(
                 "{group} {endpoints} endpoints × {kib} KiB: index {} entries, {:.1} bytes per block",
                 w.prefix.index().entries(),
@@ -45,9 +79,20 @@ fn bench_profile(c: &mut Criterion, group: &str, endpoints: usize, kib: usize, p
             );
             w
         });
-        b.iter_custom(|iters| w.time_cycles(iters));
+        b.iter_custom(|iters| match recording {
+            Recording::Background => w.time_cycles_then(iters, |p| p.index().flush()),
+            Recording::InPlace | Recording::BackgroundClosedLoop => w.time_cycles(iters),
+        });
     });
     g.finish();
+    if let Some(w) = &setup
+        && recording == Recording::BackgroundClosedLoop
+    {
+        eprintln!(
+            "{group}: records applied in a cycle because the queue was full: {}",
+            w.prefix.index().applied_by_callers()
+        );
+    }
 }
 
 fn cycle(c: &mut Criterion) {
@@ -62,6 +107,17 @@ fn cycle(c: &mut Criterion) {
     );
     bench_profile(c, "cycle-pd", 64, 16, Profile::Disaggregated);
     bench_profile(c, "cycle-decode-only", 64, 16, Profile::DecodeOnly);
+    for (suffix, recording) in [
+        ("background", Recording::Background),
+        ("background-closed-loop", Recording::BackgroundClosedLoop),
+    ] {
+        for (name, profile) in [
+            ("cycle-pd", Profile::Disaggregated),
+            ("cycle-decode-only", Profile::DecodeOnly),
+        ] {
+            bench_recording(c, &format!("{name}-{suffix}"), 64, 16, profile, recording);
+        }
+    }
 }
 
 fn scaling(c: &mut Criterion) {

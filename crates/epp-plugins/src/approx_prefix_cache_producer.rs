@@ -16,8 +16,8 @@ use std::sync::{
 };
 
 use epp_core::{
-    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily,
-    MetricSink, Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, MetricFamily, MetricSink,
+    Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
 };
 
 use crate::{Builtin, PrefixIndex};
@@ -50,7 +50,18 @@ pub struct PrefixCacheParams {
     /// meant characters). Default 0 = unset.
     #[serde(default)]
     pub block_size: usize,
+    /// Apply each decision's record on a writer thread instead of in the
+    /// decision (see [`PrefixIndex::in_background`]): the decision returns
+    /// without the record's time, and a request scheduled within
+    /// microseconds of another may not see the other's blocks yet. Default
+    /// false.
+    #[serde(default)]
+    pub record_in_background: bool,
 }
+
+/// Records a background index queues at most before its recording callers
+/// apply them themselves.
+const BACKGROUND_QUEUE: usize = 64;
 
 /// llm-d's default `maxPrefixTokensToMatch` (128 Ki tokens), which applies
 /// there when `maxPrefixBlocksToMatch` is 0.
@@ -78,6 +89,7 @@ impl Default for PrefixCacheParams {
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
             block_size: 0,
+            record_in_background: false,
         }
     }
 }
@@ -266,7 +278,11 @@ impl ApproxPrefixCacheProducer {
             name: name.into(),
             params,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            index: PrefixIndex::default(),
+            index: if params.record_in_background {
+                PrefixIndex::in_background(BACKGROUND_QUEUE)
+            } else {
+                PrefixIndex::default()
+            },
             slot: PrefixSlot::default(),
         }
     }
@@ -334,16 +350,20 @@ impl ApproxPrefixCacheProducer {
             return;
         }
         // What the match found held saves the index searching again.
-        let record = |endpoint: &Arc<Endpoint>| {
+        let what = |endpoint| {
             let capacity = self.capacity_for(&Candidate::new(endpoint));
-            let matched = prefix.matched(endpoint.id());
-            self.index
-                .record_matched(endpoint, hashes, capacity, matched);
+            (endpoint, capacity, prefix.matched(endpoint.id()))
         };
-        record(target);
         // P/D: the prefill endpoint computed the prompt's KV too.
-        if let Some(prefill) = result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
-            record(prefill);
+        match result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
+            Some(prefill) => self
+                .index
+                .record_matched_both(hashes, what(target), what(prefill)),
+            None => {
+                let (endpoint, capacity, matched) = what(target);
+                self.index
+                    .record_matched(endpoint, hashes, capacity, matched);
+            }
         }
     }
 }

@@ -1,15 +1,17 @@
 //! `label-selector-filter`, and `decode-filter` / `prefill-filter` /
 //! `encode-filter`, which are the same filter with a fixed selector on the
-//! `llm-d.ai/role` label.
+//! `llm-d.ai/role` label. The role filters test each endpoint's role as
+//! resolved when the endpoint was made ([`Endpoint::role`]), one bit test per
+//! candidate, instead of looking the label up and comparing strings.
+//!
+//! [`Endpoint::role`]: epp_core::Endpoint::role
 
 use std::collections::BTreeMap;
 
-use epp_core::{BuildError, Candidate, CycleContext, Filter, Plugin};
+pub use epp_core::ROLE_LABEL;
+use epp_core::{BuildError, Candidate, CycleContext, EndpointRole, Filter, Plugin};
 
 use crate::Builtin;
-
-/// The label llm-d uses for an endpoint's disaggregation role.
-pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
 /// A Kubernetes-style set-based requirement.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -72,8 +74,10 @@ pub struct LabelSelectorFilter {
     name: String,
     type_name: &'static str,
     selector: LabelSelectorParams,
-    /// Also keep endpoints without the `llm-d.ai/role` label (decode-filter).
-    keep_without_role: bool,
+    /// The role filters: the [`EndpointRole::bit`]s of the roles kept, in
+    /// place of `selector` (which says the same in labels). `None`: a
+    /// `label-selector-filter`, which applies `selector`.
+    roles: Option<u16>,
 }
 
 /// Roles llm-d's `decode-filter` keeps (besides endpoints with no role).
@@ -88,6 +92,19 @@ const PREFILL_ROLES: [&str; 5] = [
 ];
 /// Roles llm-d's `encode-filter` keeps; endpoints with no role are dropped.
 const ENCODE_ROLES: [&str; 3] = ["encode", "encode-prefill", "encode-prefill-decode"];
+
+/// The role bits of `roles` (label values), plus [`EndpointRole::Unlabelled`]
+/// when `unlabelled`.
+fn role_bits(roles: &[&str], unlabelled: bool) -> u16 {
+    let bits = roles
+        .iter()
+        .fold(0, |acc, r| acc | EndpointRole::from_label(Some(r)).bit());
+    if unlabelled {
+        bits | EndpointRole::Unlabelled.bit()
+    } else {
+        bits
+    }
+}
 
 fn role_in(roles: &[&str]) -> LabelSelectorParams {
     LabelSelectorParams {
@@ -127,7 +144,7 @@ impl Builtin for LabelSelectorFilter {
             name,
             type_name: Self::TYPE,
             selector,
-            keep_without_role: false,
+            roles: None,
         })
     }
 }
@@ -142,7 +159,7 @@ impl LabelSelectorFilter {
             name: name.into(),
             type_name: "decode-filter",
             selector: role_in(&DECODE_ROLES),
-            keep_without_role: true,
+            roles: Some(role_bits(&DECODE_ROLES, true)),
         }
     }
 
@@ -154,7 +171,7 @@ impl LabelSelectorFilter {
             name: name.into(),
             type_name: "prefill-filter",
             selector: role_in(&PREFILL_ROLES),
-            keep_without_role: false,
+            roles: Some(role_bits(&PREFILL_ROLES, false)),
         }
     }
 }
@@ -168,7 +185,7 @@ impl LabelSelectorFilter {
             name: name.into(),
             type_name: "encode-filter",
             selector: role_in(&ENCODE_ROLES),
-            keep_without_role: false,
+            roles: Some(role_bits(&ENCODE_ROLES, false)),
         }
     }
 }
@@ -187,10 +204,10 @@ impl Plugin for LabelSelectorFilter {
 
 impl Filter for LabelSelectorFilter {
     fn filter(&self, _cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
-        candidates.retain(|c| {
-            (self.keep_without_role && c.endpoint.label(ROLE_LABEL).is_none())
-                || self.selector.matches(c)
-        });
+        match self.roles {
+            Some(bits) => candidates.retain(|c| c.endpoint.role().bit() & bits != 0),
+            None => candidates.retain(|c| self.selector.matches(c)),
+        }
     }
 }
 
@@ -220,6 +237,41 @@ mod tests {
             f.filter(cx, &mut c);
             c.iter().map(|c| c.id().0).collect()
         })
+    }
+
+    /// The role filters keep exactly what their selectors on the label keep
+    /// (the decode filter also the unlabelled), whatever the value.
+    #[test]
+    fn role_bits_agree_with_the_label_selectors() {
+        let values = [
+            None,
+            Some("encode"),
+            Some("prefill"),
+            Some("decode"),
+            Some("encode-prefill"),
+            Some("prefill-decode"),
+            Some("both"),
+            Some("encode-prefill-decode"),
+            Some("Decode"),
+            Some(" decode"),
+            Some(""),
+            Some("unknown-role"),
+        ];
+        let c = cands(&values);
+        for (f, unlabelled) in [
+            (LabelSelectorFilter::decode("d"), true),
+            (LabelSelectorFilter::prefill("p"), false),
+            (LabelSelectorFilter::encode("e"), false),
+        ] {
+            let by_label: Vec<u32> = c
+                .iter()
+                .filter(|c| {
+                    (unlabelled && c.endpoint.label(ROLE_LABEL).is_none()) || f.selector.matches(c)
+                })
+                .map(|c| c.id().0)
+                .collect();
+            assert_eq!(kept(&f, &c), by_label, "{}", f.type_name);
+        }
     }
 
     #[test]

@@ -63,6 +63,7 @@ struct RawScorerParams {
     max_prefix_tokens_to_match: Option<usize>,
     lru_capacity_per_server: Option<usize>,
     auto_tune: Option<bool>,
+    record_in_background: Option<bool>,
 }
 
 impl<'de> serde::Deserialize<'de> for PrefixCacheScorerParams {
@@ -92,6 +93,10 @@ impl<'de> serde::Deserialize<'de> for PrefixCacheScorerParams {
         );
         if let Some(a) = r.auto_tune {
             index.auto_tune = a;
+            given = true;
+        }
+        if let Some(b) = r.record_in_background {
+            index.record_in_background = b;
             given = true;
         }
         Ok(Self {

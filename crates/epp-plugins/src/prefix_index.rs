@@ -23,6 +23,9 @@
 //! (see `Inner::record_run`). Once every endpoint's LRU is full, recording
 //! evicts one entry per new one and reuses its slot: the index then allocates
 //! nothing.
+//!
+//! An index made with [`PrefixIndex::in_background`] applies records on a
+//! writer thread of its own (see [`background`]).
 
 use std::sync::{Arc, Weak};
 
@@ -30,8 +33,9 @@ use bytemuck::{Pod, Zeroable};
 use epp_core::{Endpoint, EndpointId, PrefixMatch};
 use parking_lot::RwLock;
 
-use self::pages::Pages;
+use self::{background::Background, pages::Pages};
 
+mod background;
 mod pages;
 
 const NIL: u32 = u32::MAX;
@@ -149,16 +153,20 @@ struct Inner {
 /// endpoint. Safe to share: matching takes a read lock, recording a write lock.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    inner: RwLock<Inner>,
+    /// Shared with the writer thread, when there is one.
+    inner: Arc<RwLock<Inner>>,
+    /// Queued records and their writer (see [`Self::in_background`]).
+    background: Option<Background>,
 }
 
 impl Default for PrefixIndex {
     fn default() -> Self {
         Self {
-            inner: RwLock::new(Inner {
+            inner: Arc::new(RwLock::new(Inner {
                 free: NIL,
                 ..Inner::default()
-            }),
+            })),
+            background: None,
         }
     }
 }
@@ -167,6 +175,52 @@ impl Default for PrefixIndex {
 const SWEEP_EVERY: u32 = 64;
 
 impl PrefixIndex {
+    /// An empty index whose records are applied off the caller's path: each
+    /// record is copied into a queue of at most `queue` records (at least
+    /// one) and applied, in the order queued, by a writer thread the index
+    /// starts on its first record and stops when dropped.
+    ///
+    /// A match may therefore not see records made just before it (the
+    /// writer's lag: one record's application, microseconds, when it keeps
+    /// up). When the queue is full, the recording caller applies the oldest
+    /// queued record itself before queueing its own, so nothing is lost and
+    /// the order holds; [`Self::applied_by_callers`] counts those. If the
+    /// thread cannot be started, every record is applied by its caller.
+    /// [`Self::flush`] waits until everything queued is applied.
+    #[must_use]
+    pub fn in_background(queue: usize) -> Self {
+        let index = Self::default();
+        let background = Background::new(Arc::clone(&index.inner), queue);
+        Self {
+            background: Some(background),
+            ..index
+        }
+    }
+
+    /// Whether records are applied by a writer thread.
+    #[must_use]
+    pub fn is_background(&self) -> bool {
+        self.background.is_some()
+    }
+
+    /// Applies every record queued before the call (helping the writer
+    /// with them), so that matches made after it see them. Immediate for an
+    /// index that records in place.
+    pub fn flush(&self) {
+        if let Some(b) = &self.background {
+            b.flush();
+        }
+    }
+
+    /// Records queued for the writer thread that a recording caller applied
+    /// because the queue was full (0 for an index that records in place).
+    #[must_use]
+    pub fn applied_by_callers(&self) -> u64 {
+        self.background
+            .as_ref()
+            .map_or(0, Background::applied_by_callers)
+    }
+
     /// Records `hashes` (a prompt's chained block hashes, in prompt order, as
     /// [`crate::block_hashes`] makes them: each hash stands for its whole
     /// prefix) as cached on `id`, evicting its least recently used blocks
@@ -198,6 +252,26 @@ impl PrefixIndex {
         self.record_inner(endpoint.id(), Some(endpoint), hashes, capacity, matched);
     }
 
+    /// [`Self::record_matched`] for two endpoints in turn (a P/D decision's
+    /// decode and prefill endpoints): in the background, one copy of
+    /// `hashes` is queued for both. Each is `(endpoint, capacity, matched)`.
+    pub fn record_matched_both(
+        &self,
+        hashes: &[u64],
+        first: (&Arc<Endpoint>, usize, u32),
+        second: (&Arc<Endpoint>, usize, u32),
+    ) {
+        fn target((endpoint, capacity, matched): (&Arc<Endpoint>, usize, u32)) -> Target<'_> {
+            Target {
+                id: endpoint.id(),
+                endpoint: Some(endpoint),
+                capacity,
+                matched,
+            }
+        }
+        self.record_targets(hashes, &[target(first), target(second)]);
+    }
+
     fn record_inner(
         &self,
         id: EndpointId,
@@ -206,47 +280,30 @@ impl PrefixIndex {
         capacity: usize,
         matched: u32,
     ) {
-        let capacity = u32::try_from(capacity).unwrap_or(u32::MAX - 1).max(1);
-        let Ok(ep) = u32::try_from(id.index()) else {
-            return;
+        let target = Target {
+            id,
+            endpoint,
+            capacity,
+            matched,
         };
-        if ep == NIL {
-            return;
-        }
-        let mut inner = self.inner.write();
-        let inner = &mut *inner;
-        if inner.lrus.len() <= id.index() {
-            inner.lrus.resize_with(id.index() + 1, Lru::default);
-        }
-        // Track the endpoint object last recorded for this id: a relabelled
-        // endpoint is a new object with the same id, and only the object in
-        // the current snapshot tells whether it is still in the pool. (Between
-        // a relabel and its next pick a sweep may drop its blocks: only
-        // affinity is lost, and relabels are rare.)
-        if let Some(e) = endpoint
-            && inner.lrus[id.index()].endpoint.as_ptr() != Arc::as_ptr(e)
-        {
-            inner.lrus[id.index()].endpoint = Arc::downgrade(e);
-        }
-        // Blocks past the capacity would be evicted again at once.
-        let hashes = &hashes[..hashes.len().min(capacity as usize)];
-        // Out of entries or table slots (2^32): record what fitted, then
-        // still enforce the capacity.
-        let _ = inner.record_run(ep, hashes, matched as usize);
-        let over = inner.lrus[id.index()].len.saturating_sub(capacity);
-        inner.warm_tail(ep, over as usize);
-        for _ in 0..over {
-            inner.evict_tail(ep);
-        }
-        inner.since_sweep += 1;
-        if inner.since_sweep >= SWEEP_EVERY {
-            inner.since_sweep = 0;
-            inner.sweep();
+        self.record_targets(hashes, &[target]);
+    }
+
+    fn record_targets(&self, hashes: &[u64], targets: &[Target<'_>]) {
+        match &self.background {
+            Some(b) => b.submit(hashes, targets),
+            None => {
+                for t in targets {
+                    apply(&self.inner, hashes, t);
+                }
+            }
         }
     }
 
-    /// Forgets everything recorded for `id` (an endpoint that left).
+    /// Forgets everything recorded for `id` (an endpoint that left), after
+    /// applying the records queued before.
     pub fn forget(&self, id: EndpointId) {
+        self.flush();
         let Ok(ep) = u32::try_from(id.index()) else {
             return;
         };
@@ -255,7 +312,69 @@ impl PrefixIndex {
             inner.forget(ep);
         }
     }
+}
 
+/// An endpoint to record a prompt's blocks for, with the LRU capacity to
+/// keep and the matched-blocks hint (see [`PrefixIndex::record_matched`]).
+struct Target<'a> {
+    id: EndpointId,
+    endpoint: Option<&'a Arc<Endpoint>>,
+    capacity: usize,
+    matched: u32,
+}
+
+/// Records `hashes` for `target` in `index`.
+fn apply(index: &RwLock<Inner>, hashes: &[u64], target: &Target<'_>) {
+    let Target {
+        id,
+        endpoint,
+        capacity,
+        matched,
+    } = *target;
+    let capacity = u32::try_from(capacity).unwrap_or(u32::MAX - 1).max(1);
+    let Ok(ep) = u32::try_from(id.index()) else {
+        return;
+    };
+    if ep == NIL {
+        return;
+    }
+    // One hold of the write lock for the whole record. (Letting waiting
+    // readers in between slices of evictions was tried: in a closed loop on
+    // a busy machine each hand-over cost the writer a context switch, and
+    // decisions took twice as long.)
+    let mut inner = index.write();
+    let inner = &mut *inner;
+    if inner.lrus.len() <= id.index() {
+        inner.lrus.resize_with(id.index() + 1, Lru::default);
+    }
+    // Track the endpoint object last recorded for this id: a relabelled
+    // endpoint is a new object with the same id, and only the object in
+    // the current snapshot tells whether it is still in the pool. (Between
+    // a relabel and its next pick a sweep may drop its blocks: only
+    // affinity is lost, and relabels are rare.)
+    if let Some(e) = endpoint
+        && inner.lrus[id.index()].endpoint.as_ptr() != Arc::as_ptr(e)
+    {
+        inner.lrus[id.index()].endpoint = Arc::downgrade(e);
+    }
+    // Blocks past the capacity would be evicted again at once.
+    let hashes = &hashes[..hashes.len().min(capacity as usize)];
+    // Out of entries or table slots (2^32): record what fitted, then
+    // still enforce the capacity.
+    let _ = inner.record_run(ep, hashes, matched as usize);
+    let over = inner.lrus[id.index()].len.saturating_sub(capacity);
+    inner.warm_tail(ep, over as usize);
+    for _ in 0..over {
+        inner.evict_tail(ep);
+    }
+    inner.since_sweep += 1;
+    if inner.since_sweep >= SWEEP_EVERY {
+        inner.since_sweep = 0;
+        inner.sweep();
+    }
+}
+
+impl PrefixIndex {
     /// Writes into `m`, per endpoint, how many leading blocks of `hashes` it
     /// holds, contiguously from the first block.
     ///
@@ -368,6 +487,23 @@ impl PrefixIndex {
 
 #[cfg(test)]
 impl PrefixIndex {
+    /// Checks that every endpoint holds a leading run of `hashes` (chained
+    /// hashes) and nothing after a gap: what `match_prefix`'s search needs.
+    fn check_prefix_closed(&self, hashes: &[u64]) {
+        let inner = self.inner.read();
+        for ep in 0..inner.lrus.len() {
+            let ep = u32::try_from(ep).expect("few endpoints");
+            let held = hashes
+                .iter()
+                .take_while(|&&h| inner.held(h, ep).is_some())
+                .count();
+            assert!(
+                hashes[held..].iter().all(|&h| inner.held(h, ep).is_none()),
+                "endpoint {ep}: a block held after a gap at {held}"
+            );
+        }
+    }
+
     /// Checks the structure: every endpoint's list is consistently linked
     /// with its length, every listed entry is findable through its hash's
     /// chain, and every chained entry is listed.

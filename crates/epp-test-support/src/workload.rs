@@ -387,6 +387,14 @@ impl<P: Plugin + 'static> Workload<P> {
     /// work, so they are left untimed. Each result is passed through
     /// [`black_box`] so the cycle cannot be optimised away.
     pub fn time_cycles(&mut self, n: u64) -> Duration {
+        self.time_cycles_then(n, |_| ())
+    }
+
+    /// [`Self::time_cycles`], calling `after` with the prefix plugin after
+    /// each cycle, untimed (e.g. to wait for work the cycle left to a
+    /// background thread, as a server whose requests arrive slower than that
+    /// thread's work would).
+    pub fn time_cycles_then(&mut self, n: u64, mut after: impl FnMut(&P)) -> Duration {
         let mut spent = Duration::ZERO;
         for _ in 0..n {
             self.next();
@@ -394,6 +402,7 @@ impl<P: Plugin + 'static> Workload<P> {
             self.cycle();
             spent += t.elapsed();
             black_box(&self.result);
+            after(&self.prefix);
         }
         spent
     }

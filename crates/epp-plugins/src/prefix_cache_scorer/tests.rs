@@ -65,6 +65,44 @@ fn a_scheduled_prefix_sticks_to_its_endpoint() {
 }
 
 #[test]
+fn recorded_in_background_a_prefix_sticks_once_applied() {
+    let params: PrefixCacheScorerParams =
+        serde_yaml_ng::from_str("{recordInBackground: true}").unwrap();
+    let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
+    assert!(scorer.index().is_background());
+    let scheduler = scheduler(&scorer, None);
+    let snapshot = snapshot(8);
+    let system = "You are a helpful assistant. ".repeat(40);
+    let ask = |q: &str| {
+        let req = InferenceRequest::builder("m")
+            .prompt(format!("{system} {q}"))
+            .build();
+        let r = scheduler.schedule(&req, &snapshot).unwrap();
+        // The next decision sees this one's blocks once the writer applied them.
+        scorer.index().flush();
+        r
+    };
+    let home = ask("Q1").primary().unwrap().id();
+    assert_eq!(
+        scorer.index().len_for(home),
+        18,
+        "1,163 characters in 64-character blocks"
+    );
+    for q in 2..20 {
+        let r = ask(&format!("Q{q}"));
+        assert_eq!(r.primary().unwrap().id(), home);
+        assert!(r.primary_run().unwrap().scores[0] > 0.9);
+    }
+    let off: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    assert!(
+        !PrefixCacheScorer::build("p", off)
+            .unwrap()
+            .index()
+            .is_background()
+    );
+}
+
+#[test]
 fn a_declared_producer_feeds_the_scorer_and_owns_the_index() {
     let scorer =
         Arc::new(PrefixCacheScorer::build("prefix", PrefixCacheScorerParams::default()).unwrap());

@@ -252,3 +252,117 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Records applied by the writer thread, however short its queue (full
+    /// queues make the recording caller apply the oldest record), leave the
+    /// index exactly as the same records applied in place, in the same
+    /// order; matches made after a flush see every record made before it.
+    #[test]
+    fn background_records_apply_in_order_like_in_place_ones(
+        ops in prop::collection::vec((0usize..4, 0u64..6, 1usize..16, 0u8..6), 1..80),
+        cap in 1usize..24,
+        bound in 1usize..4,
+    ) {
+        let (background, plain) = (PrefixIndex::in_background(bound), PrefixIndex::default());
+        prop_assert!(background.is_background() && !plain.is_background());
+        let endpoints: Vec<_> = (0..4).map(|i| Arc::new(Endpoint::new(i, format!("10.0.0.{i}:8000").parse().unwrap()))).collect();
+        let compare = |query: &[u64]| {
+            background.flush();
+            let (mut a, mut b) = (PrefixMatch::default(), PrefixMatch::default());
+            background.match_prefix(query, &mut a);
+            plain.match_prefix(query, &mut b);
+            for e in 0..4 {
+                assert_eq!(a.matched(EndpointId(e)), b.matched(EndpointId(e)), "endpoint {e}");
+                assert_eq!(background.len_for(EndpointId(e)), plain.len_for(EndpointId(e)));
+            }
+        };
+        for (e, p, len, op) in ops {
+            let hashes = prompt(p, len);
+            match op {
+                0 => {
+                    background.forget(EndpointId(e as u32));
+                    plain.forget(EndpointId(e as u32));
+                }
+                1 => compare(&hashes),
+                // A P/D decision: two endpoints, one queued copy.
+                5 => {
+                    let f = (e + 1) % 4;
+                    let mut m = PrefixMatch::default();
+                    background.match_prefix(&hashes, &mut m);
+                    let hint = |i: usize| m.matched(EndpointId(i as u32));
+                    background.record_matched_both(&hashes, (&endpoints[e], cap, hint(e)), (&endpoints[f], cap, hint(f)));
+                    plain.record_for(&endpoints[e], &hashes, cap);
+                    plain.record_for(&endpoints[f], &hashes, cap);
+                }
+                _ => {
+                    let mut m = PrefixMatch::default();
+                    background.match_prefix(&hashes, &mut m);
+                    // The hint may be stale by the time the writer applies it.
+                    background.record_matched(&endpoints[e], &hashes, cap, m.matched(EndpointId(e as u32)));
+                    plain.record_for(&endpoints[e], &hashes, cap);
+                }
+            }
+        }
+        for p in 0..6 {
+            compare(&prompt(p, 16));
+        }
+        background.check();
+        prop_assert_eq!(background.entries(), plain.entries());
+    }
+}
+
+/// Matches taken while the writer applies records always find every
+/// endpoint's blocks prefix-closed and the lists and chains whole.
+#[test]
+fn readers_never_see_a_half_applied_record() {
+    let index = PrefixIndex::in_background(8);
+    let endpoints: Vec<_> = (0..3)
+        .map(|i| {
+            Arc::new(Endpoint::new(
+                i,
+                format!("10.0.0.{i}:8000").parse().unwrap(),
+            ))
+        })
+        .collect();
+    // Capacity 40 against 60-block prompts of 20 groups: every record evicts.
+    for round in 0..400u64 {
+        let e = &endpoints[(round % 3) as usize];
+        index.record_for(e, &prompt(round % 20, 60), 40);
+        if round % 4 == 0 {
+            index.check_prefix_closed(&prompt(round % 20, 60));
+            index.check();
+        }
+    }
+    index.flush();
+    index.check();
+    for p in 0..20 {
+        index.check_prefix_closed(&prompt(p, 60));
+    }
+}
+
+/// More distinct match lengths than a match walks chains side by side: each
+/// endpoint still gets its own length, whichever batch its level falls in.
+#[test]
+fn many_distinct_lengths_each_get_their_own() {
+    let index = PrefixIndex::default();
+    let full = prompt(1, 40);
+    // Endpoint e holds the first 2e + 1 blocks (20 lengths); endpoints 20..30
+    // hold the whole prompt, and 30 another group's prompt.
+    for e in 0..20u32 {
+        index.record(EndpointId(e), &full[..2 * e as usize + 1], 100);
+    }
+    for e in 20..30u32 {
+        index.record(EndpointId(e), &full, 100);
+    }
+    index.record(EndpointId(30), &prompt(2, 40), 100);
+    let mut m = PrefixMatch::default();
+    index.match_prefix(&full, &mut m);
+    for e in 0..20u32 {
+        assert_eq!(m.matched(EndpointId(e)), 2 * e + 1, "endpoint {e}");
+    }
+    for e in 20..30u32 {
+        assert_eq!(m.matched(EndpointId(e)), 40, "endpoint {e}");
+    }
+    assert_eq!(m.matched(EndpointId(30)), 0, "another group's prompt");
+}

@@ -1,0 +1,407 @@
+//! Records applied off the request path, as llm-d's producer does in its
+//! `PreRequest` goroutine: the recording caller copies the blocks into a
+//! bounded queue and returns; one writer thread per index applies the queued
+//! records in order.
+//!
+//! This moves the work, it does not remove it: a record costs the writer
+//! what it cost the caller, plus the copy and, when the writer sleeps, a
+//! wake-up. What the request path gains is the record's time. Readers
+//! (matches) still take the index's read lock, and a record holds the write
+//! lock throughout (see [`super::apply`]): a match that meets the writer at
+//! work waits for the rest of one record.
+//!
+//! Waking a sleeping thread is a system call, and on a busy machine the woken
+//! writer may take the caller's core: measured, it cost a decision more than
+//! the record it saved. So the caller never wakes a writer that is merely
+//! between records: once the queue is empty the writer looks again every
+//! [`POLL`] (a record waits that long at most) and only after [`LINGER`]
+//! without records does it sleep until woken, flagging that the next record
+//! must wake it. Under steady traffic the request path makes no system call;
+//! after a lull, the first record pays one wake-up.
+//!
+//! When the queue is full the caller waits for the writer to take a record
+//! from it, if the writer is applying one; else (the writer not running, or
+//! not there yet) it applies the oldest queued record itself. Either way it
+//! then queues its own: back-pressure, nothing dropped, and the request path
+//! pays again only while the writer cannot keep up. (Helping while the writer
+//! applies would queue the caller behind the writer's record and then make
+//! it apply a second one.) Records are taken from the queue and applied under
+//! one mutex, so whoever applies them, writer or caller, applies them in
+//! queue order.
+
+use std::{
+    collections::VecDeque,
+    fmt,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use epp_core::{Endpoint, EndpointId};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use super::Inner;
+
+/// How often an idle writer looks for records before it sleeps.
+const POLL: Duration = Duration::from_micros(200);
+
+/// How long a writer keeps looking after its last record.
+const LINGER: Duration = Duration::from_millis(10);
+
+/// The queue and writer of a [`super::PrefixIndex::in_background`] index.
+pub(super) struct Background {
+    shared: Arc<Shared>,
+    /// The writer, started on the first record; `None` inside when it could
+    /// not be started (every record is then applied by its caller).
+    writer: OnceLock<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    index: Arc<RwLock<Inner>>,
+    queue: Mutex<Queue>,
+    /// Signalled when a record is queued or the queue closes.
+    work: Condvar,
+    /// Signalled when a record is taken from the queue.
+    space: Condvar,
+    /// Held while one record is taken from the queue and applied.
+    apply: Mutex<()>,
+    /// Records the queue holds at most.
+    bound: usize,
+    /// Records applied by a caller because the queue was full.
+    by_callers: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: VecDeque<Pending>,
+    /// Emptied buffers of applied records, reused so that queueing
+    /// allocates nothing once the queue has been full once.
+    spare: Vec<Pending>,
+    /// Records queued since the start.
+    queued: u64,
+    /// Records applied since the start (by the writer or a caller).
+    applied: u64,
+    /// The index is being dropped: the writer stops.
+    closed: bool,
+    /// The writer sleeps until woken (it stopped looking after [`LINGER`]).
+    asleep: bool,
+}
+
+/// A prompt's blocks waiting to be recorded for one or more endpoints (a
+/// P/D decision's decode and prefill endpoints share one copy).
+#[derive(Default)]
+struct Pending {
+    hashes: Vec<u64>,
+    targets: Vec<Target>,
+}
+
+/// One endpoint to record the blocks for.
+struct Target {
+    id: EndpointId,
+    endpoint: Option<Arc<Endpoint>>,
+    capacity: usize,
+    matched: u32,
+}
+
+impl fmt::Debug for Background {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let q = self.shared.queue.lock();
+        f.debug_struct("Background")
+            .field("bound", &self.shared.bound)
+            .field("pending", &q.pending.len())
+            .field("queued", &q.queued)
+            .field("applied", &q.applied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Background {
+    pub(super) fn new(index: Arc<RwLock<Inner>>, bound: usize) -> Self {
+        let bound = bound.max(1);
+        Self {
+            shared: Arc::new(Shared {
+                index,
+                queue: Mutex::new(Queue {
+                    pending: VecDeque::with_capacity(bound),
+                    ..Queue::default()
+                }),
+                work: Condvar::new(),
+                space: Condvar::new(),
+                apply: Mutex::new(()),
+                bound,
+                by_callers: AtomicU64::new(0),
+            }),
+            writer: OnceLock::new(),
+        }
+    }
+
+    /// Queues `hashes` to be recorded for each of `targets` in turn (or,
+    /// with no writer, records them at once).
+    pub(super) fn submit(&self, hashes: &[u64], targets: &[super::Target<'_>]) {
+        let started = self.writer.get_or_init(|| {
+            let shared = Arc::clone(&self.shared);
+            std::thread::Builder::new()
+                .name("epp-prefix-index".into())
+                .spawn(move || shared.run())
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no prefix-index writer thread: recording in place");
+                })
+                .ok()
+        });
+        if started.is_none() {
+            for t in targets {
+                super::apply(&self.shared.index, hashes, t);
+            }
+            return;
+        }
+        self.shared.submit(hashes, targets);
+    }
+
+    pub(super) fn flush(&self) {
+        self.shared.flush();
+    }
+
+    pub(super) fn applied_by_callers(&self) -> u64 {
+        self.shared.by_callers.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.shared.queue.lock().closed = true;
+        self.shared.work.notify_all();
+        if let Some(Some(writer)) = self.writer.take() {
+            // The writer only returns or applies a record: it cannot fail
+            // short of a bug, which its own panic message reports.
+            let _ = writer.join();
+        }
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    /// The writer: applies queued records until the queue closes.
+    fn run(&self) {
+        // When a record was last seen queued, and how many had been then (a
+        // caller that flushes may apply records before the writer sees them:
+        // they count as traffic all the same).
+        let (mut last, mut seen) = (Instant::now(), 0);
+        loop {
+            {
+                let mut q = self.queue.lock();
+                while q.pending.is_empty() && !q.closed {
+                    if q.queued != seen {
+                        (last, seen) = (Instant::now(), q.queued);
+                    }
+                    if last.elapsed() < LINGER {
+                        self.work.wait_for(&mut q, POLL);
+                    } else {
+                        q.asleep = true;
+                        self.work.wait(&mut q);
+                        q.asleep = false;
+                    }
+                }
+                if q.closed {
+                    return;
+                }
+            }
+            self.apply_next();
+        }
+    }
+
+    fn submit(&self, hashes: &[u64], targets: &[super::Target<'_>]) {
+        let mut q = self.queue.lock();
+        while q.pending.len() >= self.bound {
+            // Whoever holds `apply` takes a record from the queue, under
+            // its lock, before it lets `apply` go: waiting cannot miss it.
+            let Some(in_order) = self.apply.try_lock() else {
+                self.space.wait(&mut q);
+                continue;
+            };
+            drop(q);
+            self.by_callers.fetch_add(1, Ordering::Relaxed);
+            self.apply_next_holding(in_order);
+            q = self.queue.lock();
+        }
+        let mut p = q.spare.pop().unwrap_or_default();
+        p.hashes.extend_from_slice(hashes);
+        p.targets.extend(targets.iter().map(|t| Target {
+            id: t.id,
+            endpoint: t.endpoint.cloned(),
+            capacity: t.capacity,
+            matched: t.matched,
+        }));
+        q.pending.push_back(p);
+        q.queued += 1;
+        // The flag is read under the lock the writer set it under, before
+        // waiting: a writer that is asleep is waiting by now.
+        let asleep = q.asleep;
+        drop(q);
+        if asleep {
+            self.work.notify_one();
+        }
+    }
+
+    /// Applies the oldest queued record, if any (waiting for the one being
+    /// applied first).
+    fn apply_next(&self) {
+        self.apply_next_holding(self.apply.lock());
+    }
+
+    /// [`Self::apply_next`], `apply` already held.
+    fn apply_next_holding(&self, in_order: MutexGuard<'_, ()>) {
+        let Some(mut p) = self.queue.lock().pending.pop_front() else {
+            return;
+        };
+        self.space.notify_one();
+        for t in &p.targets {
+            let target = super::Target {
+                id: t.id,
+                endpoint: t.endpoint.as_ref(),
+                capacity: t.capacity,
+                matched: t.matched,
+            };
+            super::apply(&self.index, &p.hashes, &target);
+        }
+        p.hashes.clear();
+        p.targets.clear();
+        let mut q = self.queue.lock();
+        q.applied += 1;
+        if q.spare.len() < self.bound {
+            q.spare.push(p);
+        }
+        drop(q);
+        drop(in_order);
+        // A caller waiting for a place may apply the next record itself now.
+        self.space.notify_one();
+    }
+
+    /// Applies, helping the writer, until every record queued before the
+    /// call is applied.
+    fn flush(&self) {
+        let target = self.queue.lock().queued;
+        while self.queue.lock().applied < target {
+            self.apply_next();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PrefixIndex;
+
+    /// The queue without its writer thread: what a caller does alone.
+    fn unattended(bound: usize) -> (Arc<RwLock<Inner>>, Shared) {
+        let index = PrefixIndex::default();
+        let inner = Arc::clone(&index.inner);
+        let shared = Shared {
+            index: Arc::clone(&inner),
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
+            space: Condvar::new(),
+            apply: Mutex::new(()),
+            bound,
+            by_callers: AtomicU64::new(0),
+        };
+        (inner, shared)
+    }
+
+    /// Endpoint `e`, no endpoint object, room for 100 blocks, no hint.
+    fn target(e: u32) -> crate::prefix_index::Target<'static> {
+        crate::prefix_index::Target {
+            id: EndpointId(e),
+            endpoint: None,
+            capacity: 100,
+            matched: 0,
+        }
+    }
+
+    fn len(inner: &RwLock<Inner>, e: u32) -> u32 {
+        inner.read().lrus.get(e as usize).map_or(0, |l| l.len)
+    }
+
+    #[test]
+    fn a_full_queue_makes_the_caller_apply_the_oldest_record() {
+        let (inner, shared) = unattended(2);
+        // Endpoint i records i + 1 blocks, so each one's length tells
+        // which records were applied.
+        let record = |e: u32| {
+            let hashes: Vec<u64> = (0..=u64::from(e)).map(|k| 100 * u64::from(e) + k).collect();
+            shared.submit(&hashes, &[target(e)]);
+        };
+        record(0);
+        record(1);
+        assert_eq!(
+            (len(&inner, 0), len(&inner, 1)),
+            (0, 0),
+            "queued, not applied"
+        );
+        record(2);
+        assert_eq!(shared.by_callers.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            (len(&inner, 0), len(&inner, 1), len(&inner, 2)),
+            (1, 0, 0),
+            "the oldest applied first, the new one queued"
+        );
+        record(3);
+        assert_eq!((len(&inner, 1), len(&inner, 2), len(&inner, 3)), (2, 0, 0));
+        let q = shared.queue.lock();
+        assert_eq!((q.queued, q.applied, q.pending.len()), (4, 2, 2));
+        // The applied records' buffers are kept for the next ones.
+        assert_eq!(q.spare.len(), 0, "both spares reused by records 2 and 3");
+        drop(q);
+        shared.flush();
+        assert_eq!((len(&inner, 2), len(&inner, 3)), (3, 4));
+        let q = shared.queue.lock();
+        assert_eq!(
+            (q.queued, q.applied, q.pending.len(), q.spare.len()),
+            (4, 4, 0, 2)
+        );
+    }
+
+    #[test]
+    fn a_full_queue_waits_for_a_record_being_applied() {
+        let (inner, shared) = unattended(1);
+        let shared = Arc::new(shared);
+        shared.submit(&[1], &[target(0)]);
+        // Stands for the writer, in the middle of applying a record.
+        let writer = shared.apply.lock();
+        let caller = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || shared.submit(&[2, 3], &[target(1)]))
+        };
+        // Likely, not needed, for the caller to be waiting by now.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(len(&inner, 1), 0);
+        shared.apply_next_holding(writer);
+        caller.join().unwrap();
+        assert_eq!(
+            shared.by_callers.load(Ordering::Relaxed),
+            0,
+            "the caller waited for the writer's record instead of applying another"
+        );
+        assert_eq!((len(&inner, 0), len(&inner, 1)), (1, 0));
+        shared.flush();
+        assert_eq!(len(&inner, 1), 2);
+    }
+
+    #[test]
+    fn dropping_the_index_stops_its_writer() {
+        let index = PrefixIndex::in_background(4);
+        let e = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+        for k in 0..100 {
+            index.record_for(&e, &[k, k + 1000], 10);
+        }
+        let shared = Arc::downgrade(&index.background.as_ref().unwrap().shared);
+        drop(index);
+        assert!(
+            shared.upgrade().is_none(),
+            "the writer thread has returned and let go of the queue"
+        );
+    }
+}
