@@ -77,40 +77,42 @@ impl ChatTemplate {
     /// # Errors
     /// The template failed (e.g. `raise_exception`).
     pub fn render(&self, v: &Value, media_markers: bool) -> Result<String, String> {
-        let messages: Vec<Value> = v
-            .get("messages")
-            .and_then(Value::as_array)
-            .map(|ms| {
-                ms.iter()
-                    .map(|m| {
-                        let content = match m.get("content") {
-                            Some(Value::String(s)) => s.clone(),
-                            Some(Value::Array(parts)) => {
-                                let markers = parts
-                                    .iter()
-                                    .filter(|_| media_markers)
-                                    .filter_map(|p| media_marker(p.get("type")?.as_str()?));
-                                let text = parts
-                                    .iter()
-                                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                                    .collect::<Vec<_>>()
-                                    .join("\n");
-                                let mut all: Vec<&str> = markers.collect();
-                                if all.is_empty() {
-                                    text
-                                } else {
-                                    all.push(&text);
-                                    all.join("\n")
+        let messages: Vec<Value> =
+            v.get("messages")
+                .and_then(Value::as_array)
+                .map(|ms| {
+                    ms.iter()
+                        .map(|m| {
+                            let content = match m.get("content") {
+                                Some(Value::String(s)) => s.clone(),
+                                Some(Value::Array(parts)) => {
+                                    let text = parts
+                                        .iter()
+                                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                                        .collect::<Vec<_>>()
+                                        .join("\n");
+                                    // vLLM: "\n".join(placeholders + [text]).
+                                    let mut lines: Vec<&str> = Vec::new();
+                                    if media_markers {
+                                        lines.extend(parts.iter().filter_map(|p| {
+                                            media_marker(p.get("type")?.as_str()?)
+                                        }));
+                                    }
+                                    if lines.is_empty() {
+                                        text
+                                    } else {
+                                        lines.push(&text);
+                                        lines.join("\n")
+                                    }
                                 }
-                            }
-                            _ => String::new(),
-                        };
-                        let role = m.get("role").cloned().unwrap_or(Value::from("user"));
-                        serde_json::json!({"role": role, "content": content})
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+                                _ => String::new(),
+                            };
+                            let role = m.get("role").cloned().unwrap_or(Value::from("user"));
+                            serde_json::json!({"role": role, "content": content})
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
         let ctx = serde_json::json!({
             "messages": messages,
             "add_generation_prompt": v.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true),

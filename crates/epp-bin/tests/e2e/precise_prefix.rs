@@ -647,18 +647,17 @@ async fn chat_follows_the_engines_blocks_with_the_engine_rendering_prompts() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
-/// A chat template beside the test tokenizer in `dir` that renders an image
-/// part as `<image>` (the simulators expand it into `--mm-tokens`
-/// placeholder tokens, as a multimodal model's processor does); the
-/// simulator arguments that render with it, eight tokens an image.
+/// A chat template beside the test tokenizer in `dir`, message contents as
+/// strings: the simulators put an `<image>` marker before a message's text
+/// for each image part (vLLM's string content format) and expand it into
+/// `--mm-tokens` placeholder tokens, as a multimodal model's processor does;
+/// the simulator arguments that render so, eight tokens an image.
 fn with_media_template(dir: &Path) -> Vec<String> {
     let mut args = write_template(
         dir,
         "media_template.jinja",
-        "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n\
-         {% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}\
-         {% if p.type == 'text' %}{{ p.text }}{% else %}<image>{% endif %}{% endfor %}{% endif %}\n\
-         {% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+        "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}\
+         {% if add_generation_prompt %}<|assistant|>\n{% endif %}",
     );
     args.extend(["--mm-tokens".into(), "8".into()]);
     args
