@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo build --release -p epp-bin -p epp-sim --bins
 //! cargo bench -p epp-bin --bench flow_overload
+//! cargo bench -p epp-bin --bench flow_overload -- tenants  # scenario 5 only
 //! ```
 //!
 //! The fleet's capacity is measured first (closed loop, 8 clients = every
@@ -20,8 +21,10 @@
 //!    while the pool is saturated);
 //! 5. one light tenant at 0.1× capacity alone, then with a heavy tenant at
 //!    10× its rate in the same band, flow control on with
-//!    `round-robin-fairness-policy`, and with `global-strict-fairness-policy`;
-//!    and, as the floor no queueing policy can go below, with the heavy
+//!    `round-robin-fairness-policy`, the same with the band's
+//!    `busiestFlowCeiling` 0.75 and 0.875 (the heavy tenant waits once 6,
+//!    or 7, of the 8 slots are taken while the light one is active), and with
+//!    `global-strict-fairness-policy`; and, as the floor no queueing policy can go below, with the heavy
 //!    tenant at 8× its rate (0.9× capacity in all: the fleet busy, requests
 //!    not queued), where the light tenant's requests still prefill into
 //!    running batches.
@@ -44,7 +47,7 @@ use epp_test_support::{
 
 const SECONDS: u64 = 15;
 
-fn config(flow: bool, fairness: &str, holdback: Option<f64>) -> String {
+fn config(flow: bool, fairness: &str, holdback: Option<f64>, busiest: Option<f64>) -> String {
     let gate = if flow {
         "featureGates: [flowControl]\n"
     } else {
@@ -56,6 +59,7 @@ fn config(flow: bool, fairness: &str, holdback: Option<f64>) -> String {
         ""
     };
     let min_ceiling = holdback.unwrap_or(0.75);
+    let busiest = busiest.map_or(String::new(), |c| format!(", busiestFlowCeiling: {c}"));
     format!(
         "{gate}objectives:\n- {{name: critical, priority: 10}}\n- {{name: batch, priority: -1}}\n\
          plugins:\n- type: queue-scorer\n- type: kv-cache-utilization-scorer\n\
@@ -70,7 +74,7 @@ fn config(flow: bool, fairness: &str, holdback: Option<f64>) -> String {
          \x20 - {{pluginRef: max-score-picker}}\n\
          saturationDetector: {{pluginRef: concurrency-detector}}\n\
          flowControl:\n  defaultRequestTTL: 5s\n{usage}\
-         \x20 defaultPriorityBand: {{fairnessPolicyRef: {fairness}}}\n\
+         \x20 defaultPriorityBand: {{fairnessPolicyRef: {fairness}{busiest}}}\n\
          \x20 priorityBands:\n  - {{priority: -1, maxRequests: 20}}\n\
          \x20 - {{priority: 10, fairnessPolicyRef: {fairness}}}\n"
     )
@@ -167,8 +171,14 @@ fn header(name: &'static str, value: &str) -> (&'static str, String) {
     (name, value.to_owned())
 }
 
-fn stack(tag: &str, flow: bool, fairness: &str, holdback: Option<f64>) -> Stack {
-    let cfg = config(flow, fairness, holdback);
+fn stack(
+    tag: &str,
+    flow: bool,
+    fairness: &str,
+    holdback: Option<f64>,
+    busiest: Option<f64>,
+) -> Stack {
+    let cfg = config(flow, fairness, holdback, busiest);
     Stack::start(
         tag,
         2,
@@ -178,23 +188,10 @@ fn stack(tag: &str, flow: bool, fairness: &str, holdback: Option<f64>) -> Stack 
     )
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
+/// Scenarios 1-4: a critical band and a sheddable one at 2x capacity.
+async fn bands(s: Stack, cap: f64) {
     let critical = || vec![header("x-gateway-inference-objective", "critical")];
     let batch = || vec![header("x-gateway-inference-objective", "batch")];
-
-    let s = stack(
-        "flow-overload-on",
-        true,
-        "global-strict-fairness-policy",
-        None,
-    );
-    let cap = capacity(s.envoy.port, 8, 5).await;
-    println!("fleet capacity (closed loop, 8 clients): {cap:.1} requests/s");
-
     println!("critical and sheddable, 2x capacity:");
     let alone = open_loop(s.envoy.port, cap * 0.5, SECONDS, critical()).await;
     let base = report("critical alone, 0.5x capacity", &alone);
@@ -213,6 +210,7 @@ async fn main() {
             true,
             "global-strict-fairness-policy",
             Some(ceiling),
+            None,
         );
         let port = s.envoy.port;
         let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
@@ -235,6 +233,7 @@ async fn main() {
         false,
         "global-strict-fairness-policy",
         None,
+        None,
     );
     let port = s.envoy.port;
     let shed = tokio::spawn(open_loop(port, cap * 1.5, SECONDS, batch()));
@@ -249,25 +248,53 @@ async fn main() {
         held.join(", "),
         off / base
     );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let s = stack(
+        "flow-overload-on",
+        true,
+        "global-strict-fairness-policy",
+        None,
+        None,
+    );
+    let cap = capacity(s.envoy.port, 8, 5).await;
+    println!("fleet capacity (closed loop, 8 clients): {cap:.1} requests/s");
+
+    if std::env::args().any(|a| a == "tenants") {
+        drop(s);
+    } else {
+        bands(s, cap).await;
+    }
 
     println!("two tenants in one band, 10:1:");
     let light = || vec![header("x-gateway-inference-fairness-id", "light")];
     let heavy = || vec![header("x-gateway-inference-fairness-id", "heavy")];
-    for fairness in [
-        "round-robin-fairness-policy",
-        "global-strict-fairness-policy",
+    for (fairness, busiest) in [
+        ("round-robin-fairness-policy", None),
+        ("round-robin-fairness-policy", Some(0.75)),
+        ("round-robin-fairness-policy", Some(0.875)),
+        ("global-strict-fairness-policy", None),
     ] {
-        let s = stack("flow-tenants", true, fairness, None);
+        let s = stack("flow-tenants", true, fairness, None, busiest);
+        let policy = match busiest {
+            Some(c) => format!("{fairness}, busiestFlowCeiling {c}"),
+            None => fairness.to_owned(),
+        };
         let port = s.envoy.port;
         let alone = open_loop(port, cap * 0.1, SECONDS, light()).await;
-        let base = report(&format!("light alone ({fairness})"), &alone);
+        let base = report(&format!("light alone ({policy})"), &alone);
         let h = tokio::spawn(open_loop(port, cap, SECONDS, heavy()));
         let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
         let h = h.await.unwrap();
-        let with = report(&format!("light, with heavy at 10x ({fairness})"), &l);
-        report(&format!("heavy ({fairness})"), &h);
-        println!("  light TTFT p90 / alone ({fairness}): {:.2}x", with / base);
-        if fairness == "round-robin-fairness-policy" {
+        let with = report(&format!("light, with heavy at 10x ({policy})"), &l);
+        report(&format!("heavy ({policy})"), &h);
+        println!("  light TTFT p90 / alone ({policy}): {:.2}x", with / base);
+        if fairness == "round-robin-fairness-policy" && busiest.is_none() {
             let h = tokio::spawn(open_loop(port, cap * 0.8, SECONDS, heavy()));
             let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
             let h = h.await.unwrap();

@@ -309,8 +309,15 @@ impl Decider {
         trace: Option<&mut ActiveTrace>,
     ) -> Decision {
         match waited {
-            Waited::Released(prepared, release) => {
-                let decision = self.route(prepared, subset, body, trace);
+            Waited::Released(prepared, mut release) => {
+                let in_flight = release.in_flight();
+                let mut decision = self.route(prepared, subset, body, trace);
+                if let Decision::Route(route) = &mut decision
+                    && let Some(kick) = &mut route.flow_kick
+                {
+                    // Its flow counts it in flight until the response ends.
+                    kick.hold(in_flight);
+                }
                 // Routed (or refused): the next request may be released.
                 drop(release);
                 decision
@@ -646,7 +653,7 @@ impl Decider {
             body,
             restore_model,
             series,
-            flow_kick: self.flow.current().map(FlowKick),
+            flow_kick: self.flow.current().map(FlowKick::new),
         }))
     }
 

@@ -21,7 +21,8 @@ use std::{
 use epp_core::{
     FOLDED_LABEL, PrefixLookup, PrefixLookupFuture,
     flow::{
-        FlowController, FlowObserver, FlowRequest, Outcome, PoolGauge, Rejected, Release, Ticket,
+        FlowController, FlowObserver, FlowRequest, InFlight, Outcome, PoolGauge, Rejected, Release,
+        Ticket,
     },
 };
 
@@ -95,8 +96,27 @@ impl Controllers {
 }
 
 /// Kicks the flow controller when dropped: held by a routed request until
-/// its response completes (its endpoint has a slot free again).
-pub(crate) struct FlowKick(pub(crate) Arc<FlowController>);
+/// its response completes (its endpoint has a slot free again). A request
+/// released from the queue also counts in its flow's requests in flight
+/// until then.
+pub(crate) struct FlowKick {
+    fc: Arc<FlowController>,
+    in_flight: Option<InFlight>,
+}
+
+impl FlowKick {
+    pub(crate) fn new(fc: Arc<FlowController>) -> Self {
+        Self {
+            fc,
+            in_flight: None,
+        }
+    }
+
+    /// Keeps the request counted in its flow's requests in flight.
+    pub(crate) fn hold(&mut self, in_flight: Option<InFlight>) {
+        self.in_flight = in_flight;
+    }
+}
 
 impl fmt::Debug for FlowKick {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -106,7 +126,10 @@ impl fmt::Debug for FlowKick {
 
 impl Drop for FlowKick {
     fn drop(&mut self) {
-        self.0.kick();
+        // Out of flight first, so that the kick sees the flow's new count
+        // (its controller may have been replaced by a reload meanwhile).
+        drop(self.in_flight.take());
+        self.fc.kick();
     }
 }
 

@@ -358,6 +358,14 @@ fn flow_control_default_band_and_usage_limit_policy() {
             "flowControl.priorityBands[0].orderingPolicyRef: no plugin named",
         ),
         (
+            "  defaultPriorityBand:\n    busiestFlowCeiling: 1.5\n",
+            "flowControl.defaultPriorityBand.busiestFlowCeiling: 1.5 is not a saturation in (0, 1]",
+        ),
+        (
+            "  priorityBands:\n  - {priority: 2, busiestFlowCeiling: 0}\n",
+            "flowControl.priorityBands[0].busiestFlowCeiling: 0 is not a saturation",
+        ),
+        (
             "  maxRequests: lots\n",
             "flowControl.maxRequests: \"lots\" is not a quantity",
         ),
@@ -389,7 +397,7 @@ fn flow_control_settings_are_built_from_the_section() {
          flowControl:\n  maxBytes: 1Ki\n  maxRequests: 5k\n  defaultRequestTTL: 1m30s\n  \
          usageLimitPolicyPluginRef: holdback\n  priorityBands:\n  - priority: 10\n    \
          maxRequests: 7\n    fairnessPolicyRef: round-robin-fairness-policy\n    \
-         orderingPolicyRef: edf-ordering-policy\n",
+         orderingPolicyRef: edf-ordering-policy\n    busiestFlowCeiling: 0.8\n",
     );
     let fc = built.flow_settings.expect("gate on");
     assert_eq!((fc.max_bytes, fc.max_requests), (1024, 5000));
@@ -406,6 +414,7 @@ fn flow_control_settings_are_built_from_the_section() {
         "round-robin-fairness-policy"
     );
     assert_eq!(band.ordering.plugin().type_name(), "edf-ordering-policy");
+    assert_eq!(band.busiest_flow_ceiling, Some(0.8));
     // Another priority: the default template with llm-d's built-ins.
     let other = fc.band_for(-3);
     assert_eq!(other.priority, -3);
@@ -414,6 +423,10 @@ fn flow_control_settings_are_built_from_the_section() {
         "global-strict-fairness-policy"
     );
     assert_eq!(other.ordering.plugin().type_name(), "fcfs-ordering-policy");
+    assert_eq!(
+        other.busiest_flow_ceiling, None,
+        "llm-d's behaviour unless asked"
+    );
     assert_eq!(
         other.max_requests,
         epp_core::flow::DEFAULT_BAND_MAX_REQUESTS

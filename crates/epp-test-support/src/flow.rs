@@ -86,6 +86,8 @@ pub fn controller(
             max_requests: 0,
             fairness: build(fairness),
             ordering: build(ordering),
+            busiest_flow_ceiling: None,
+            active_flow_window: epp_core::flow::ACTIVE_FLOW_WINDOW,
         },
         default_negative_band: None,
         usage_limit: build("static-usage-limit-policy"),

@@ -12,7 +12,10 @@ use super::{
 use crate::{
     Plugin, PluginRef, PluginSpec, Registry,
     config::ConfigError,
-    flow::{BandSettings, DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS, FlowSettings},
+    flow::{
+        ACTIVE_FLOW_WINDOW, BandSettings, DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS,
+        FlowSettings,
+    },
 };
 
 /// The three policy roles.
@@ -174,12 +177,23 @@ impl EndpointPickerConfig {
             plugins,
             registry,
         )?;
+        let busiest_flow_ceiling = match band.busiest_flow_ceiling {
+            Some(c) if !(c > 0.0 && c <= 1.0) => {
+                return Err(self.err(
+                    format!("{at}.busiestFlowCeiling"),
+                    format!("{c} is not a saturation in (0, 1]"),
+                ));
+            }
+            c => c,
+        };
         Ok(BandSettings {
             priority,
             max_bytes: limits[0],
             max_requests: limits[1],
             fairness,
             ordering,
+            busiest_flow_ceiling,
+            active_flow_window: ACTIVE_FLOW_WINDOW,
         })
     }
 

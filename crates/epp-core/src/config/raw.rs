@@ -202,4 +202,8 @@ pub struct PriorityBandDecl {
     /// Ordering policy plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering_policy_ref: Option<String>,
+    /// epp's extension: the saturation at which the band's busiest flows
+    /// wait while another of its flows is active, in `(0, 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busiest_flow_ceiling: Option<f64>,
 }

@@ -37,7 +37,10 @@ pub use policy::{
     FairnessCursor, FairnessPolicy, FlowHead, OrderKey, OrderingPolicy, QueuedItem,
     UsageLimitPolicy, nanos_since,
 };
-pub use settings::{BandSettings, DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS, FlowSettings};
+pub use settings::{
+    ACTIVE_FLOW_WINDOW, BandSettings, DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS,
+    FlowSettings,
+};
 
 /// Fairness id of requests that name none.
 pub const DEFAULT_FLOW_ID: &str = "default-flow";
@@ -170,12 +173,20 @@ struct Place {
     key: (u64, u64, u64),
 }
 
+/// The flow a released request counts in while it is in flight.
+#[derive(Debug, Clone)]
+struct FlowKey {
+    /// Its band's key in [`State::bands`].
+    band: i64,
+    flow: Arc<str>,
+}
+
 #[derive(Debug)]
 enum SlotState {
     Free,
     Queued(Place),
     /// Released, its [`Release`] not yet taken by the ticket's holder.
-    Released,
+    Released(FlowKey),
     /// Finished (taken, evicted or cancelled); freed when the ticket drops.
     Done,
 }
@@ -198,10 +209,22 @@ struct Flow {
     bytes: u64,
 }
 
+/// What a flow has out of the queue: requests in flight and when the
+/// last was released (for [`BandSettings::busiest_flow_ceiling`]).
+#[derive(Debug, Clone, Copy)]
+struct Activity {
+    in_flight: u32,
+    last_release: Instant,
+}
+
 #[derive(Debug)]
 struct Band {
     settings: Arc<BandSettings>,
+    /// Flows with requests queued.
     flows: BTreeMap<Arc<str>, Flow>,
+    /// Flows with requests released from this band and not yet finished
+    /// ([`InFlight`]), or released within the active-flow window.
+    active: BTreeMap<Arc<str>, Activity>,
     len: usize,
     bytes: u64,
     cursor: FairnessCursor,
@@ -212,6 +235,7 @@ impl Band {
         Self {
             settings,
             flows: BTreeMap::new(),
+            active: BTreeMap::new(),
             len: 0,
             bytes: 0,
             cursor: FairnessCursor::default(),
@@ -566,6 +590,7 @@ impl FlowController {
             u.ceilings(saturation, priorities, ceilings);
         }
         let mut chosen = None;
+        let now = Instant::now();
         for (i, (band_key, band)) in bands.iter_mut().enumerate() {
             let ceiling = ceilings.get(i).copied().unwrap_or(1.0);
             if saturation >= ceiling {
@@ -574,9 +599,20 @@ impl FlowController {
             if band.len == 0 {
                 continue;
             }
-            if let Some(flow) = pick_flow(band, slots) {
-                chosen = Some((*band_key, flow));
-                break;
+            let busiest = band
+                .settings
+                .busiest_flow_ceiling
+                .filter(|&c| saturation >= c)
+                .and_then(|_| busiest_in_flight(band, now));
+            match pick_flow(band, slots, busiest) {
+                Some(flow) => {
+                    chosen = Some((*band_key, flow));
+                    break;
+                }
+                // Lower bands wait (as behind a band's own ceiling): the
+                // room held back is for this band's lighter flows.
+                None if busiest.is_some() => break,
+                None => {}
             }
         }
         let (band_key, flow_id) = chosen?;
@@ -591,10 +627,19 @@ impl FlowController {
         }
         band.len -= 1;
         band.bytes -= bytes;
+        let activity = band.active.entry(Arc::clone(&flow_id)).or_insert(Activity {
+            in_flight: 0,
+            last_release: now,
+        });
+        activity.in_flight += 1;
+        activity.last_release = now;
         st.len -= 1;
         st.bytes -= bytes;
         st.releasing = true;
-        s.state = SlotState::Released;
+        s.state = SlotState::Released(FlowKey {
+            band: band_key,
+            flow: Arc::clone(&flow_id),
+        });
         let priority = band.settings.priority;
         if let Some(o) = &self.observer {
             o.queue_changed(
@@ -650,10 +695,24 @@ impl FlowController {
         }
     }
 
-    /// The routing of the released request ended.
-    fn routed(&self) {
+    /// The routing of the released request ended; `landed`: so did the
+    /// request itself (it was refused, or its holder keeps no [`InFlight`]).
+    fn routed(&self, landed: Option<&FlowKey>) {
         let mut st = self.lock();
         st.releasing = false;
+        if let Some(key) = landed {
+            land(&mut st, key);
+        }
+        if let Some(waker) = self.release_next(&mut st) {
+            drop(st);
+            waker.wake();
+        }
+    }
+
+    /// A released request finished (its [`InFlight`] dropped).
+    fn landed(&self, key: &FlowKey) {
+        let mut st = self.lock();
+        land(&mut st, key);
         if let Some(waker) = self.release_next(&mut st) {
             drop(st);
             waker.wake();
@@ -661,11 +720,47 @@ impl FlowController {
     }
 }
 
-/// Picks the flow to release from in `band` by its fairness policy.
-fn pick_flow(band: &mut Band, slots: &[Slot]) -> Option<Arc<str>> {
+/// Counts a request of `key` out of flight.
+fn land(st: &mut State, key: &FlowKey) {
+    if let Some(a) = st
+        .bands
+        .get_mut(&key.band)
+        .and_then(|b| b.active.get_mut(&key.flow))
+    {
+        a.in_flight = a.in_flight.saturating_sub(1);
+    }
+}
+
+/// With [`BandSettings::busiest_flow_ceiling`] reached: the most requests
+/// any flow of `band` has in flight, when at least one does and another
+/// flow is active (queued, in flight, or released within the window);
+/// flows with that many wait. Forgets flows no longer active.
+fn busiest_in_flight(band: &mut Band, now: Instant) -> Option<u32> {
+    let window = band.settings.active_flow_window;
+    let Band { flows, active, .. } = band;
+    active.retain(|id, a| {
+        a.in_flight > 0
+            || flows.contains_key(id)
+            || now.saturating_duration_since(a.last_release) < window
+    });
+    let most = active
+        .values()
+        .map(|a| a.in_flight)
+        .max()
+        .filter(|&n| n > 0)?;
+    let queued_only = flows.keys().filter(|id| !active.contains_key(*id)).count();
+    (active.len() + queued_only >= 2).then_some(most)
+}
+
+/// Picks the flow to release from in `band` by its fairness policy, among
+/// the flows with fewer than `busiest` requests in flight (`None`: all).
+fn pick_flow(band: &mut Band, slots: &[Slot], busiest: Option<u32>) -> Option<Arc<str>> {
+    let active = &band.active;
+    let held = |id: &str| busiest.is_some_and(|n| active.get(id).is_some_and(|a| a.in_flight >= n));
     let heads: Vec<FlowHead<'_>> = band
         .flows
         .iter()
+        .filter(|(id, _)| !held(id))
         .filter_map(|(id, f)| {
             let (&(a, b, _), &slot) = f.queue.first_key_value()?;
             Some(FlowHead {
@@ -703,11 +798,41 @@ pub struct Ticket {
 #[must_use = "the next request is released when this is dropped"]
 pub struct Release {
     fc: Arc<FlowController>,
+    /// Its flow, until [`Release::in_flight`] takes it.
+    key: Option<FlowKey>,
+}
+
+impl Release {
+    /// The request's place among its flow's requests in flight, to keep
+    /// until its response ends (for the band's
+    /// [`BandSettings::busiest_flow_ceiling`]; dropping it also lets the
+    /// controller release the next request). Without this the request
+    /// counts in flight until the release is dropped. `None` once taken.
+    pub fn in_flight(&mut self) -> Option<InFlight> {
+        Some(InFlight {
+            fc: Arc::clone(&self.fc),
+            key: self.key.take()?,
+        })
+    }
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
-        self.fc.routed();
+        self.fc.routed(self.key.as_ref());
+    }
+}
+
+/// A released request counted in flight in its flow; dropped when its
+/// response ends. See [`Release::in_flight`].
+#[derive(Debug)]
+pub struct InFlight {
+    fc: Arc<FlowController>,
+    key: FlowKey,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.fc.landed(&self.key);
     }
 }
 
@@ -720,11 +845,13 @@ impl Ticket {
         if s.generation != self.generation {
             return Poll::Pending;
         }
-        match s.state {
-            SlotState::Released => {
+        match &s.state {
+            SlotState::Released(key) => {
+                let key = key.clone();
                 s.state = SlotState::Done;
                 Poll::Ready(Release {
                     fc: Arc::clone(&self.fc),
+                    key: Some(key),
                 })
             }
             SlotState::Queued(_) => {
@@ -751,11 +878,15 @@ impl Ticket {
         };
         let mut st = self.fc.lock();
         let s = &mut st.slots[self.slot as usize];
-        if s.generation == self.generation && matches!(s.state, SlotState::Released) {
+        if s.generation == self.generation
+            && let SlotState::Released(key) = &s.state
+        {
             // Released meanwhile (checked under the same lock as the removal).
+            let key = key.clone();
             s.state = SlotState::Done;
             return Err(Release {
                 fc: Arc::clone(&self.fc),
+                key: Some(key),
             });
         }
         if s.generation == self.generation {
@@ -779,7 +910,10 @@ impl Drop for Ticket {
         if s.generation != self.generation {
             return;
         }
-        let was_released = matches!(s.state, SlotState::Released);
+        let was_released = match &s.state {
+            SlotState::Released(key) => Some(key.clone()),
+            _ => None,
+        };
         if matches!(s.state, SlotState::Queued(_)) {
             fc.remove(&mut st, self.slot, Outcome::EvictedContextCancelled);
         }
@@ -788,9 +922,10 @@ impl Drop for Ticket {
         s.waker = None;
         s.generation = s.generation.wrapping_add(1);
         st.free.push(self.slot);
-        if was_released {
+        if let Some(key) = was_released {
             // Released but never taken: the holder went away before routing.
             st.releasing = false;
+            land(&mut st, &key);
             if let Some(waker) = fc.release_next(&mut st) {
                 drop(st);
                 waker.wake();

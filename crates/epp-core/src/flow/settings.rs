@@ -23,7 +23,22 @@ pub struct BandSettings {
     pub fairness: PluginRef,
     /// Orders each flow's requests (a [`super::OrderingPolicy`]).
     pub ordering: PluginRef,
+    /// The busiest flow's ceiling (`busiestFlowCeiling`, an epp extension):
+    /// once the pool's saturation reaches it, the band's flows with the
+    /// most requests in flight wait while another of its flows is active,
+    /// so that the rest of the pool stays free for the lighter flows.
+    /// `None`: no flow is held back for another (llm-d's behaviour).
+    pub busiest_flow_ceiling: Option<f64>,
+    /// How long a flow counts as active after its last request was
+    /// released, with nothing of it queued or in flight
+    /// ([`ACTIVE_FLOW_WINDOW`] from a config).
+    pub active_flow_window: Duration,
 }
+
+/// How long a flow with nothing queued or in flight still counts as active
+/// for [`BandSettings::busiest_flow_ceiling`] after its last release: a
+/// tenant sending now and then keeps its share between requests.
+pub const ACTIVE_FLOW_WINDOW: Duration = Duration::from_secs(10);
 
 /// A flow controller's settings.
 #[derive(Debug, Clone)]

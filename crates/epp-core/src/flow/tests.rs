@@ -148,6 +148,8 @@ fn band(priority: i32, max_requests: u64, max_bytes: u64) -> BandSettings {
         max_requests,
         fairness: plugin(Strict),
         ordering: plugin(Fifo),
+        busiest_flow_ceiling: None,
+        active_flow_window: ACTIVE_FLOW_WINDOW,
     }
 }
 
@@ -471,4 +473,111 @@ fn usage_reports_every_band_against_its_limits() {
         [(2, 2, 150, 10, 1000), (0, 0, 0, 0, 0), (-1, 1, 7, 0, 0)]
     );
     assert_eq!(s.fc.saturation(), Some(1.0));
+}
+
+/// A controller whose default band holds its busiest flows back from
+/// saturation 0.75 on, with an active-flow `window`.
+fn busiest_held(window: Duration) -> Setup {
+    let mut st = settings(vec![]);
+    st.default_band.busiest_flow_ceiling = Some(0.75);
+    st.default_band.active_flow_window = window;
+    setup(st, Some(0.0))
+}
+
+/// Releases one request of `flow` at once and keeps it in flight.
+fn in_flight(s: &Setup, flow: &str) -> InFlight {
+    let mut t = s.fc.enqueue(&req(flow, 0, 1), None).unwrap();
+    let mut r = poll(&mut t).expect("released at once");
+    r.in_flight().expect("taken once")
+}
+
+#[test]
+fn past_the_busiest_flow_ceiling_the_busiest_flow_waits_for_the_others() {
+    let s = busiest_held(Duration::from_secs(60));
+    let heavy = [in_flight(&s, "heavy"), in_flight(&s, "heavy")];
+    let light = in_flight(&s, "light");
+    s.gauge.set(Some(0.8));
+    let mut h = s.fc.enqueue(&req("heavy", 0, 1), None).unwrap();
+    let mut l = s.fc.enqueue(&req("light", 0, 1), None).unwrap();
+    // Heavy has the most in flight (2 against 1): only light goes on,
+    // though heavy's request came first and the pool is not saturated.
+    assert!(poll(&mut h).is_none());
+    let mut r = poll(&mut l).expect("the lighter flow is released");
+    let light_2 = r.in_flight().unwrap();
+    drop(r);
+    // Now both have 2 in flight: both are the busiest, both wait.
+    let mut l = s.fc.enqueue(&req("light", 0, 1), None).unwrap();
+    s.fc.kick();
+    assert!(poll(&mut h).is_none());
+    assert!(poll(&mut l).is_none());
+    // One of light's requests ends: light is below heavy again.
+    drop(light_2);
+    assert!(poll(&mut h).is_none());
+    drop(poll(&mut l).expect("released when light's request ended"));
+    // Below the ceiling nobody waits for anybody.
+    s.gauge.set(Some(0.5));
+    s.fc.kick();
+    assert!(poll(&mut h).is_some());
+    drop((heavy, light));
+}
+
+#[test]
+fn a_flow_alone_is_never_held_back_for_its_own_share() {
+    let s = busiest_held(Duration::ZERO);
+    let first = in_flight(&s, "heavy");
+    s.gauge.set(Some(0.9));
+    let mut t = s.fc.enqueue(&req("heavy", 0, 1), None).unwrap();
+    assert!(poll(&mut t).is_some(), "no other flow is active");
+    drop(first);
+}
+
+#[test]
+fn a_flow_counts_as_active_for_the_window_after_its_last_release() {
+    let s = busiest_held(Duration::from_millis(200));
+    let heavy = in_flight(&s, "heavy");
+    // Light's request ends at once; within the window heavy still waits.
+    drop(in_flight(&s, "light"));
+    s.gauge.set(Some(0.9));
+    let mut t = s.fc.enqueue(&req("heavy", 0, 1), None).unwrap();
+    assert!(poll(&mut t).is_none(), "light is active for the window");
+    std::thread::sleep(Duration::from_millis(250));
+    s.fc.kick();
+    assert!(poll(&mut t).is_some(), "light went quiet: heavy is alone");
+    drop(heavy);
+}
+
+#[test]
+fn a_release_without_its_in_flight_counts_until_it_is_dropped() {
+    let s = busiest_held(Duration::ZERO);
+    let light = in_flight(&s, "light");
+    // Heavy's release dropped without taking its in-flight share: heavy
+    // holds nothing in flight, so it is not held back for light's one.
+    let mut t = s.fc.enqueue(&req("heavy", 0, 1), None).unwrap();
+    drop(poll(&mut t).unwrap());
+    s.gauge.set(Some(0.9));
+    let mut h = s.fc.enqueue(&req("heavy", 0, 1), None).unwrap();
+    let mut r = poll(&mut h).expect("heavy is the lighter flow now");
+    let _h = r.in_flight().unwrap();
+    drop(r);
+    // Light's request ends; two more come: the first is released (light
+    // has 0 in flight, heavy 1). Its ticket dropped before its release was
+    // taken counts it out of flight again, so the second goes too (with
+    // light still at 1 both flows would be the busiest and both wait).
+    drop(light);
+    let l1 = s.fc.enqueue(&req("light", 0, 1), None).unwrap();
+    let mut l2 = s.fc.enqueue(&req("light", 0, 1), None).unwrap();
+    assert!(poll(&mut l2).is_none(), "one release at a time");
+    drop(l1);
+    assert!(poll(&mut l2).is_some());
+}
+
+#[test]
+fn a_band_without_the_ceiling_holds_no_flow_back() {
+    let s = setup(settings(vec![]), Some(0.0));
+    let heavy = [in_flight(&s, "heavy"), in_flight(&s, "heavy")];
+    let light = in_flight(&s, "light");
+    s.gauge.set(Some(0.9));
+    let mut h = s.fc.enqueue(&req("heavy", 0, 1), None).unwrap();
+    assert!(poll(&mut h).is_some());
+    drop((heavy, light));
 }

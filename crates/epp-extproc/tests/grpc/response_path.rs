@@ -1,7 +1,16 @@
 //! Response headers and bodies: usage, model restore, in-flight accounting.
 
-use epp_core::RequestOutcome;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use epp_core::{Candidate, CycleContext, Plugin, PluginRef, RequestOutcome, SaturationDetector};
 use epp_extproc::ExtProcOptions;
+use epp_test_support::plugins::{BestScoresPicker, short_queue_profile};
 
 use super::harness::*;
 
@@ -426,4 +435,104 @@ async fn a_served_endpoint_that_is_the_pick_or_unknown_changes_nothing() {
         envoy.recv().await;
         assert_eq!(fx.inflight(), vec![1, 0], "{reported}");
     }
+}
+
+/// A pool saturation the test sets.
+#[derive(Debug, Default)]
+struct Saturation(AtomicU64);
+
+impl Saturation {
+    fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+}
+
+impl Plugin for Saturation {
+    fn type_name(&self) -> &str {
+        "set-saturation"
+    }
+    fn name(&self) -> &str {
+        "set-saturation"
+    }
+    fn as_saturation_detector(&self) -> Option<&dyn SaturationDetector> {
+        Some(self)
+    }
+}
+
+impl SaturationDetector for Saturation {
+    fn saturation(&self, _: &CycleContext<'_>, _: &[Candidate]) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+    fn has_capacity(&self, _: &CycleContext<'_>, _: &Candidate) -> bool {
+        true
+    }
+}
+
+/// Ends a routed request's response (200, one body message).
+async fn respond(envoy: &mut Envoy) {
+    envoy
+        .send(response_headers(&[(":status", "200")], false))
+        .await;
+    envoy.recv().await;
+    envoy.send(response_body(b"{}", true)).await;
+    let (_, eos) = streamed(&envoy.recv().await);
+    assert!(eos);
+}
+
+/// No reply within 300 ms: the request still waits in flow control.
+async fn waits(envoy: &mut Envoy) -> bool {
+    tokio::time::timeout(Duration::from_millis(300), envoy.recv())
+        .await
+        .is_err()
+}
+
+/// A request released from flow control counts among its flow's requests
+/// in flight until its response ends, not only until it is routed: past the
+/// band's `busiestFlowCeiling`, the busier flow's next request waits until
+/// its earlier responses end.
+#[tokio::test]
+async fn a_released_request_counts_in_its_flow_until_its_response_ends() {
+    let fx = start(&[0, 0], ExtProcOptions::default()).await;
+    let saturation = Arc::new(Saturation::default());
+    let scheduler =
+        epp_test_support::plugins::scheduler(short_queue_profile(BestScoresPicker::new(2)))
+            .with_saturation_detector(PluginRef::new(saturation.clone()))
+            .unwrap();
+    fx.service.set_scheduler(Arc::new(scheduler));
+    let (fc, _) = epp_test_support::flow::controller(
+        &epp_plugins::builtin_registry(),
+        "round-robin-fairness-policy",
+        "fcfs-ordering-policy",
+    );
+    let mut settings = fc.settings().clone();
+    settings.default_band.busiest_flow_ceiling = Some(0.5);
+    fx.service.set_flow_control(Some(settings));
+    saturation.set(0.6);
+    let tenant = |id: &str| [("x-gateway-inference-fairness-id", id.to_owned())];
+
+    // Heavy alone: nobody to hold back for. Then light's goes too.
+    let mut heavy = [
+        routed(&fx, &tenant("heavy"), "m").await,
+        routed(&fx, &tenant("heavy"), "m").await,
+    ];
+    let _light = routed(&fx, &tenant("light"), "m").await;
+    // Heavy has 2 in flight, light 1: heavy's third waits.
+    let mut third = fx.envoy().await;
+    let mut h = post("/v1/chat/completions");
+    h.extend(tenant("heavy"));
+    third
+        .send(request_headers(&pairs(&h), false, FULL_DUPLEX, FULL_DUPLEX))
+        .await;
+    third
+        .send(request_body(&chat_body("m", "again"), true))
+        .await;
+    assert!(waits(&mut third).await, "heavy is the busiest flow");
+    // One of heavy's responses ends: 1 each, both the busiest: still waits.
+    respond(&mut heavy[0]).await;
+    assert!(waits(&mut third).await, "heavy and light both have 1");
+    // The other ends: heavy has fewer in flight than light now.
+    respond(&mut heavy[1]).await;
+    let r = third.recv().await;
+    assert!(destination(&r).is_some(), "released: {r:?}");
+    assert_eq!(fx.service.flow_queued(), 0);
 }
