@@ -222,9 +222,12 @@ struct Band {
     settings: Arc<BandSettings>,
     /// Flows with requests queued.
     flows: BTreeMap<Arc<str>, Flow>,
-    /// Flows with requests released from this band and not yet finished
-    /// ([`InFlight`]), or released within the active-flow window.
+    /// With [`BandSettings::busiest_flow_ceiling`] set: flows with requests
+    /// released from this band and not yet finished ([`InFlight`]), or
+    /// released within the active-flow window (kept at most two windows).
     active: BTreeMap<Arc<str>, Activity>,
+    /// When `active` was last rid of flows no longer active.
+    swept: Instant,
     len: usize,
     bytes: u64,
     cursor: FairnessCursor,
@@ -236,6 +239,7 @@ impl Band {
             settings,
             flows: BTreeMap::new(),
             active: BTreeMap::new(),
+            swept: Instant::now(),
             len: 0,
             bytes: 0,
             cursor: FairnessCursor::default(),
@@ -599,11 +603,17 @@ impl FlowController {
             if band.len == 0 {
                 continue;
             }
-            let busiest = band
-                .settings
-                .busiest_flow_ceiling
-                .filter(|&c| saturation >= c)
-                .and_then(|_| busiest_in_flight(band, now));
+            let busiest = match band.settings.busiest_flow_ceiling {
+                Some(c) if saturation >= c => busiest_in_flight(band, now),
+                Some(_) => {
+                    if now.saturating_duration_since(band.swept) >= band.settings.active_flow_window
+                    {
+                        forget_inactive(band, now);
+                    }
+                    None
+                }
+                None => None,
+            };
             match pick_flow(band, slots, busiest) {
                 Some(flow) => {
                     chosen = Some((*band_key, flow));
@@ -627,12 +637,14 @@ impl FlowController {
         }
         band.len -= 1;
         band.bytes -= bytes;
-        let activity = band.active.entry(Arc::clone(&flow_id)).or_insert(Activity {
-            in_flight: 0,
-            last_release: now,
-        });
-        activity.in_flight += 1;
-        activity.last_release = now;
+        if band.settings.busiest_flow_ceiling.is_some() {
+            let activity = band.active.entry(Arc::clone(&flow_id)).or_insert(Activity {
+                in_flight: 0,
+                last_release: now,
+            });
+            activity.in_flight += 1;
+            activity.last_release = now;
+        }
         st.len -= 1;
         st.bytes -= bytes;
         st.releasing = true;
@@ -736,13 +748,8 @@ fn land(st: &mut State, key: &FlowKey) {
 /// flow is active (queued, in flight, or released within the window);
 /// flows with that many wait. Forgets flows no longer active.
 fn busiest_in_flight(band: &mut Band, now: Instant) -> Option<u32> {
-    let window = band.settings.active_flow_window;
+    forget_inactive(band, now);
     let Band { flows, active, .. } = band;
-    active.retain(|id, a| {
-        a.in_flight > 0
-            || flows.contains_key(id)
-            || now.saturating_duration_since(a.last_release) < window
-    });
     let most = active
         .values()
         .map(|a| a.in_flight)
@@ -750,6 +757,24 @@ fn busiest_in_flight(band: &mut Band, now: Instant) -> Option<u32> {
         .filter(|&n| n > 0)?;
     let queued_only = flows.keys().filter(|id| !active.contains_key(*id)).count();
     (active.len() + queued_only >= 2).then_some(most)
+}
+
+/// Forgets the flows of `band` with nothing queued or in flight and no
+/// release within the active-flow window.
+fn forget_inactive(band: &mut Band, now: Instant) {
+    let window = band.settings.active_flow_window;
+    let Band {
+        flows,
+        active,
+        swept,
+        ..
+    } = band;
+    active.retain(|id, a| {
+        a.in_flight > 0
+            || flows.contains_key(id)
+            || now.saturating_duration_since(a.last_release) < window
+    });
+    *swept = now;
 }
 
 /// Picks the flow to release from in `band` by its fairness policy, among

@@ -581,3 +581,26 @@ fn a_band_without_the_ceiling_holds_no_flow_back() {
     assert!(poll(&mut h).is_some());
     drop((heavy, light));
 }
+
+/// Flows the band tracks for its busiest-flow ceiling, over every band.
+fn tracked(s: &Setup) -> usize {
+    s.fc.lock().bands.values().map(|b| b.active.len()).sum()
+}
+
+#[test]
+fn flows_no_longer_active_are_forgotten() {
+    // Fairness ids come from a header: what is kept of them must not grow
+    // with every id ever seen.
+    let s = busiest_held(Duration::from_millis(50));
+    for i in 0..100 {
+        drop(in_flight(&s, &format!("tenant-{i}")));
+    }
+    assert_eq!(tracked(&s), 100, "active within the window");
+    std::thread::sleep(Duration::from_millis(60));
+    drop(in_flight(&s, "next"));
+    assert_eq!(tracked(&s), 1, "only the flow just released");
+
+    let s = setup(settings(vec![]), Some(0.0));
+    drop(in_flight(&s, "a"));
+    assert_eq!(tracked(&s), 0, "nothing tracked without the ceiling");
+}
