@@ -18,6 +18,10 @@ binaries). Direct use:
         [--contenders a,b] [--repeats N] [--quick] [--bin-dir target/release]
         [--reference-args '--v=1']
 
+epp logs at RUST_LOG=warn into each run's epp.log; EPP_BENCH_RUST_LOG overrides it
+(e.g. `warn,epp_plugins::predicted_latency_producer=debug`: every candidate's
+predicted latencies and the load they were predicted for).
+
 An epp contender named with a suffix -x2 or -x3 (`epp-x2`, `epp-precise-x3`)
 runs as that many epp replicas behind one Envoy (its ext_proc cluster round-robins).
 
@@ -611,7 +615,7 @@ class Fleet:
                     str(free_port()), "--metrics-port", str(metrics), "--bind-address", "127.0.0.1",
                     "--secure-serving=false", "--drain-timeout", "0s", "--endpoints",
                     ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
-                ], env={"RUST_LOG": "warn"})
+                ], env={"RUST_LOG": os.environ.get("EPP_BENCH_RUST_LOG", "warn")})
                 wait_until(name, lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)
             config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
             one = "              socket_address: { address: 127.0.0.1, port_value: 9002 }\n"

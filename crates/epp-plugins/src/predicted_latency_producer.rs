@@ -517,6 +517,12 @@ impl DataProducer for PredictedLatencyProducer {
                     tpot_headroom_ms = prediction.tpot_headroom_ms,
                     delay_to_others_ms = prediction.delay_to_others_ms,
                     own_model = own.is_some_and(|m| m.ttft.model.is_warm()),
+                    waiting = load.waiting,
+                    running = load.running,
+                    dispatched = load.dispatched,
+                    kv_usage = load.kv_usage,
+                    uncached_tokens = load.uncached_tokens,
+                    cached_tokens = load.cached_tokens(),
                     "latency prediction"
                 );
             }
