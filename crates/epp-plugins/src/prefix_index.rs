@@ -1,5 +1,5 @@
 //! The approximate prefix index: which endpoint was sent which prompt blocks,
-//! bounded per endpoint, in 35–46 bytes per (block, endpoint) entry.
+//! bounded per endpoint, in at most 46 bytes per (block, endpoint) entry.
 //!
 //! Layout (the reference keeps a map of maps and a linked-list LRU per server,
 //! ~490 bytes per block):
@@ -24,8 +24,9 @@
 //!   its chain (one cache miss per holder), and a record learns whether an
 //!   endpoint holds it from one bit; only holders with ids of 64 and above
 //!   are found by walking. The record costs at most 8 bytes per entry of the
-//!   block, so an entry costs 35–46 bytes with one or two holders per block,
-//!   at most 8 more with three or more.
+//!   block, whose table slot is shared by as many entries, so an entry costs
+//!   at most 46 bytes whatever the sharing (35–46 with one holder per block,
+//!   at most 40 with three or more).
 //!
 //! Recording touches the table only for blocks the endpoint did not hold and
 //! for the blocks it evicts: held blocks are reached through the run's links
