@@ -228,6 +228,17 @@ pub trait Filter: Plugin {
     /// Shrinks `candidates` in place (e.g. with `retain`). Leaving it empty
     /// means no endpoint can serve the request under this profile.
     fn filter(&self, cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>);
+
+    /// Appends to `out` (empty on entry) the candidates of `base` that
+    /// [`Self::filter`] leaves of a copy of `base`, in order: a profile's
+    /// first filter is called this way. The default copies `base` and
+    /// filters the copy; a filter that judges each candidate on its own can
+    /// copy only those it keeps, sparing the reference counts of the rest
+    /// (two per candidate, each way).
+    fn filter_from(&self, cx: &mut CycleContext<'_>, base: &[Candidate], out: &mut Vec<Candidate>) {
+        out.extend_from_slice(base);
+        self.filter(cx, out);
+    }
 }
 
 /// Rates candidates.

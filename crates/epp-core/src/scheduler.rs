@@ -983,18 +983,27 @@ fn run_profile(
         score_and_pick(profile, cx, base, totals, partial, picks, timing);
         return false;
     }
-    candidates.extend_from_slice(base);
+    // The first filter copies from `base` what it keeps (`filter_from`).
+    let mut copied = false;
     for (i, f) in profile.filters.iter().enumerate() {
         if let Some(filter) = f.plugin().as_filter() {
-            filter.filter(cx, candidates);
+            if copied {
+                filter.filter(cx, candidates);
+            } else {
+                filter.filter_from(cx, base, candidates);
+                copied = true;
+            }
             timing.laps.lap(timing.first + i);
             timing
                 .laps
                 .candidates(|r| r.filtered(timing.first + i, candidates));
+            if candidates.is_empty() {
+                return true;
+            }
         }
-        if candidates.is_empty() {
-            return true;
-        }
+    }
+    if !copied {
+        candidates.extend_from_slice(base);
     }
     score_and_pick(profile, cx, candidates, totals, partial, picks, timing);
     true

@@ -209,6 +209,22 @@ impl Filter for LabelSelectorFilter {
             None => candidates.retain(|c| self.selector.matches(c)),
         }
     }
+
+    fn filter_from(
+        &self,
+        _cx: &mut CycleContext<'_>,
+        base: &[Candidate],
+        out: &mut Vec<Candidate>,
+    ) {
+        match self.roles {
+            Some(bits) => out.extend(
+                base.iter()
+                    .filter(|c| c.endpoint.role().bit() & bits != 0)
+                    .cloned(),
+            ),
+            None => out.extend(base.iter().filter(|c| self.selector.matches(c)).cloned()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -230,12 +246,19 @@ mod tests {
             .collect()
     }
 
+    /// What `f` keeps of `c`, checking that filtering a copy in place and
+    /// copying what it keeps (`filter_from`, the profile's first filter)
+    /// agree.
     fn kept(f: &LabelSelectorFilter, c: &[Candidate]) -> Vec<u32> {
         let req = InferenceRequest::builder("m").build();
         with_cx(&req, 0, |cx| {
-            let mut c = c.to_vec();
-            f.filter(cx, &mut c);
-            c.iter().map(|c| c.id().0).collect()
+            let mut in_place = c.to_vec();
+            f.filter(cx, &mut in_place);
+            let mut copied = Vec::new();
+            f.filter_from(cx, c, &mut copied);
+            let ids = |v: &[Candidate]| v.iter().map(|c| c.id().0).collect::<Vec<_>>();
+            assert_eq!(ids(&copied), ids(&in_place), "{}", f.type_name);
+            ids(&in_place)
         })
     }
 

@@ -1,22 +1,32 @@
 //! The approximate prefix index: which endpoint was sent which prompt blocks,
-//! bounded per endpoint, in 35–46 bytes per (block, endpoint) entry.
+//! bounded per endpoint, in at most 46 bytes per (block, endpoint) entry.
 //!
 //! Layout (the reference keeps a map of maps and a linked-list LRU per server,
 //! ~490 bytes per block):
 //! - one slab of 24-byte entries `{hash, endpoint, lru prev/next, chain
 //!   next}`, allocated in chunks of 4,096 so growing never copies and never
 //!   leaves more than one chunk of slack;
-//! - one open-addressing table of 8-byte slots `{entry index, low 24 bits of
-//!   the hash, number of holders}` (load ≤ 3/4, linear probing,
+//! - one open-addressing table of 8-byte slots `{entry or holders index, low
+//!   24 bits of the hash, number of holders}` (load ≤ 3/4, linear probing,
 //!   backward-shift deletion), keyed by the block hash itself — block hashes
 //!   are already uniformly mixed, so the low bits are the home slot; keeping
 //!   them in the slot lets probes, deletions and growth run without reading
 //!   any entry (up to 2^24 slots), and the holder count lets a match count
 //!   a block's holders without walking its chain;
 //! - entries holding the same hash on different endpoints form a singly-linked
-//!   chain from the table slot (chains are as long as the number of endpoints
-//!   holding a block, so unlinking walks one); each endpoint's entries form a
-//!   doubly-linked LRU list in which a recorded prompt is one run, head first.
+//!   chain (chains are as long as the number of endpoints holding a block, so
+//!   unlinking walks one); each endpoint's entries form a doubly-linked LRU
+//!   list in which a recorded prompt is one run, head first;
+//! - a block held by one or two endpoints has its chain's first entry in the
+//!   table slot; a block held by three or more has a 24-byte [`holders`]
+//!   record there instead `{hash, bit per holder below id 64, chain head}`,
+//!   so that a match learns its holders from one word rather than a walk of
+//!   its chain (one cache miss per holder), and a record learns whether an
+//!   endpoint holds it from one bit; only holders with ids of 64 and above
+//!   are found by walking. The record costs at most 8 bytes per entry of the
+//!   block, whose table slot is shared by as many entries, so an entry costs
+//!   at most 46 bytes whatever the sharing (35–46 with one holder per block,
+//!   at most 40 with three or more).
 //!
 //! Recording touches the table only for blocks the endpoint did not hold and
 //! for the blocks it evicts: held blocks are reached through the run's links
@@ -33,9 +43,14 @@ use bytemuck::{Pod, Zeroable};
 use epp_core::{Endpoint, EndpointId, PrefixMatch};
 use parking_lot::RwLock;
 
-use self::{background::Background, pages::Pages};
+use self::{
+    background::Background,
+    holders::{HolderSlab, bit},
+    pages::Pages,
+};
 
 mod background;
+mod holders;
 mod pages;
 
 const NIL: u32 = u32::MAX;
@@ -63,10 +78,10 @@ const EMPTY: Entry = Entry {
     chain: NIL,
 };
 
-/// A table slot: the chain head's entry, and in `tag` the hash's low
-/// [`FP_BITS`] bits (its home slot in tables of up to 2^`FP_BITS` slots)
-/// under the chain's length (how many endpoints hold the block), saturating
-/// at [`MANY`].
+/// A table slot: the block's entry when one endpoint holds it, else its
+/// [`holders`] record; in `tag` the hash's low [`FP_BITS`] bits (its home
+/// slot in tables of up to 2^`FP_BITS` slots) under the chain's length (how
+/// many endpoints hold the block), saturating at [`MANY`].
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 #[repr(C)]
 struct Slot {
@@ -86,6 +101,13 @@ const FP_HOME_MAX: usize = if cfg!(test) { 255 } else { FP_MASK as usize };
 
 const FREE: Slot = Slot { idx: NIL, tag: 0 };
 
+/// Holders from which a block has a [`holders`] record. Below, its chain is
+/// short enough to walk: a record for two would cost a P/D decision's
+/// records (whose every new block gets a second holder, the other role's
+/// endpoint) a record made and one dropped per block, for a walk of one
+/// entry more.
+const SHARED: u32 = 3;
+
 impl Slot {
     fn fp(self) -> u32 {
         self.tag & FP_MASK
@@ -98,6 +120,12 @@ impl Slot {
 
     fn set_holders(&mut self, n: u32) {
         self.tag = self.fp() | (n.min(MANY) << FP_BITS);
+    }
+
+    /// Whether `idx` names a [`holders`] record ([`SHARED`] holders or
+    /// more) rather than the chain's first entry.
+    fn shared(self) -> bool {
+        self.holders() >= SHARED
     }
 }
 
@@ -135,9 +163,11 @@ struct Inner {
     used: u32,
     /// Head of the free list (linked through `next`).
     free: u32,
-    /// Each hash's chain head; `idx == NIL` = empty slot. Probed at random,
-    /// so in huge pages once it is large (see [`pages`]).
+    /// Each hash's entry or holders record; `idx == NIL` = empty slot.
+    /// Probed at random, so in huge pages once it is large (see [`pages`]).
     table: Pages<Slot>,
+    /// The holders of blocks held by two endpoints or more.
+    holders: HolderSlab,
     /// Occupied table slots (distinct hashes).
     distinct: usize,
     /// Per endpoint, by id.
@@ -396,11 +426,12 @@ impl PrefixIndex {
                 if counted < MANY as usize || n < MANY as usize {
                     return counted > n;
                 }
-                inner.chain_len(slot.idx, n + 1) > n
+                inner.chain_len(inner.head(slot), n + 1) > n
             })
         };
-        // Endpoints assigned so far all hold every block below `end`.
-        let (mut end, mut assigned) = (hashes.len(), 0);
+        // Endpoints assigned so far all hold every block below `end`; `seen`
+        // has the bits of those below id 64.
+        let (mut end, mut assigned, mut seen) = (hashes.len(), 0, 0u64);
         loop {
             // The last block below `end` held by more than `assigned` endpoints.
             let (mut lo, mut hi) = (0, end);
@@ -419,17 +450,51 @@ impl PrefixIndex {
             let Ok(len) = u32::try_from(lo) else {
                 break;
             };
+            let mut assign = |ep: u32| {
+                let id = EndpointId(ep);
+                if m.matched(id) == 0 {
+                    m.set_matched(id, len);
+                }
+            };
             assigned = 0;
             if let Some(slot) = inner.find_slot(hashes[i]) {
-                let mut idx = inner.table[slot].idx;
-                while idx != NIL {
-                    let e = inner.entry(idx);
-                    let id = EndpointId(e.endpoint);
-                    if m.matched(id) == 0 {
-                        m.set_matched(id, len);
+                let slot = inner.table[slot];
+                if slot.shared() {
+                    let holders = inner.holders.get(slot.idx);
+                    let mut fresh = holders.mask & !seen;
+                    seen |= holders.mask;
+                    while fresh != 0 {
+                        assign(fresh.trailing_zeros());
+                        fresh &= fresh - 1;
                     }
-                    assigned += 1;
-                    idx = e.chain;
+                    let bits = holders.mask.count_ones();
+                    if slot.holders() < MANY {
+                        assigned = slot.holders() as usize;
+                    }
+                    // Holders the bits do not name (ids of 64 and above),
+                    // or too many to count: walk the chain for them.
+                    if slot.holders() > bits {
+                        let mut idx = holders.head;
+                        let mut walked = 0;
+                        while idx != NIL {
+                            let e = inner.entry(idx);
+                            if bit(e.endpoint) == 0 {
+                                assign(e.endpoint);
+                            }
+                            walked += 1;
+                            idx = e.chain;
+                        }
+                        assigned = walked;
+                    }
+                } else {
+                    let mut idx = slot.idx;
+                    while idx != NIL {
+                        let e = inner.entry(idx);
+                        seen |= bit(e.endpoint);
+                        assign(e.endpoint);
+                        assigned += 1;
+                        idx = e.chain;
+                    }
                 }
             }
             end = i;
@@ -467,13 +532,14 @@ impl PrefixIndex {
     }
 
     /// Bytes the index holds (slab chunks, table — on the heap or in its own
-    /// mapping — and per-endpoint lists).
+    /// mapping —, shared blocks' holders records and per-endpoint lists).
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
         let inner = self.inner.read();
         inner.chunks.len() * CHUNK * size_of::<Entry>()
             + inner.chunks.capacity() * size_of::<Box<[Entry]>>()
             + inner.table.bytes()
+            + inner.holders.bytes()
             + inner.lrus.capacity() * size_of::<Lru>()
     }
 
@@ -504,6 +570,32 @@ impl PrefixIndex {
         }
     }
 
+    /// Per endpoint id, how many leading blocks of `hashes` it holds, found
+    /// by walking every block's chain of entries (what matching did before
+    /// shared blocks had holder bits): the reference for `match_prefix`.
+    fn match_by_chains(&self, hashes: &[u64]) -> Vec<u32> {
+        let inner = self.inner.read();
+        let mut matched = vec![0u32; inner.lrus.len()];
+        let mut alive: Vec<bool> = vec![true; inner.lrus.len()];
+        for (i, &h) in hashes.iter().enumerate() {
+            let mut holding = vec![false; inner.lrus.len()];
+            if let Some(s) = inner.find_slot(h) {
+                let mut idx = inner.head(inner.table[s]);
+                while idx != NIL {
+                    holding[inner.entry(idx).endpoint as usize] = true;
+                    idx = inner.entry(idx).chain;
+                }
+            }
+            for ep in 0..matched.len() {
+                alive[ep] &= holding[ep];
+                if alive[ep] {
+                    matched[ep] = u32::try_from(i + 1).expect("few blocks");
+                }
+            }
+        }
+        matched
+    }
+
     /// Checks the structure: every endpoint's list is consistently linked
     /// with its length, every listed entry is findable through its hash's
     /// chain, and every chained entry is listed.
@@ -530,18 +622,35 @@ impl PrefixIndex {
             assert_eq!(n, lru.len, "endpoint {ep}: length");
             listed += n as usize;
         }
-        let mut chained = 0;
-        for slot in inner.table.iter().filter(|s| s.idx != NIL) {
-            let (mut idx, mut n) = (slot.idx, 0);
+        let (mut chained, mut shared) = (0, 0);
+        for &slot in inner.table.iter().filter(|s| s.idx != NIL) {
+            let hash = inner.slot_hash(slot);
+            assert_eq!(fingerprint(hash), slot.fp());
+            let (mut idx, mut n, mut mask) = (inner.head(slot), 0, 0);
             while idx != NIL {
-                assert_eq!(fingerprint(inner.entry(idx).hash), slot.fp());
+                let e = inner.entry(idx);
+                assert_eq!(e.hash, hash, "a chain holds one hash");
+                mask |= bit(e.endpoint);
                 n += 1;
-                idx = inner.entry(idx).chain;
+                idx = e.chain;
             }
             assert_eq!(slot.holders(), n.min(MANY), "the slot counts its chain");
+            if n >= SHARED {
+                assert_eq!(
+                    inner.holders.get(slot.idx).mask,
+                    mask,
+                    "the bits name the holders"
+                );
+                shared += 1;
+            }
             chained += n as usize;
         }
         assert_eq!(listed, chained, "every entry is both listed and chained");
+        assert_eq!(
+            inner.holders.live(),
+            shared,
+            "a record per shared block, no more"
+        );
     }
 }
 
@@ -560,6 +669,24 @@ impl Inner {
         self.table.len().wrapping_sub(1)
     }
 
+    /// The hash of an occupied slot's block.
+    fn slot_hash(&self, slot: Slot) -> u64 {
+        if slot.shared() {
+            self.holders.get(slot.idx).hash
+        } else {
+            self.entry(slot.idx).hash
+        }
+    }
+
+    /// The first entry of an occupied slot's chain.
+    fn head(&self, slot: Slot) -> u32 {
+        if slot.shared() {
+            self.holders.get(slot.idx).head
+        } else {
+            slot.idx
+        }
+    }
+
     /// The table slot of `hash`'s chain.
     fn find_slot(&self, hash: u64) -> Option<usize> {
         let table: &[Slot] = &self.table;
@@ -574,7 +701,7 @@ impl Inner {
             if slot.idx == NIL {
                 return None;
             }
-            if slot.fp() == fp && self.entry(slot.idx).hash == hash {
+            if slot.fp() == fp && self.slot_hash(slot) == hash {
                 return Some(s);
             }
             s = (s + 1) & mask;
@@ -596,7 +723,7 @@ impl Inner {
             // colliding one would be a wasted miss.
             let slot = table[h as usize & mask];
             if slot.idx != NIL && slot.fp() == fingerprint(h) {
-                acc ^= self.entry(slot.idx).hash;
+                acc ^= self.slot_hash(slot);
             }
         }
         std::hint::black_box(acc);
@@ -620,6 +747,20 @@ impl Inner {
             acc ^= table[e.hash as usize & mask].idx;
             idx = e.prev;
         }
+        // Then the holders records of shared blocks (found at their home
+        // slot, now loaded), which unlinking reads before the chain.
+        let mut idx = self.lrus[ep as usize].tail;
+        for _ in 0..n {
+            if idx == NIL {
+                break;
+            }
+            let e = self.entry(idx);
+            let slot = table[e.hash as usize & mask];
+            if slot.idx != NIL && slot.shared() && slot.fp() == fingerprint(e.hash) {
+                acc ^= self.holders.get(slot.idx).head;
+            }
+            idx = e.prev;
+        }
         std::hint::black_box(acc);
     }
 
@@ -639,14 +780,31 @@ impl Inner {
         if mask <= FP_HOME_MAX {
             slot.fp() as usize & mask
         } else {
-            self.entry(slot.idx).hash as usize & mask
+            self.slot_hash(slot) as usize & mask
         }
+    }
+
+    /// Whether endpoint `ep` holds `hash`: for a shared block and an id
+    /// below 64, from its bit alone.
+    fn holds(&self, hash: u64, ep: u32) -> bool {
+        let Some(s) = self.find_slot(hash) else {
+            return false;
+        };
+        let slot = self.table[s];
+        if slot.shared() && bit(ep) != 0 {
+            return self.holders.get(slot.idx).mask & bit(ep) != 0;
+        }
+        self.held(hash, ep).is_some()
     }
 
     /// The entry holding `hash` for endpoint `ep`.
     fn held(&self, hash: u64, ep: u32) -> Option<u32> {
-        let slot = self.find_slot(hash)?;
-        let mut idx = self.table[slot].idx;
+        let slot = self.table[self.find_slot(hash)?];
+        // The bits answer "no" for ids below 64 without a walk.
+        if slot.shared() && bit(ep) != 0 && self.holders.get(slot.idx).mask & bit(ep) == 0 {
+            return None;
+        }
+        let mut idx = self.head(slot);
         while idx != NIL {
             let e = self.entry(idx);
             if e.endpoint == ep {
@@ -676,27 +834,28 @@ impl Inner {
     fn record_run(&mut self, ep: u32, hashes: &[u64], hint: usize) -> Option<()> {
         // Blocks held contiguously from the first (holding block `i` implies
         // holding the blocks before it; see `match_prefix`).
-        let (mut lo, mut hi, mut last_held) = (0, hashes.len(), NIL);
-        if (1..=hashes.len()).contains(&hint)
-            && let Some(idx) = self.held(hashes[hint - 1], ep)
-        {
+        let (mut lo, mut hi) = (0, hashes.len());
+        if (1..=hashes.len()).contains(&hint) && self.holds(hashes[hint - 1], ep) {
             // True when the next block is not held: the search is done.
-            (lo, last_held) = (hint, idx);
-            if hint == hashes.len() || self.held(hashes[hint], ep).is_none() {
+            lo = hint;
+            if hint == hashes.len() || !self.holds(hashes[hint], ep) {
                 hi = hint;
             }
         }
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.held(hashes[mid], ep) {
-                Some(idx) => {
-                    last_held = idx;
-                    lo = mid + 1;
-                }
-                None => hi = mid,
+            if self.holds(hashes[mid], ep) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
             }
         }
         let held = lo;
+        // The deepest held block's entry: the walk below starts there.
+        let last_held = match held {
+            0 => NIL,
+            _ => self.held(hashes[held - 1], ep).unwrap_or(NIL),
+        };
         self.warm(&hashes[held..]);
         // Held blocks, deepest first, each moved to the front.
         let mut cur = last_held;
@@ -782,12 +941,34 @@ impl Inner {
     /// table if new. False when the table cannot take another hash (2^32
     /// slots: not reachable in practice, but never loop on a full table).
     fn link_chain(&mut self, idx: u32) -> bool {
-        let hash = self.entry(idx).hash;
-        if let Some(slot) = self.find_slot(hash) {
-            let head = self.table[slot].idx;
-            self.entry_mut(idx).chain = head;
-            let slot = &mut self.table[slot];
-            slot.idx = idx;
+        let Entry {
+            hash, endpoint: ep, ..
+        } = *self.entry(idx);
+        if let Some(s) = self.find_slot(hash) {
+            let slot = self.table[s];
+            if slot.shared() {
+                let holders = self.holders.get_mut(slot.idx);
+                let head = std::mem::replace(&mut holders.head, idx);
+                holders.mask |= bit(ep);
+                self.entry_mut(idx).chain = head;
+            } else if slot.holders() + 1 < SHARED {
+                self.entry_mut(idx).chain = slot.idx;
+                self.table[s].idx = idx;
+            } else {
+                // Enough holders for the block to get its holders record.
+                let (mut mask, mut other) = (bit(ep), slot.idx);
+                while other != NIL {
+                    mask |= bit(self.entry(other).endpoint);
+                    other = self.entry(other).chain;
+                }
+                let Some((record, grew)) = self.holders.alloc(hash, mask, idx) else {
+                    return false;
+                };
+                self.growths += u64::from(grew);
+                self.entry_mut(idx).chain = slot.idx;
+                self.table[s].idx = record;
+            }
+            let slot = &mut self.table[s];
             slot.set_holders(slot.holders() + 1);
             return true;
         }
@@ -832,41 +1013,68 @@ impl Inner {
     /// no endpoint holds it any more.
     fn unlink_chain(&mut self, idx: u32) {
         let Entry {
-            hash, chain: next, ..
+            hash,
+            endpoint: ep,
+            chain: next,
+            ..
         } = *self.entry(idx);
-        let Some(slot) = self.find_slot(hash) else {
+        let Some(s) = self.find_slot(hash) else {
             return;
         };
-        let head = self.table[slot].idx;
-        if head == idx {
-            if next != NIL {
-                self.table[slot].idx = next;
-                self.uncount(slot);
-            } else {
-                self.remove_slot(slot);
+        let slot = self.table[s];
+        let head = self.head(slot);
+        if !slot.shared() {
+            if head == idx {
+                if next == NIL {
+                    self.remove_slot(s);
+                    return;
+                }
+                self.table[s].idx = next;
+            } else if !self.unlink_after(head, idx, next) {
+                return;
             }
+            self.table[s].set_holders(slot.holders() - 1);
             return;
         }
+        if head == idx {
+            self.holders.get_mut(slot.idx).head = next;
+        } else if !self.unlink_after(head, idx, next) {
+            return;
+        }
+        self.holders.get_mut(slot.idx).mask &= !bit(ep);
+        self.uncount(s);
+    }
+
+    /// Unlinks `idx` (followed by `next`) from the chain after `head`;
+    /// false if it is not there.
+    fn unlink_after(&mut self, head: u32, idx: u32, next: u32) -> bool {
         let mut prev = head;
         while prev != NIL {
             let after = self.entry(prev).chain;
             if after == idx {
                 self.entry_mut(prev).chain = next;
-                self.uncount(slot);
-                return;
+                return true;
             }
             prev = after;
         }
+        false
     }
 
-    /// One holder fewer in `slot`'s chain (recounted when it was [`MANY`]).
-    fn uncount(&mut self, slot: usize) {
-        let s = self.table[slot];
-        let n = match s.holders() {
-            MANY => self.chain_len(s.idx, MANY as usize) as u32,
+    /// One holder fewer in the shared block of `slot` (recounted when it
+    /// was [`MANY`]); below [`SHARED`], the slot names the chain's first
+    /// entry again.
+    fn uncount(&mut self, s: usize) {
+        let slot = self.table[s];
+        let head = self.holders.get(slot.idx).head;
+        let n = match slot.holders() {
+            MANY => self.chain_len(head, MANY as usize) as u32,
             n => n - 1,
         };
-        self.table[slot].set_holders(n);
+        if n < SHARED {
+            self.holders.free(slot.idx);
+            self.table[s].idx = head;
+        }
+        self.table[s].set_holders(n);
     }
 
     /// Backward-shift deletion: later members of the probe run move into the

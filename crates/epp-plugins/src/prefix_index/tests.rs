@@ -366,3 +366,38 @@ fn many_distinct_lengths_each_get_their_own() {
     }
     assert_eq!(m.matched(EndpointId(30)), 0, "another group's prompt");
 }
+
+proptest! {
+    /// Holder bits (ids below 64) and chain walks (the rest) find the same
+    /// matches as walking every chain, through records, evictions and
+    /// departures that move blocks between one holder and many.
+    #[test]
+    fn holder_bits_match_like_walking_the_chains(
+        ops in prop::collection::vec((0usize..8, 0u64..6, 1usize..16, 0u8..8), 1..80),
+        cap in 1usize..24,
+        queries in prop::collection::vec((0u64..6, 1usize..16), 1..4),
+    ) {
+        // Both sides of the 64-bit boundary.
+        const IDS: [u32; 8] = [0, 1, 2, 62, 63, 64, 65, 130];
+        let index = PrefixIndex::default();
+        for (e, p, len, op) in ops {
+            let id = EndpointId(IDS[e]);
+            if op == 0 {
+                index.forget(id);
+            } else {
+                index.record(id, &prompt(p, len), cap);
+            }
+            index.check();
+            for &(q, qlen) in &queries {
+                let query = prompt(q, qlen);
+                let expected = index.match_by_chains(&query);
+                let mut m = PrefixMatch::default();
+                index.match_prefix(&query, &mut m);
+                for id in IDS {
+                    let want = expected.get(id as usize).copied().unwrap_or(0);
+                    prop_assert_eq!(m.matched(EndpointId(id)), want, "endpoint {}", id);
+                }
+            }
+        }
+    }
+}
