@@ -23,11 +23,11 @@
 //!    10× its rate in the same band, flow control on with
 //!    `round-robin-fairness-policy`, the same with the band's
 //!    `busiestFlowCeiling` 0.75 and 0.875 (the heavy tenant waits once 6,
-//!    or 7, of the 8 slots are taken while the light one is active), and with
-//!    `global-strict-fairness-policy`; and, as the floor no queueing policy can go below, with the heavy
-//!    tenant at 8× its rate (0.9× capacity in all: the fleet busy, requests
-//!    not queued), where the light tenant's requests still prefill into
-//!    running batches.
+//!    or 7, of the 8 slots are taken while the light one is active), and
+//!    with `global-strict-fairness-policy`; and, as the floor no queueing
+//!    policy can go below, with the heavy tenant at 8× its rate (0.9×
+//!    capacity in all: the fleet busy, requests not queued), where the light
+//!    tenant's requests still prefill into running batches.
 //!
 //! Saturation is `concurrency-detector` with `maxConcurrency` = the batch
 //! size, so "saturated" means every batch slot is taken by epp's requests.
