@@ -594,7 +594,6 @@ impl FlowController {
             u.ceilings(saturation, priorities, ceilings);
         }
         let mut chosen = None;
-        let now = Instant::now();
         for (i, (band_key, band)) in bands.iter_mut().enumerate() {
             let ceiling = ceilings.get(i).copied().unwrap_or(1.0);
             if saturation >= ceiling {
@@ -603,9 +602,11 @@ impl FlowController {
             if band.len == 0 {
                 continue;
             }
+            // The clock is read only for bands that track their flows.
             let busiest = match band.settings.busiest_flow_ceiling {
-                Some(c) if saturation >= c => busiest_in_flight(band, now),
+                Some(c) if saturation >= c => busiest_in_flight(band, Instant::now()),
                 Some(_) => {
+                    let now = Instant::now();
                     if now.saturating_duration_since(band.swept) >= band.settings.active_flow_window
                     {
                         forget_inactive(band, now);
@@ -638,6 +639,7 @@ impl FlowController {
         band.len -= 1;
         band.bytes -= bytes;
         if band.settings.busiest_flow_ceiling.is_some() {
+            let now = Instant::now();
             let activity = band.active.entry(Arc::clone(&flow_id)).or_insert(Activity {
                 in_flight: 0,
                 last_release: now,
