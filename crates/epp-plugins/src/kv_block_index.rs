@@ -98,70 +98,80 @@ fn mum(a: u64, b: u64) -> u64 {
     (r as u64) ^ ((r >> 64) as u64)
 }
 
+/// Per-position secrets of a 16-token chunk, two to a pair of tokens: the
+/// halves of [`SECRETS`] with the top bit set, so `token ^ secret` is never
+/// zero for a token id (ids stay far below 2^31; a zero factor would make
+/// the other token of its pair count for nothing).
+const PAIR_SECRETS: [u32; 16] = {
+    let mut out = [0u32; 16];
+    let mut i = 0;
+    while i < 8 {
+        out[2 * i] = (SECRETS[i] >> 32) as u32 | 1 << 31;
+        out[2 * i + 1] = SECRETS[i] as u32 | 1 << 31;
+        i += 1;
+    }
+    out
+};
+
 /// The key of a block of `tokens` after the block keyed `parent`.
 ///
-/// The block's content is hashed without the parent: four lanes, each
-/// folding every fourth 4-token group into itself with a 128-bit multiply
-/// (so a group's position matters), then combined; only the last step,
-/// one multiply, mixes in the parent. So the content hashes of a prompt's
-/// blocks run side by side and the chain from block to block is one
-/// multiply long.
+/// The block's content is hashed without the parent, 16 tokens at a time:
+/// tokens j and j + 8, each xored with its position's secret, are
+/// multiplied 32 by 32 into 64 bits and the eight products summed (an NH
+/// hash, as in UMAC: plain integer work the compiler turns into vector
+/// multiplies, so a block of 16 costs a few instructions). Chunks after the first fold in
+/// with a 128-bit multiply, so their order matters. Only the last step, one
+/// multiply, mixes in the parent: the content hashes of a prompt's blocks
+/// run side by side and the chain from block to block is one multiply long.
 #[must_use]
-#[inline]
+#[inline(always)]
 pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
-    let mut lanes = [SECRETS[4], SECRETS[5], SECRETS[6], SECRETS[7]];
     let mut sixteens = tokens.chunks_exact(16);
-    for c in &mut sixteens {
-        for (k, lane) in lanes.iter_mut().enumerate() {
-            *lane = group(&c[4 * k..4 * k + 4], SECRETS[k], *lane);
-        }
+    let mut content = SECRETS[4];
+    for (i, c) in (&mut sixteens).enumerate() {
+        let sum = nh16(c);
+        content = if i == 0 {
+            sum
+        } else {
+            mum(content ^ SECRETS[6], sum ^ SECRETS[7])
+        };
     }
     let rest = sixteens.remainder();
     if !rest.is_empty() {
-        fold_rest(rest, &mut lanes);
+        content = fold_rest(rest, content, tokens.len() > 16);
     }
-    let [l0, l1, l2, l3] = lanes;
-    let content = l0 ^ l1.rotate_left(16) ^ l2.rotate_left(32) ^ l3.rotate_left(48);
     mum(
         parent ^ SECRETS[2],
         content ^ (tokens.len() as u64) ^ SECRETS[3],
     )
 }
 
-/// Four tokens folded into `lane`. Two ids make a word, the first in the
-/// low half (one unaligned load each on a little-endian machine).
+/// The sum of a 16-token chunk's eight pair products (see [`block_key`]).
 #[inline(always)]
-fn group(q: &[u32], secret: u64, lane: u64) -> u64 {
-    let bytes: &[u8] = bytemuck::cast_slice(&q[..4]);
-    let word = |at: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&bytes[at..at + 8]);
-        if cfg!(target_endian = "little") {
-            u64::from_le_bytes(w)
-        } else {
-            // The same words as on a little-endian machine.
-            let [a0, a1, a2, a3, b0, b1, b2, b3] = w;
-            u64::from(u32::from_ne_bytes([a0, a1, a2, a3]))
-                | (u64::from(u32::from_ne_bytes([b0, b1, b2, b3])) << 32)
-        }
-    };
-    mum(word(0) ^ secret, word(8) ^ lane)
+fn nh16(c: &[u32]) -> u64 {
+    let c: &[u32; 16] = c.try_into().unwrap_or(&[0; 16]);
+    let mut sum = 0u64;
+    for j in 0..8 {
+        let a = c[j] ^ PAIR_SECRETS[j];
+        let b = c[j + 8] ^ PAIR_SECRETS[j + 8];
+        sum = sum.wrapping_add(u64::from(a) * u64::from(b));
+    }
+    sum
 }
 
-/// The last tokens of a block whose size is not a multiple of 16.
+/// The last tokens of a block whose size is not a multiple of 16, padded
+/// with zeros (the block's length, which [`block_key`] mixes in, tells a
+/// zero token from padding), folded into `content` when chunks came before.
 #[cold]
 #[inline(never)]
-fn fold_rest(rest: &[u32], lanes: &mut [u64; 4]) {
-    let mut quads = rest.chunks_exact(4);
-    let mut k = 0;
-    for q in &mut quads {
-        lanes[k] = group(q, SECRETS[k], lanes[k]);
-        k += 1;
-    }
-    let tail = quads.remainder();
-    if !tail.is_empty() {
-        let t = |i: usize| tail.get(i).copied().unwrap_or(0);
-        lanes[k] = group(&[t(0), t(1), t(2), 0], SECRETS[k] ^ SECRETS[4], lanes[k]);
+fn fold_rest(rest: &[u32], content: u64, after_chunks: bool) -> u64 {
+    let mut chunk = [0u32; 16];
+    chunk[..rest.len()].copy_from_slice(rest);
+    let sum = nh16(&chunk);
+    if after_chunks {
+        mum(content ^ SECRETS[6], sum ^ SECRETS[7])
+    } else {
+        sum
     }
 }
 
@@ -677,45 +687,51 @@ impl KvBlockIndex {
     /// Fills `m` with each endpoint's contiguous matched blocks of `keys`
     /// (which `keys_of` computed), counting from the first.
     pub fn lookup(&self, keys: &[u64], m: &mut PrefixMatch) {
-        let c = &self.counters;
-        c.lookups.fetch_add(1, Ordering::Relaxed);
-        c.lookup_blocks
-            .fetch_add(keys.len() as u64, Ordering::Relaxed);
         let map = self.keys.pin();
-        // Ids below 64: the endpoints still matching, as bits; when a key
-        // drops some, their match ends at that depth.
-        let mut alive = u64::MAX;
-        let mut depth = 0u32;
-        let mut rest_alive = true;
-        for k in keys {
-            let Some(h) = map.get(k) else { break };
-            let dropped = alive & !h.low;
-            if depth > 0 {
-                set_bits(m, dropped, depth);
-            }
-            alive &= h.low;
-            // Ids from 64 on (rare): one by one, matching contiguously.
-            let mut rest_any = false;
-            if rest_alive {
-                for &id in h.rest.iter() {
-                    let id = EndpointId(id);
-                    if m.matched(id) == depth {
-                        m.set_matched(id, depth + 1);
-                        rest_any = true;
+        let mut walk = Walk::new();
+        loop {
+            // The common case, deep in a prompt: every endpoint still
+            // matching holds this block too, and all of them are below 64
+            // (ids from 64 on that stopped matching cannot start again). A
+            // tight loop, nothing but the table's reads, until that changes.
+            if !walk.rest_alive {
+                let alive = walk.alive;
+                let mut at = walk.depth as usize;
+                // Eight keys at a time, one branch for the eight: the reads
+                // of a group overlap.
+                while let Some(group) = keys.get(at..at + 8) {
+                    let mut all = u64::MAX;
+                    for k in group {
+                        all &= map.get(k).map_or(0, |h| h.low);
+                    }
+                    if alive & !all != 0 {
+                        break;
+                    }
+                    at += 8;
+                }
+                while let Some(k) = keys.get(at) {
+                    match map.get(k) {
+                        Some(h) if alive & !h.low == 0 => at += 1,
+                        _ => break,
                     }
                 }
-                rest_alive = rest_any;
+                walk.depth = u32::try_from(at).unwrap_or(u32::MAX);
             }
-            if alive == 0 && !rest_any {
+            let Some(k) = keys.get(walk.depth as usize) else {
+                break;
+            };
+            if !walk.step(map.get(k), m) {
                 break;
             }
-            depth += 1;
         }
-        if depth > 0 {
-            set_bits(m, alive, depth);
-        }
-        let hit = u64::from(depth);
-        c.hit_blocks.fetch_add(hit, Ordering::Relaxed);
+        self.count_lookup(keys.len(), walk.finish(m));
+    }
+
+    fn count_lookup(&self, blocks: usize, hit: u32) {
+        let c = &self.counters;
+        c.lookups.fetch_add(1, Ordering::Relaxed);
+        c.lookup_blocks.fetch_add(blocks as u64, Ordering::Relaxed);
+        c.hit_blocks.fetch_add(u64::from(hit), Ordering::Relaxed);
     }
 
     fn blocks_of(&self, id: EndpointId) -> Arc<Mutex<EndpointBlocks>> {
@@ -929,6 +945,64 @@ impl KvBlockIndex {
             .read()
             .get(&id)
             .map_or(0, |b| b.lock().engine.len())
+    }
+}
+
+/// A lookup's walk down a request's keys: which endpoints still match
+/// contiguously from the first block, and how deep.
+struct Walk {
+    /// Ids below 64 still matching, as bits: when a key drops some, their
+    /// match ends at that depth.
+    alive: u64,
+    depth: u32,
+    /// Whether an id from 64 on (rare; one by one) still matches.
+    rest_alive: bool,
+}
+
+impl Walk {
+    fn new() -> Self {
+        Self {
+            alive: u64::MAX,
+            depth: 0,
+            rest_alive: true,
+        }
+    }
+
+    /// Takes the next key's holders (None: nobody holds it); false once no
+    /// endpoint matches any more.
+    #[inline(never)]
+    fn step(&mut self, holders: Option<&Holders>, m: &mut PrefixMatch) -> bool {
+        let Some(h) = holders else { return false };
+        let dropped = self.alive & !h.low;
+        if self.depth > 0 {
+            set_bits(m, dropped, self.depth);
+        }
+        self.alive &= h.low;
+        let mut rest_any = false;
+        if self.rest_alive {
+            for &id in h.rest.iter() {
+                let id = EndpointId(id);
+                if m.matched(id) == self.depth {
+                    m.set_matched(id, self.depth + 1);
+                    rest_any = true;
+                }
+            }
+            self.rest_alive = rest_any;
+        }
+        if self.alive == 0 && !rest_any {
+            return false;
+        }
+        self.depth += 1;
+        true
+    }
+
+    /// Sets the match of the endpoints that held every key walked; returns
+    /// the depth reached.
+    fn finish(self, m: &mut PrefixMatch) -> u32 {
+        if self.depth > 0 {
+            set_bits(m, self.alive, self.depth);
+        }
+        self.depth
     }
 }
 
