@@ -32,8 +32,10 @@ and, through report.py, DIR/report.md and DIR/ttft_p90.png.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import random
 import re
 from collections import defaultdict
 import signal
@@ -101,6 +103,9 @@ class Workload:
     lora: bool = False
     # inference-perf, or the Rust load generator (crates/epp-bin/benches/routing.rs).
     client: str = "inference-perf"
+    # Traffic the router never sees: (requests/s per simulator, prompt tokens) of unique
+    # prompts sent straight to every simulator while the stages run (SideLoad).
+    side_load: tuple[float, int] | None = None
 
 
 # inference-perf's random data: mixed prompt and output lengths, nothing shared.
@@ -201,6 +206,22 @@ EXTRA_WORKLOADS = {
         stage_secs=20,
         data=shared_prefix(groups=64, per_group=4, system_len=2000, question_len=32, output_len=256),
         sim_args=["--cache-output-blocks"],
+    ),
+    # Issue 16: the fleet's KV cache churned by traffic that does not pass this router (another
+    # gateway on the same pool, clients calling servers directly): engines evict tenants' prompts
+    # an index of its own picks still counts, while the engines' KV events report it. It did not
+    # show the approximate index misled either (docs/BENCHMARKS.md, "Traffic the router does not
+    # see"), so it is not in the default run.
+    "unseen-load": Workload(
+        name="unseen-load",
+        description="16 tenants x ~6,000-token shared system prompt + 32-token question, 32 output "
+        "tokens (as shared-prefix), while each simulator also serves 1 req/s of unique 4,000-token "
+        "prompts sent to it directly, past the router (1 output token): a server's KV cache turns "
+        "over in ~8 s, streamed completions",
+        rates=[8, 16, 24],
+        stage_secs=20,
+        data=shared_prefix(groups=16, per_group=12, system_len=6000, question_len=32, output_len=32),
+        side_load=(1.0, 4000),
     ),
 }
 
@@ -732,6 +753,61 @@ COUNTER_ALIASES = {
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
+class SideLoad(threading.Thread):
+    """Unique prompts sent straight to every simulator at a fixed rate (a
+    workload's `side_load`), each in its own thread so that slow answers do not
+    slow the rate. Counts what was sent and what failed."""
+
+    def __init__(self, fleet: "Fleet", rate: float, tokens: int):
+        super().__init__(daemon=True)
+        self.urls = [f"http://{h}:{p}/v1/completions" for h, p in zip(fleet.sim_hosts, fleet.sim_ports)]
+        self.interval = 1.0 / rate
+        self.tokens = tokens
+        self.done = threading.Event()
+        self.sent_at: list[float] = []
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.rng = random.Random(7)
+
+    def prompt(self) -> str:
+        # Words of the bench tokenizer's vocabulary, which it and the simulators'
+        # 4-byte rule both count as one token each; the leading id shares no
+        # block with a tenant's prompt.
+        words = [f"{self.rng.getrandbits(40):010x}"]
+        words += self.rng.choices(SIDE_WORDS, k=self.tokens - 3)
+        return " ".join(words)
+
+    def send(self, url: str, prompt: str) -> None:
+        with self.lock:
+            self.sent_at.append(time.time())
+        status, _, _ = http_post(url, {"model": MODEL, "prompt": prompt, "max_tokens": 1}, timeout=60.0)
+        with self.lock:
+            self.failed += status != 200
+
+    def queries(self, start: float, end: float) -> float:
+        """Prompt tokens it sent between `start` and `end` (all misses: each
+        prompt is unique), to take out of the simulators' prefix-cache queries."""
+        with self.lock:
+            return sum(start <= t < end for t in self.sent_at) * float(self.tokens)
+
+    def run(self) -> None:
+        # Spread the simulators' sends over the interval.
+        step = self.interval / len(self.urls)
+        next_at = time.monotonic()
+        i = 0
+        while not self.done.is_set():
+            threading.Thread(target=self.send, args=(self.urls[i % len(self.urls)], self.prompt()),
+                             daemon=True).start()
+            i += 1
+            next_at += step
+            self.done.wait(max(0.0, next_at - time.monotonic()))
+
+
+# The first 256 of the bench tokenizer's words (benches/routing/make_tokenizer.py draws them so).
+SIDE_WORDS = random.Random(7).sample(
+    ["".join(t) for t in itertools.product("abcdefghijklmnopqrstuvwxyz", repeat=3)], 8000)[:256]
+
+
 class Poller(threading.Thread):
     """Samples the simulators' counters every 0.5 s with a wall-clock stamp."""
 
@@ -816,11 +892,15 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
     run_dir.mkdir(parents=True, exist_ok=True)
     log(f"{workload.name} / {contender} / run {repeat}: starting fleet")
     fleet = Fleet(args, workload, contender, run_dir)
+    side = None
     try:
         check = check_routing(fleet, workload)
         log(f"  routing check ok: {check['pods']}")
         poller = Poller(fleet)
         poller.start()
+        if workload.side_load:
+            side = SideLoad(fleet, *workload.side_load)
+            side.start()
         rates = workload.rates if not args.quick or args.rates else workload.rates[:2]
         client = args.client or workload.client
         if client == "rust":
@@ -830,7 +910,8 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
             for i, rate in enumerate(rates, start=1):
                 st = stages[i]
                 end = stages[i + 1]["start"] if i < len(rates) else poller.samples[-1][0]
-                r = record_rust(workload, contender, repeat, rate, st, poller.window(st["start"], end), check)
+                r = record_rust(workload, contender, repeat, rate, st, poller.window(st["start"], end), check,
+                                side.queries(st["start"], end) if side else 0.0)
                 results.write(json.dumps(r) + "\n")
                 results.flush()
                 log_point(r)
@@ -860,11 +941,16 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
             else:
                 end = poller.samples[-1][0]
             sims = poller.window(start, end)
-            r = record(workload, contender, repeat, rate, stage, sims, check)
+            r = record(workload, contender, repeat, rate, stage, sims, check,
+                       side.queries(start, end) if side else 0.0)
             results.write(json.dumps(r) + "\n")
             results.flush()
             log_point(r)
     finally:
+        if side is not None:
+            side.done.set()
+            side.join()
+            log(f"  side load: {len(side.sent_at)} requests straight to the simulators, {side.failed} failed")
         record_predictions(args, fleet, workload, contender, repeat)
         fleet.stop()
 
@@ -959,16 +1045,18 @@ def run_rust_client(args, workload: Workload, url: str, run_dir: Path, rates: li
     return stages
 
 
-def sims_fields(sims: list[dict]) -> dict:
+def sims_fields(sims: list[dict], side_queries: float = 0.0) -> dict:
+    """The fleet's prefix-cache hit rate over the router's traffic (a side
+    load's prompt tokens, all misses, taken out) and the requests each served."""
     hits = sum(s["vllm:prefix_cache_hits_total"] for s in sims)
-    queries = sum(s["vllm:prefix_cache_queries_total"] for s in sims)
+    queries = max(hits, sum(s["vllm:prefix_cache_queries_total"] for s in sims) - side_queries)
     return {
         "hit_rate": hits / queries if queries else None,
         "served_per_sim": [s["vllm:request_success_total"] for s in sims],
     }
 
 
-def record_rust(workload, contender, repeat, rate, st, sims, check) -> dict:
+def record_rust(workload, contender, repeat, rate, st, sims, check, side_queries=0.0) -> dict:
     return {
         "workload": workload.name,
         "contender": contender,
@@ -981,12 +1069,12 @@ def record_rust(workload, contender, repeat, rate, st, sims, check) -> dict:
         "errors": st["errors"],
         **{k: st[k] for k in ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms",
                               "output_tokens_per_s"]},
-        **sims_fields(sims),
+        **sims_fields(sims, side_queries),
         "routing_check": check,
     }
 
 
-def record(workload, contender, repeat, rate, stage, sims, check) -> dict:
+def record(workload, contender, repeat, rate, stage, sims, check, side_queries=0.0) -> dict:
     ok = stage.get("successes", {})
     lat = ok.get("latency", {})
 
@@ -1010,7 +1098,7 @@ def record(workload, contender, repeat, rate, stage, sims, check) -> dict:
         "tpot_p50_ms": pct("time_per_output_token", "median"),
         "tpot_p90_ms": pct("time_per_output_token", "p90"),
         "output_tokens_per_s": ok.get("throughput", {}).get("output_tokens_per_sec"),
-        **sims_fields(sims),
+        **sims_fields(sims, side_queries),
         "routing_check": check,
     }
 
