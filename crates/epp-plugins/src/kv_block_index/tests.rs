@@ -1,4 +1,5 @@
 use super::*;
+use proptest::test_runner::TestCaseError;
 use std::time::{Duration, Instant};
 
 const A: EndpointId = EndpointId(0);
@@ -272,36 +273,48 @@ proptest::proptest! {
     }
 }
 
+/// Endpoints `ids` each hold a whole 40-block sequence, then lose the
+/// blocks in `holes` (one list per endpoint); a request for the first `len`
+/// blocks must match, for each, exactly the leading blocks it still holds.
+fn check_long_matches(ids: &[u32], holes: &[Vec<usize>], len: usize) -> Result<(), TestCaseError> {
+    let ix = KvBlockIndex::new(2, 7, 10_000);
+    let tokens: Vec<u32> = (0..80).collect();
+    let mut held = vec![[true; 40]; ids.len()];
+    for ((&id, holes), held) in ids.iter().zip(holes).zip(&mut held) {
+        let hashes: Vec<u64> = (0..40).map(|j| u64::from(id) * 1000 + j).collect();
+        ix.apply(
+            EndpointId(id),
+            &batch(Some("m"), vec![stored(&hashes, None, &tokens, 2)]),
+        );
+        for &j in holes {
+            ix.apply(
+                EndpointId(id),
+                &batch(Some("m"), vec![removed(&[hashes[j]])]),
+            );
+            held[j] = false;
+        }
+    }
+    let mut keys = Vec::new();
+    ix.keys_of("m", None, &[], &tokens[..len * 2], 1000, &mut keys);
+    let mut m = PrefixMatch::default();
+    ix.lookup(&keys, &mut m);
+    for (&id, held) in ids.iter().zip(&held) {
+        let lead = held[..len].iter().take_while(|&&x| x).count() as u32;
+        proptest::prop_assert_eq!(m.matched(EndpointId(id)), lead, "endpoint {}", id);
+    }
+    Ok(())
+}
+
 proptest::proptest! {
     /// Against a model, on prompts long enough for the lookup's groups of
-    /// keys: endpoints (ids below and from 64 on) each hold a whole
-    /// sequence, then lose some blocks; each matches exactly the leading
-    /// blocks it still holds, whatever the depths where matches end.
+    /// keys, with ids below and from 64 on, whatever the depths where
+    /// matches end.
     #[test]
     fn long_matches_end_where_each_endpoint_stops_holding(
         holes in proptest::collection::vec(proptest::collection::vec(0usize..40, 0..3), 6),
-        len in 1usize..40,
+        len in 1usize..=40,
     ) {
-        const IDS: [u32; 6] = [0, 1, 5, 63, 64, 70];
-        let ix = KvBlockIndex::new(2, 7, 10_000);
-        let tokens: Vec<u32> = (0..80).collect();
-        let mut held = [[true; 40]; 6];
-        for (e, &id) in IDS.iter().enumerate() {
-            let hashes: Vec<u64> = (0..40).map(|j| u64::from(id) * 1000 + j).collect();
-            ix.apply(EndpointId(id), &batch(Some("m"), vec![stored(&hashes, None, &tokens, 2)]));
-            for &j in &holes[e] {
-                ix.apply(EndpointId(id), &batch(Some("m"), vec![removed(&[hashes[j]])]));
-                held[e][j] = false;
-            }
-        }
-        let mut keys = Vec::new();
-        ix.keys_of("m", None, &[], &tokens[..len * 2], 1000, &mut keys);
-        let mut m = PrefixMatch::default();
-        ix.lookup(&keys, &mut m);
-        for (e, &id) in IDS.iter().enumerate() {
-            let lead = held[e][..len].iter().take_while(|&&x| x).count() as u32;
-            proptest::prop_assert_eq!(m.matched(EndpointId(id)), lead, "endpoint {}", id);
-        }
+        check_long_matches(&[0, 1, 5, 63, 64, 70], &holes, len)?;
     }
 
     /// The same with ids below 64 only (the lookup's fast path throughout).
@@ -309,26 +322,7 @@ proptest::proptest! {
     fn long_matches_of_low_ids_end_where_each_stops_holding(
         holes in proptest::collection::vec(proptest::collection::vec(0usize..40, 0..3), 4),
     ) {
-        const IDS: [u32; 4] = [0, 3, 9, 62];
-        let ix = KvBlockIndex::new(2, 7, 10_000);
-        let tokens: Vec<u32> = (0..80).collect();
-        let mut held = [[true; 40]; 4];
-        for (e, &id) in IDS.iter().enumerate() {
-            let hashes: Vec<u64> = (0..40).map(|j| u64::from(id) * 1000 + j).collect();
-            ix.apply(EndpointId(id), &batch(Some("m"), vec![stored(&hashes, None, &tokens, 2)]));
-            for &j in &holes[e] {
-                ix.apply(EndpointId(id), &batch(Some("m"), vec![removed(&[hashes[j]])]));
-                held[e][j] = false;
-            }
-        }
-        let mut keys = Vec::new();
-        ix.keys_of("m", None, &[], &tokens, 1000, &mut keys);
-        let mut m = PrefixMatch::default();
-        ix.lookup(&keys, &mut m);
-        for (e, &id) in IDS.iter().enumerate() {
-            let lead = held[e].iter().take_while(|&&x| x).count() as u32;
-            proptest::prop_assert_eq!(m.matched(EndpointId(id)), lead, "endpoint {}", id);
-        }
+        check_long_matches(&[0, 3, 9, 62], &holes, 40)?;
     }
 }
 
