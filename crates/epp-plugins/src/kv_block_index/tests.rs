@@ -707,3 +707,42 @@ fn block_keys_depend_on_order_and_parent_and_spread() {
         "buckets between {min} and {max} (64 expected)"
     );
 }
+
+/// Structured near-misses keep distinct keys: every block that differs from
+/// a base block in one token (any position of 16, any of 4,096 values), in
+/// two tokens that share a product (positions j and j + 8), or in the
+/// order of the 16-token chunks of a 64-token block.
+#[test]
+fn block_keys_tell_apart_one_and_two_token_changes() {
+    let base: Vec<u32> = (0..16).map(|i| 100 + 37 * i).collect();
+    let mut seen = std::collections::HashSet::new();
+    seen.insert(block_key(0, &base));
+    for pos in 0..16 {
+        for v in 0..4096u32 {
+            if v == base[pos] {
+                continue;
+            }
+            let mut b = base.clone();
+            b[pos] = v;
+            assert!(seen.insert(block_key(0, &b)), "token {pos} = {v}");
+        }
+    }
+    // Both tokens of one product changed together.
+    for j in 0..8 {
+        for (a, c) in (0..64u32).flat_map(|a| (0..64u32).map(move |c| (a, c))) {
+            let mut b = base.clone();
+            b[j] = 5000 + a;
+            b[j + 8] = 5000 + c;
+            assert!(seen.insert(block_key(0, &b)), "pair {j}: {a}, {c}");
+        }
+    }
+    let long: Vec<u32> = (0..64).map(|i| 7 * i + 3).collect();
+    let mut chunks_swapped = long.clone();
+    chunks_swapped[..16].copy_from_slice(&long[16..32]);
+    chunks_swapped[16..32].copy_from_slice(&long[..16]);
+    assert_ne!(
+        block_key(0, &long),
+        block_key(0, &chunks_swapped),
+        "chunks swapped"
+    );
+}
