@@ -300,7 +300,21 @@ schedulingProfiles:
   - {{pluginRef: max-score-picker}}
 """
 
-KNOWN = CONTENDERS + list(EPP_VARIANTS) + ["epp-precise"]
+# epp-precise with the shared index in Redis (a redis-server the fleet starts; each run logs the
+# first replica's shared-index counters). Replicas write their views, speculative blocks included,
+# to the server; only requests with token ids before the cycle (chat rendered at the edge, ids the
+# client sent) look up there: inference-perf's completions are tokenized in the cycle and matched
+# in the replica's own view (docs/plugins.md), so on these workloads it shows the writes' cost only.
+EPP_PRECISE_REDIS_INDEXER = """\
+    indexerConfig:
+      kvBlockIndexConfig:
+        redisConfig: {{address: "redis://127.0.0.1:{redis_port}"}}
+"""
+
+# Contenders whose simulators publish KV events and tokenize with the bench tokenizer.
+PRECISE = ("epp-precise", "epp-precise-redis")
+
+KNOWN = CONTENDERS + list(EPP_VARIANTS) + list(PRECISE)
 
 
 def epp_default_config() -> str:
@@ -320,6 +334,7 @@ LABELS = {
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "epp-latency": "Envoy + epp (learned latency: latency-scorer)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
+    "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
@@ -613,10 +628,19 @@ class Fleet:
         port = free_port()
         urls = [f"http://127.0.0.1:{p}" for p in self.sim_ports]
         base, replicas = epp_replicas(contender)
-        if base == "epp" or base in EPP_VARIANTS or base == "epp-precise":
+        if base == "epp" or base in EPP_VARIANTS or base in PRECISE:
             # The default contender gets the same file as the reference: epp's DEFAULT_CONFIG.
-            if base == "epp-precise":
+            if base in PRECISE:
                 text = EPP_PRECISE_CONFIG.format(tokenizer=self.args.tokenizer, kv_base=self.kv_base)
+                if base == "epp-precise-redis":
+                    redis_port = free_port()
+                    p = self._spawn("redis", ["redis-server", "--port", str(redis_port), "--bind",
+                                              "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    wait_until("redis", lambda: "Ready to accept connections"
+                               in p.log.read_text(errors="replace"), proc=p)
+                    indexer = EPP_PRECISE_REDIS_INDEXER.format(redis_port=redis_port)
+                    anchor = "    speculativeTTL: 5s\n"
+                    text = text.replace(anchor, anchor + indexer)
             else:
                 text = EPP_VARIANTS.get(base) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
@@ -952,7 +976,22 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
             side.join()
             log(f"  side load: {len(side.sent_at)} requests straight to the simulators, {side.failed} failed")
         record_predictions(args, fleet, workload, contender, repeat)
+        if epp_replicas(contender)[0] == "epp-precise-redis":
+            log_shared_index(fleet)
         fleet.stop()
+
+
+def log_shared_index(fleet) -> None:
+    """How the first replica's lookups in the shared index went: a lookup the
+    server did not answer in time fell back to the replica's own view."""
+    port = getattr(fleet, "epp_metrics_port", None)
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics") if port else (0, b"")
+    counts = {}
+    for line in body.decode(errors="replace").splitlines():
+        m = METRIC_LINE.match(line)
+        if m and m.group(1).startswith("epp_kv_block_index_shared_"):
+            counts[m.group(1)] = counts.get(m.group(1), 0.0) + float(m.group(2))
+    log(f"  shared index (first replica): {counts or f'no metrics (status {status})'}")
 
 
 def record_predictions(args, fleet, workload: Workload, contender: str, repeat: int) -> None:
@@ -1141,20 +1180,20 @@ def main() -> None:
             sys.exit(f"unknown contender {c!r}; known: {', '.join(KNOWN)}")
     # Precise prefix needs real tokens and KV events; every contender of the
     # run gets the same fleet.
-    args.kv_events = any(epp_replicas(c)[0] == "epp-precise" for c in contenders)
+    args.kv_events = any(epp_replicas(c)[0] in PRECISE for c in contenders)
     if args.kv_events:
         log("epp-precise: every simulator of this run tokenizes with the bench tokenizer and "
             "publishes KV events (token blocks, not the 4-byte rule)")
     if args.fleet == "llm-d-sim":
         # The reference reads its endpoints as pods: one IP each, the pool's one port. llm-d's
         # simulator binds every address, so four of them cannot share a port on one machine.
-        unfit = [c for c in contenders if c == "reference" or epp_replicas(c)[0] == "epp-precise"]
+        unfit = [c for c in contenders if c == "reference" or epp_replicas(c)[0] in PRECISE]
         unfit += [f"workload {w.name}" for w in workloads if w.lora]
         if unfit and explicit:
             sys.exit(f"not with --fleet llm-d-sim: {', '.join(unfit)} (the reference needs one port on "
                      "several IPs, which llm-d-inference-sim cannot bind; epp-precise needs epp-sim's KV events "
                      "and tokenizer; the LoRA mix uses epp-sim's adapter flags)")
-        contenders = [c for c in contenders if c != "reference" and epp_replicas(c)[0] != "epp-precise"]
+        contenders = [c for c in contenders if c != "reference" and epp_replicas(c)[0] not in PRECISE]
         workloads = [w for w in workloads if not w.lora]
         if not Path(script_out(REFERENCE_SCRIPT, "sim-path")).exists():
             log("building llm-d-inference-sim (cached outside the checkout)")
