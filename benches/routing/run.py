@@ -302,9 +302,8 @@ schedulingProfiles:
 
 # epp-precise with the shared index in Redis (a redis-server the fleet starts; each run logs the
 # first replica's shared-index counters). Replicas write their views, speculative blocks included,
-# to the server; only requests with token ids before the cycle (chat rendered at the edge, ids the
-# client sent) look up there: inference-perf's completions are tokenized in the cycle and matched
-# in the replica's own view (docs/plugins.md), so on these workloads it shows the writes' cost only.
+# to the server and look requests up there, so several replicas see each other's picks before the
+# engines report them.
 EPP_PRECISE_REDIS_INDEXER = """\
     indexerConfig:
       kvBlockIndexConfig:

@@ -308,6 +308,15 @@ pub trait PromptRenderer: Send + Sync + std::fmt::Debug {
     /// when this renderer does not render that kind. Does its synchronous
     /// work (building the render request) before returning.
     fn render(&self, api: ApiKind, body: &[u8], media_parts: u32) -> Option<RenderFuture>;
+
+    /// The token ids of a completions request's `prompt`, computed at once,
+    /// when this renderer tokenizes in process. The edge asks for them only
+    /// when a shared prefix index needs ids before the cycle (without one,
+    /// completions are tokenized in the cycle, as before). Default: none.
+    fn tokenize_prompt(&self, prompt: &str) -> Option<Vec<u32>> {
+        let _ = prompt;
+        None
+    }
 }
 
 impl InferenceRequest {

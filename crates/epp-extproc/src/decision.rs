@@ -26,7 +26,8 @@ use std::{
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use epp_core::{
-    Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler, SchedulingError,
+    ApiKind, Dispatch, EndpointSnapshot, EndpointSource, InferenceRequest, Scheduler,
+    SchedulingError,
 };
 
 use crate::{
@@ -238,7 +239,7 @@ impl Decider {
         {
             return Started::Decided(self.decide(options, parts, body, trace));
         }
-        let prepared = match self.prepare(options, parts, body) {
+        let mut prepared = match self.prepare(options, parts, body) {
             Ok(p) => p,
             Err(e) => {
                 return Started::Decided(self.reject(e, parts.request_id().unwrap_or(""), None));
@@ -257,7 +258,17 @@ impl Decider {
                 options.prefix_lookup.clone(),
             )));
         }
-        // Then the shared prefix index, when one is configured.
+        // Then the shared prefix index, when one is configured: a completions
+        // prompt is tokenized here for it (in process, no I/O), else the
+        // cycle would tokenize it after the lookup and match it in this
+        // replica's own view only.
+        if options.prefix_lookup.is_some()
+            && prepared.request.prompt_token_ids.is_none()
+            && prepared.request.api == ApiKind::Completions
+            && let Some(renderer) = &options.renderer
+        {
+            prepared.request.prompt_token_ids = renderer.tokenize_prompt(&prepared.request.prompt);
+        }
         if let Some(lookup) = options
             .prefix_lookup
             .as_ref()

@@ -455,6 +455,19 @@ impl PromptRenderer for LocalRenderer {
         });
         Some(Box::pin(std::future::ready(result)))
     }
+
+    fn tokenize_prompt(&self, prompt: &str) -> Option<Vec<u32>> {
+        let mut ids = Vec::new();
+        // As the cycle tokenizes completions: special tokens added.
+        encode(
+            &self.current.load(),
+            cut(prompt, self.max_bytes),
+            true,
+            &mut ids,
+        )
+        .ok()?;
+        Some(ids)
+    }
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary.

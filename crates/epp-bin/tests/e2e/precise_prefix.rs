@@ -538,6 +538,25 @@ async fn replicas_share_one_index_through_redis_across_its_restart() {
             "epp_kv_block_index_shared_lookups_total{plugin=\"precise-prefix-cache-producer\"}"
         ) >= 8.0
     );
+    // Completions too: B tokenizes their prompts at the edge for the shared
+    // lookup (in the cycle, it would be too late to look up there).
+    let text = "Tide tables give the times and heights of high and low water. ".repeat(6);
+    let endpoint = at(IPS[1], &sims[1]);
+    let before = blocks(a.metrics_port, &endpoint, "stored").await;
+    complete(IPS[1], sims[1].port, &text, None).await;
+    wait_for_blocks(a.metrics_port, &endpoint, "stored", before).await;
+    let mut on_1 = 0;
+    for q in 0..8 {
+        let r = complete(
+            "127.0.0.1",
+            envoy_b.port,
+            &format!("{text}Question {q}?"),
+            None,
+        )
+        .await;
+        on_1 += usize::from(r.header("x-inference-pod") == Some("sim-1"));
+    }
+    assert_eq!(on_1, 8, "completions followed the shared index");
 
     // Redis dies: every request is still answered (B's own view is empty:
     // no match).
