@@ -202,12 +202,19 @@ impl Plugin for LabelSelectorFilter {
     }
 }
 
+impl LabelSelectorFilter {
+    /// Whether `c` passes: one bit for a role filter, else the selector.
+    fn keeps(&self, c: &Candidate) -> bool {
+        match self.roles {
+            Some(bits) => c.endpoint.role().bit() & bits != 0,
+            None => self.selector.matches(c),
+        }
+    }
+}
+
 impl Filter for LabelSelectorFilter {
     fn filter(&self, _cx: &mut CycleContext<'_>, candidates: &mut Vec<Candidate>) {
-        match self.roles {
-            Some(bits) => candidates.retain(|c| c.endpoint.role().bit() & bits != 0),
-            None => candidates.retain(|c| self.selector.matches(c)),
-        }
+        candidates.retain(|c| self.keeps(c));
     }
 
     fn filter_from(
@@ -216,14 +223,7 @@ impl Filter for LabelSelectorFilter {
         base: &[Candidate],
         out: &mut Vec<Candidate>,
     ) {
-        match self.roles {
-            Some(bits) => out.extend(
-                base.iter()
-                    .filter(|c| c.endpoint.role().bit() & bits != 0)
-                    .cloned(),
-            ),
-            None => out.extend(base.iter().filter(|c| self.selector.matches(c)).cloned()),
-        }
+        out.extend(base.iter().filter(|c| self.keeps(c)).cloned());
     }
 }
 
