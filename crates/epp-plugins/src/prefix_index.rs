@@ -45,13 +45,15 @@ use parking_lot::RwLock;
 
 use self::{
     background::Background,
-    holders::{HolderSlab, bit},
+    holders::{Holders, bit},
     pages::Pages,
+    slab::{Record, Slab},
 };
 
 mod background;
 mod holders;
 mod pages;
+mod slab;
 
 const NIL: u32 = u32::MAX;
 const CHUNK_BITS: u32 = 12;
@@ -77,6 +79,19 @@ const EMPTY: Entry = Entry {
     next: NIL,
     chain: NIL,
 };
+
+impl Record for Entry {
+    /// Free entries are linked through `next`.
+    fn freed(next_free: u32) -> Self {
+        Self {
+            next: next_free,
+            ..EMPTY
+        }
+    }
+    fn next_free(&self) -> u32 {
+        self.next
+    }
+}
 
 /// A table slot: the block's entry when one endpoint holds it, else its
 /// [`holders`] record; in `tag` the hash's low [`FP_BITS`] bits (its home
@@ -158,16 +173,12 @@ impl Default for Lru {
 
 #[derive(Debug, Default)]
 struct Inner {
-    chunks: Vec<Box<[Entry]>>,
-    /// Entries handed out from the chunks so far.
-    used: u32,
-    /// Head of the free list (linked through `next`).
-    free: u32,
+    entries: Slab<Entry>,
     /// Each hash's entry or holders record; `idx == NIL` = empty slot.
     /// Probed at random, so in huge pages once it is large (see [`pages`]).
     table: Pages<Slot>,
     /// The holders of blocks held by two endpoints or more.
-    holders: HolderSlab,
+    holders: Slab<Holders>,
     /// Occupied table slots (distinct hashes).
     distinct: usize,
     /// Per endpoint, by id.
@@ -192,10 +203,7 @@ pub struct PrefixIndex {
 impl Default for PrefixIndex {
     fn default() -> Self {
         Self {
-            inner: Arc::new(RwLock::new(Inner {
-                free: NIL,
-                ..Inner::default()
-            })),
+            inner: Arc::new(RwLock::new(Inner::default())),
             background: None,
         }
     }
@@ -536,8 +544,7 @@ impl PrefixIndex {
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
         let inner = self.inner.read();
-        inner.chunks.len() * CHUNK * size_of::<Entry>()
-            + inner.chunks.capacity() * size_of::<Box<[Entry]>>()
+        inner.entries.bytes()
             + inner.table.bytes()
             + inner.holders.bytes()
             + inner.lrus.capacity() * size_of::<Lru>()
@@ -658,11 +665,11 @@ impl PrefixIndex {
 
 impl Inner {
     fn entry(&self, idx: u32) -> &Entry {
-        &self.chunks[(idx >> CHUNK_BITS) as usize][idx as usize & (CHUNK - 1)]
+        self.entries.get(idx)
     }
 
     fn entry_mut(&mut self, idx: u32) -> &mut Entry {
-        &mut self.chunks[(idx >> CHUNK_BITS) as usize][idx as usize & (CHUNK - 1)]
+        self.entries.get_mut(idx)
     }
 
     fn mask(&self) -> usize {
@@ -901,40 +908,17 @@ impl Inner {
     /// A fresh entry for `hash` on `ep`, linked into its hash chain but not
     /// into the endpoint's LRU list.
     fn new_entry(&mut self, hash: u64, ep: u32) -> Option<u32> {
-        let idx = self.alloc_entry()?;
-        *self.entry_mut(idx) = Entry {
+        let (idx, grew) = self.entries.alloc(Entry {
             hash,
             endpoint: ep,
             ..EMPTY
-        };
+        })?;
+        self.growths += u64::from(grew);
         if self.link_chain(idx) {
             return Some(idx);
         }
-        let free = self.free;
-        *self.entry_mut(idx) = Entry {
-            next: free,
-            ..EMPTY
-        };
-        self.free = idx;
+        self.entries.free(idx);
         None
-    }
-
-    fn alloc_entry(&mut self) -> Option<u32> {
-        if self.free != NIL {
-            let idx = self.free;
-            self.free = self.entry(idx).next;
-            return Some(idx);
-        }
-        if self.used >= NIL - 1 {
-            return None;
-        }
-        if self.used as usize == self.chunks.len() * CHUNK {
-            self.chunks.push(vec![EMPTY; CHUNK].into_boxed_slice());
-            self.growths += 1;
-        }
-        let idx = self.used;
-        self.used += 1;
-        Some(idx)
     }
 
     /// Puts `idx` at the head of its hash's chain, adding the hash to the
@@ -961,7 +945,7 @@ impl Inner {
                     mask |= bit(self.entry(other).endpoint);
                     other = self.entry(other).chain;
                 }
-                let Some((record, grew)) = self.holders.alloc(hash, mask, idx) else {
+                let Some((record, grew)) = self.holders.alloc(Holders::new(hash, mask, idx)) else {
                     return false;
                 };
                 self.growths += u64::from(grew);
@@ -1159,12 +1143,7 @@ impl Inner {
 
     fn release(&mut self, idx: u32) {
         self.unlink_chain(idx);
-        let free = self.free;
-        *self.entry_mut(idx) = Entry {
-            next: free,
-            ..EMPTY
-        };
-        self.free = idx;
+        self.entries.free(idx);
     }
 
     fn evict_tail(&mut self, ep: u32) {

@@ -9,7 +9,7 @@
 //! records, and one whose blocks are widely shared pays 24 bytes per such
 //! block, split between its (three or more) holders.
 
-use super::{CHUNK, CHUNK_BITS, NIL};
+use super::{NIL, slab::Record};
 
 /// A widely shared block's record: its hash (so that a table lookup verifies the
 /// slot against it, as it does against the entry of a block with one
@@ -38,89 +38,31 @@ pub(super) fn bit(ep: u32) -> u64 {
     1u64.checked_shl(ep).unwrap_or(0)
 }
 
-/// Holders records, allocated in chunks (growing never copies) and reused
-/// through a free list.
-#[derive(Debug)]
-pub(super) struct HolderSlab {
-    chunks: Vec<Box<[Holders]>>,
-    used: u32,
-    free: u32,
-    /// Records in use (for the index's checks).
-    live: usize,
+impl Record for Holders {
+    fn freed(next_free: u32) -> Self {
+        Self { next_free, ..EMPTY }
+    }
+    fn next_free(&self) -> u32 {
+        self.next_free
+    }
 }
 
-impl Default for HolderSlab {
-    fn default() -> Self {
+impl Holders {
+    /// The record of a block of `hash` held by `mask`'s endpoints from
+    /// `head`.
+    pub(super) fn new(hash: u64, mask: u64, head: u32) -> Self {
         Self {
-            chunks: Vec::new(),
-            used: 0,
-            free: NIL,
-            live: 0,
-        }
-    }
-}
-
-impl HolderSlab {
-    pub(super) fn get(&self, idx: u32) -> &Holders {
-        &self.chunks[(idx >> CHUNK_BITS) as usize][idx as usize & (CHUNK - 1)]
-    }
-
-    pub(super) fn get_mut(&mut self, idx: u32) -> &mut Holders {
-        &mut self.chunks[(idx >> CHUNK_BITS) as usize][idx as usize & (CHUNK - 1)]
-    }
-
-    /// A record for a block of `hash` held by `mask`'s endpoints from
-    /// `head`; None when 2^32 − 1 are in use. The second value is true when
-    /// a chunk was added.
-    pub(super) fn alloc(&mut self, hash: u64, mask: u64, head: u32) -> Option<(u32, bool)> {
-        let mut grew = false;
-        let idx = if self.free != NIL {
-            let idx = self.free;
-            self.free = self.get(idx).next_free;
-            idx
-        } else {
-            if self.used >= NIL - 1 {
-                return None;
-            }
-            if self.used as usize == self.chunks.len() * CHUNK {
-                self.chunks.push(vec![EMPTY; CHUNK].into_boxed_slice());
-                grew = true;
-            }
-            self.used += 1;
-            self.used - 1
-        };
-        *self.get_mut(idx) = Holders {
             hash,
             mask,
             head,
             next_free: NIL,
-        };
-        self.live += 1;
-        Some((idx, grew))
-    }
-
-    pub(super) fn free(&mut self, idx: u32) {
-        let next_free = self.free;
-        *self.get_mut(idx) = Holders { next_free, ..EMPTY };
-        self.free = idx;
-        self.live -= 1;
-    }
-
-    /// Records in use.
-    #[cfg(test)]
-    pub(super) fn live(&self) -> usize {
-        self.live
-    }
-
-    pub(super) fn bytes(&self) -> usize {
-        self.chunks.len() * CHUNK * size_of::<Holders>()
-            + self.chunks.capacity() * size_of::<Box<[Holders]>>()
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{super::slab::Slab, *};
 
     #[test]
     fn bits_cover_ids_below_64_only() {
@@ -132,15 +74,15 @@ mod tests {
 
     #[test]
     fn freed_records_are_reused_before_new_ones() {
-        let mut slab = HolderSlab::default();
-        let (a, grew) = slab.alloc(1, 0b11, 7).expect("room");
+        let mut slab = Slab::<Holders>::default();
+        let (a, grew) = slab.alloc(Holders::new(1, 0b11, 7)).expect("room");
         assert!(grew, "the first record takes a chunk");
-        let (b, grew) = slab.alloc(2, 0b101, 8).expect("room");
+        let (b, grew) = slab.alloc(Holders::new(2, 0b101, 8)).expect("room");
         assert!(!grew);
         assert_ne!(a, b);
         slab.free(a);
         assert_eq!(slab.live(), 1);
-        let (c, _) = slab.alloc(3, 0b110, 9).expect("room");
+        let (c, _) = slab.alloc(Holders::new(3, 0b110, 9)).expect("room");
         assert_eq!(c, a, "the freed record comes back");
         let h = slab.get(c);
         assert_eq!((h.hash, h.mask, h.head), (3, 0b110, 9));
