@@ -34,12 +34,36 @@ use parking_lot::Mutex;
 /// Number of model inputs (bias included).
 pub const FEATURES: usize = 9;
 
-/// The inputs of the request's own service time: the fixed cost of a
-/// request and its prompt (the batch slowing its prefill, a cold adapter),
-/// as opposed to what it waits behind (queue, dispatches, KV use). The split
-/// between the fixed cost and the prompt terms is not identifiable when
-/// prompts hardly vary, but their sum is.
-const OWN_WORK: [usize; 5] = [0, 5, 6, 7, 8];
+/// The inputs of the request's own service time: what it would take on the
+/// endpoint idle — the fixed cost of a request, its prompt's uncached and
+/// cached tokens, a cold adapter — as opposed to what the load adds (queue,
+/// dispatches, running requests, KV use, the batch slowing its prefill).
+/// Those load inputs move together (KV use grows with running requests), so
+/// their coefficients may offset one another wildly while their sum fits:
+/// only the idle part is read alone. The split between the fixed cost and
+/// the prompt terms is not identifiable when prompts hardly vary, but their
+/// sum is.
+const OWN_WORK: [usize; 4] = [0, 5, 6, 8];
+
+/// Of [`OWN_WORK`], the prefill of the uncached tokens.
+const UNCACHED_PREFILL: usize = 5;
+
+/// The input of the prompt tokens the endpoint's cache is expected to hold.
+const CACHED: usize = 6;
+
+/// A prediction and the parts of it that are the request's own work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PredictionParts {
+    /// The whole prediction ([`LatencyModel::predict_unchecked`]).
+    pub total: f64,
+    /// The request's own service time: what it would take on the endpoint
+    /// idle (the fixed cost of a request, its prompt's uncached and cached
+    /// tokens, a cold adapter), at most `total`.
+    pub own_work: f64,
+    /// Of `own_work`, the prefill of its uncached tokens (at most
+    /// `own_work`).
+    pub uncached_prefill: f64,
+}
 
 /// What is known about a request and its endpoint when it is dispatched.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -322,24 +346,46 @@ impl LatencyModel {
         if !x.iter().all(|v| v.is_finite()) {
             return None;
         }
-        let p = dot(&self.coefficients(), &x);
+        let p = dot(&self.predicting(), &x);
         p.is_finite().then_some(p.max(0.0))
     }
 
-    /// [`Self::predict_unchecked`], and of it the request's own service
-    /// time: the fixed cost of a request, its prompt (uncached and cached
-    /// tokens, the batch slowing its prefill) and a cold adapter — what it
-    /// would keep the server busy with, never negative.
+    /// The coefficients predictions use: θ, with a cached prompt token
+    /// costing at most what an uncached one does. The fit can say
+    /// otherwise when the prefix matches it is given are often wrong (an
+    /// approximate index under cache pressure) and the endpoints they point
+    /// to are busier in ways the load inputs miss; a prediction that a
+    /// cached token is slower would then steer requests away from their
+    /// cached prompts and copy them elsewhere, evicting others.
+    fn predicting(&self) -> [f64; FEATURES] {
+        let mut theta = self.coefficients();
+        theta[CACHED] = theta[CACHED].min(theta[UNCACHED_PREFILL]);
+        theta
+    }
+
+    /// [`Self::predict_unchecked`] with the parts of it that are the
+    /// request's own work ([`PredictionParts`]); none is negative, and no
+    /// part exceeds the one it belongs to.
     #[must_use]
-    pub fn predict_with_own_work(&self, features: &Features) -> Option<(f64, f64)> {
+    pub fn predict_parts(&self, features: &Features) -> Option<PredictionParts> {
         let x = features.vector();
         if !x.iter().all(|v| v.is_finite()) {
             return None;
         }
-        let theta = self.coefficients();
+        let theta = self.predicting();
         let total = dot(&theta, &x);
         let own: f64 = OWN_WORK.iter().map(|&i| theta[i] * x[i]).sum();
-        (total.is_finite() && own.is_finite()).then_some((total.max(0.0), own.max(0.0)))
+        let uncached = theta[UNCACHED_PREFILL] * x[UNCACHED_PREFILL];
+        if !(total.is_finite() && own.is_finite() && uncached.is_finite()) {
+            return None;
+        }
+        let total = total.max(0.0);
+        let own_work = own.clamp(0.0, total);
+        Some(PredictionParts {
+            total,
+            own_work,
+            uncached_prefill: uncached.clamp(0.0, own_work),
+        })
     }
 
     /// Whether it has seen its minimum samples.
@@ -419,7 +465,7 @@ mod tests {
     }
 
     #[test]
-    fn own_work_is_the_prompts_and_adapters_share() {
+    fn own_work_is_what_the_request_takes_on_the_endpoint_idle() {
         let mut rng = StdRng::seed_from_u64(7);
         let model = LatencyModel::new(ModelSettings::default());
         for _ in 0..3000 {
@@ -433,10 +479,77 @@ mod tests {
             adapter_cold: 1.0,
             ..Features::default()
         };
-        let (total, own) = model.predict_with_own_work(&f).unwrap();
-        // 20 + 80 · 2 + 4 · 10 · 2 + 150 = 410 of 20 + 30 · 6 + 390 = 590.
-        assert!((own - 410.0).abs() / 410.0 < 0.1, "{own}");
-        assert!((total - 590.0).abs() / 590.0 < 0.1, "{total}");
+        let parts = model.predict_parts(&f).unwrap();
+        // Idle, it would take 20 + 80 · 2 + 150 = 330, of which 80 · 2 = 160
+        // the uncached tokens' prefill; loaded, 30 · 6 + 4 · 10 · 2 more: 590.
+        let close = |got: f64, want: f64| (got - want).abs() / want < 0.1;
+        assert!(close(parts.own_work, 330.0), "{parts:?}");
+        assert!(close(parts.total, 590.0), "{parts:?}");
+        assert!(close(parts.uncached_prefill, 160.0), "{parts:?}");
+    }
+
+    #[test]
+    fn own_work_is_read_from_the_idle_part_and_stays_within_the_prediction() {
+        // Coefficients as a fleet fitted them when KV use grew with running
+        // requests and every prompt was ~5,500 tokens (many-tenants in the
+        // routing benchmark): the batch term (running · uncached) and the
+        // running and KV terms offset one another. One running request:
+        // 150 + 300 · 5.5 − 1,500 − 600 · 0.17 = 198 ms in all.
+        let mut theta = [0.0; FEATURES];
+        theta[0] = 150.0;
+        theta[3] = -1500.0;
+        theta[4] = -600.0;
+        theta[7] = 300.0;
+        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
+        let f = Features {
+            running: 1.0,
+            kv_utilization: 0.17,
+            uncached_tokens: 5500.0,
+            ..Features::default()
+        };
+        let p = model.predict_parts(&f).unwrap();
+        assert!((p.total - 198.0).abs() < 1.0, "{p:?}");
+        // Idle it takes 150 (the fixed cost); the batch term (1,650) is
+        // load, not the request's own work.
+        assert!((p.own_work - 150.0).abs() < 1e-9, "{p:?}");
+        // An idle part above the whole is cut to the whole.
+        theta[0] = 2000.0;
+        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
+        let p = model.predict_parts(&f).unwrap();
+        assert!(
+            p.own_work <= p.total && p.uncached_prefill <= p.own_work,
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_cached_token_is_never_predicted_slower_than_an_uncached_one() {
+        // A fit that found believed-cached prompts slower (the index was
+        // wrong, their endpoints busier than the inputs show).
+        let mut theta = [0.0; FEATURES];
+        theta[0] = 20.0;
+        theta[5] = 30.0;
+        theta[6] = 200.0;
+        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
+        let prompt = |uncached_tokens: f64, cached_tokens: f64| Features {
+            uncached_tokens,
+            cached_tokens,
+            ..Features::default()
+        };
+        let hit = model.predict_unchecked(&prompt(0.0, 5000.0)).unwrap();
+        let miss = model.predict_unchecked(&prompt(5000.0, 0.0)).unwrap();
+        assert!((hit - miss).abs() < 1e-9, "hit {hit}, miss {miss}");
+        assert_eq!(
+            model.predict_parts(&prompt(0.0, 5000.0)).unwrap().total,
+            hit
+        );
+        // The fit itself is kept (a new endpoint starts from it).
+        assert_eq!(model.coefficients()[6], 200.0);
+        // A cheaper cached token is predicted as fitted.
+        theta[6] = 2.0;
+        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
+        let hit = model.predict_unchecked(&prompt(0.0, 5000.0)).unwrap();
+        assert!((hit - 30.0).abs() < 1e-9, "{hit}");
     }
 
     #[test]

@@ -151,7 +151,7 @@ pub use kv_block_index::{
 pub use label_selector_filter::{
     LabelExpression, LabelSelectorFilter, LabelSelectorParams, Operator, ROLE_LABEL,
 };
-pub use latency_model::{FEATURES, Features, LatencyModel, ModelSettings};
+pub use latency_model::{FEATURES, Features, LatencyModel, ModelSettings, PredictionParts};
 pub use latency_scorer::{HeadroomStrategy, LatencyScorer, LatencyScorerParams};
 pub use latency_slo_admitter::{LatencyAdmitterParams, LatencySloAdmitter};
 pub use load_aware_scorer::{LoadAwareParams, LoadAwareScorer};

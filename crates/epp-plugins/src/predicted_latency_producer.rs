@@ -99,6 +99,16 @@ pub struct PredictedLatencyParams {
     /// 1 / (1 − λ) samples. Default 0.995.
     #[serde(default = "default_forgetting")]
     pub forgetting: f64,
+    /// Weight of the cached prompts a request would displace, counted in
+    /// its delay to others: the predicted prefill of its uncached tokens
+    /// times this. An engine whose cache is full (as a busy one always is)
+    /// evicts about as many cached tokens as it computes, which a later
+    /// request must compute again; without this cost a cache miss on an
+    /// idle endpoint looks free, and hot prompts get copied onto endpoints
+    /// whose own prompts they evict. 0 counts only the requests already
+    /// there. Default 1 (epp's own; llm-d has no such term).
+    #[serde(default = "one")]
+    pub displaced_cache_weight: f64,
 }
 
 fn one() -> f64 {
@@ -129,6 +139,7 @@ impl Default for PredictedLatencyParams {
             prefix_match_info_producer_name: None,
             min_samples: default_min_samples(),
             forgetting: default_forgetting(),
+            displaced_cache_weight: 1.0,
         }
     }
 }
@@ -279,7 +290,8 @@ impl Builtin for PredictedLatencyProducer {
 
     /// # Errors
     /// A non-positive or non-finite `sloBufferFactor`, `forgetting` outside
-    /// (0, 1], `minSamples` of 0, or `useEncoderCacheFeatures: true`.
+    /// (0, 1], `minSamples` of 0, a negative or non-finite
+    /// `displacedCacheWeight`, or `useEncoderCacheFeatures: true`.
     fn build(name: impl Into<String>, params: PredictedLatencyParams) -> Result<Self, BuildError> {
         if !(params.slo_buffer_factor.is_finite() && params.slo_buffer_factor > 0.0) {
             return Err(invalid(
@@ -299,6 +311,15 @@ impl Builtin for PredictedLatencyProducer {
         }
         if params.min_samples == 0 {
             return Err(invalid(Self::TYPE, "minSamples", 0, "must be at least 1"));
+        }
+        let w = params.displaced_cache_weight;
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(invalid(
+                Self::TYPE,
+                "displacedCacheWeight",
+                w,
+                "must be a finite number >= 0",
+            ));
         }
         if params.use_encoder_cache_features {
             return Err(invalid(
@@ -359,6 +380,8 @@ pub struct Predicted {
     /// Of it, the request's own service time (the fixed cost of a request,
     /// its prompt's prefill, a cold adapter), excluding what it waits behind.
     pub own_work_ms: f64,
+    /// Of that, the prefill of its uncached tokens.
+    pub uncached_prefill_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
 }
@@ -432,10 +455,11 @@ impl PredictedLatencyProducer {
                 .filter(|l| l.model.is_warm())
                 .or_else(|| Some(get(&self.fleet)).filter(|l| l.model.is_warm()))
         };
-        let (ttft_ms, own_work_ms) = warm(|m| &m.ttft)?.model.predict_with_own_work(&f)?;
+        let parts = warm(|m| &m.ttft)?.model.predict_parts(&f)?;
         Some(Predicted {
-            ttft_ms,
-            own_work_ms,
+            ttft_ms: parts.total,
+            own_work_ms: parts.own_work,
+            uncached_prefill_ms: parts.uncached_prefill,
             tpot_ms: if tpot {
                 warm(|m| &m.tpot).and_then(|l| l.model.predict_unchecked(&f))
             } else {
@@ -504,8 +528,9 @@ impl DataProducer for PredictedLatencyProducer {
             } else {
                 p.tpot_ms
             };
+            let displaced = self.params.displaced_cache_weight * p.uncached_prefill_ms;
             let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo)
-                .with_delay_to_others(p.own_work_ms * load.requests_there() as f64);
+                .with_delay_to_others(p.own_work_ms * load.requests_there() as f64 + displaced);
             state.latency.set(c.id(), prediction);
             if debug {
                 tracing::debug!(
@@ -742,6 +767,45 @@ mod tests {
     }
 
     #[test]
+    fn a_miss_counts_the_cached_prompts_it_displaces_in_its_delay_to_others() {
+        let idle = endpoint(0, EndpointMetrics::fresh());
+        let req = InferenceRequest::builder("m")
+            .prompt("x".repeat(8000))
+            .build();
+        let uncached = DispatchLoad::of(&Candidate::new(&idle), &req, 0.0).uncached_tokens;
+        assert!(uncached > 1000, "{uncached}");
+        let delay_with = |weight: f64| {
+            let p = PredictedLatencyProducer::build(
+                "p",
+                PredictedLatencyParams {
+                    min_samples: 4,
+                    displaced_cache_weight: weight,
+                    ..PredictedLatencyParams::default()
+                },
+            )
+            .unwrap();
+            for i in 0..400u32 {
+                let l = load(i % 7, u64::from(i % 13) * 300);
+                p.response_timing(&request(), &idle, &streamed(l, ttft(10.0, &l), 5.0, 20));
+            }
+            let mut delay = f64::NAN;
+            with_cx(&req, 1, |cx| {
+                p.produce(cx, &[Candidate::new(&idle)]);
+                delay = cx.state.latency.get(idle.id()).unwrap().delay_to_others_ms;
+            });
+            delay
+        };
+        // Nobody is there to wait behind it: the delay is the prefill of
+        // what it would evict (50 ms per thousand uncached tokens).
+        let want = 0.05 * uncached as f64;
+        let got = delay_with(1.0);
+        assert!((got - want).abs() / want < 0.05, "{got} against {want}");
+        let halved = delay_with(0.5);
+        assert!((halved - want / 2.0).abs() / want < 0.05, "{halved}");
+        assert_eq!(delay_with(0.0), 0.0);
+    }
+
+    #[test]
     fn an_endpoint_id_reused_by_another_address_starts_afresh() {
         let p = producer(2);
         let old = endpoint(0, EndpointMetrics::fresh());
@@ -801,6 +865,7 @@ mod tests {
             ("sloBufferFactor: 0", "sloBufferFactor"),
             ("forgetting: 1.5", "forgetting"),
             ("minSamples: 0", "minSamples"),
+            ("displacedCacheWeight: -1", "displacedCacheWeight"),
             ("useEncoderCacheFeatures: true", "useEncoderCacheFeatures"),
         ] {
             let params: PredictedLatencyParams = serde_yaml_ng::from_str(yaml).unwrap();
