@@ -157,11 +157,13 @@ pub struct LatencyPrediction {
     /// Likewise for TPOT; 0 when the request has no TPOT objective or TPOT
     /// is unknown (TPOT then neither helps nor hurts).
     pub tpot_headroom_ms: f64,
-    /// How much the request would delay the requests already at the
-    /// endpoint: its own predicted service time (a request's fixed cost,
-    /// the prefill of its uncached prompt, a cold adapter), times the
-    /// requests it would hold up ([`DispatchLoad::requests_there`]). Large
-    /// where a long prompt misses the cache of a busy endpoint.
+    /// How much the request would delay other requests: those already at
+    /// the endpoint, by its own predicted service time (a request's fixed
+    /// cost, the prefill of its uncached prompt, a cold adapter) times the
+    /// requests it would hold up ([`DispatchLoad::requests_there`]); and,
+    /// as its predictor weighs it, later ones whose cached prompts its
+    /// uncached tokens would evict. Large where a long prompt misses the
+    /// cache of a busy endpoint.
     pub delay_to_others_ms: f64,
 }
 

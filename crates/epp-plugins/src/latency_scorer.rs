@@ -5,8 +5,10 @@
 //! ([`epp_core::CycleState::latency`], filled by
 //! `predicted-latency-producer`). With `h` a candidate's headroom (objective
 //! − predicted, or 0 − predicted without an objective) — for TTFT less
-//! `delayToOthersWeight ·` the delay the request's own work would add to the
-//! requests already there (plus it, for `least`, whose scale is inverted) —
+//! `delayToOthersWeight ·` the delay the request would cause others
+//! ([`epp_core::LatencyPrediction::delay_to_others_ms`]: its own work times
+//! the requests already there, plus the cached prompts it would displace)
+//! (plus it, for `least`, whose scale is inverted) —
 //! each latency's headroom is scaled to the candidates' range,
 //! `n = (h − min) / (max − min)`, and blended:
 //!
@@ -69,8 +71,8 @@ pub struct LatencyScorerParams {
     /// Prefix-cache weight of the heuristic fallback. Default 1.
     #[serde(default = "one")]
     pub composite_prefix_weight: f64,
-    /// Weight of the delay a request's own work would add to the requests
-    /// already at an endpoint ([`LatencyPrediction::delay_to_others_ms`]),
+    /// Weight of the delay a request would cause other requests at an
+    /// endpoint ([`LatencyPrediction::delay_to_others_ms`]),
     /// counted against its TTFT headroom. Default 1; 0 ranks by the
     /// request's own latency alone, as llm-d does.
     #[serde(default = "one")]
