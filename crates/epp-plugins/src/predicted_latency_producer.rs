@@ -784,8 +784,13 @@ mod tests {
                 },
             )
             .unwrap();
+            // Hits and misses, so that what the uncached tokens add to
+            // every prompt token's cost is seen.
             for i in 0..400u32 {
-                let l = load(i % 7, u64::from(i % 13) * 300);
+                let l = DispatchLoad {
+                    uncached_tokens: u64::from(i % 2) * u64::from(i % 13) * 300,
+                    ..load(i % 7, u64::from(i % 13) * 300)
+                };
                 p.response_timing(&request(), &idle, &streamed(l, ttft(10.0, &l), 5.0, 20));
             }
             let mut delay = f64::NAN;
