@@ -4,21 +4,17 @@
 //! The model is linear in a fixed set of [`Features`] read at dispatch:
 //!
 //! ```text
-//! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, prompt/1000,
+//! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, cached/1000,
 //!                  running · uncached/1000, adapter_cold]
 //! ```
 //!
 //! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
-//! for the queue a request waits behind, `prompt/1000` for what every prompt
-//! token costs (thousands of tokens), `uncached/1000` for the prefill the
-//! tokens the endpoint's prefix cache is not expected to hold add to that,
-//! `running · uncached/1000` for a prefill slowed by the batch it shares the
-//! engine with, `adapter_cold` (1 when the request's LoRA adapter is not
-//! active there) for loading it. Predictions take the coefficients of both
-//! uncached-token terms as at least 0: a cached token never costs more than
-//! one to compute, at any load. (Written as cached and uncached tokens instead, the two
-//! coefficients and the fixed cost would drift together wherever prompts
-//! are all of one length, and no bound on one of them would hold.)
+//! for the queue a request waits behind, `uncached/1000` for the prefill it
+//! needs (thousands of prompt tokens the endpoint's prefix cache is not
+//! expected to hold), `running · uncached/1000` for a prefill slowed by the
+//! batch it shares the engine with, `cached/1000` for reading a cached prefix,
+//! `adapter_cold` (1 when the request's LoRA adapter is not active there)
+//! for loading it.
 //!
 //! θ is fitted by recursive least squares with exponential forgetting
 //! (factor λ, so samples older than about `1 / (1 − λ)` fade and the model
@@ -39,8 +35,8 @@ use parking_lot::Mutex;
 pub const FEATURES: usize = 9;
 
 /// The inputs of the request's own service time: what it would take on the
-/// endpoint idle — the fixed cost of a request, its prompt and the prefill
-/// of its uncached tokens, a cold adapter — as opposed to what the load adds (queue,
+/// endpoint idle — the fixed cost of a request, its prompt's uncached and
+/// cached tokens, a cold adapter — as opposed to what the load adds (queue,
 /// dispatches, running requests, KV use, the batch slowing its prefill).
 /// Those load inputs move together (KV use grows with running requests), so
 /// their coefficients may offset one another wildly while their sum fits:
@@ -49,12 +45,11 @@ pub const FEATURES: usize = 9;
 /// sum is.
 const OWN_WORK: [usize; 4] = [0, 5, 6, 8];
 
-/// Of [`OWN_WORK`], the prefill of the uncached tokens (beyond what every
-/// prompt token costs).
+/// Of [`OWN_WORK`], the prefill of the uncached tokens.
 const UNCACHED_PREFILL: usize = 5;
 
-/// The input of the uncached tokens' prefill slowed by the running batch.
-const BATCHED_PREFILL: usize = 7;
+/// The input of the prompt tokens the endpoint's cache is expected to hold.
+const CACHED: usize = 6;
 
 /// A prediction and the parts of it that are the request's own work.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,7 +110,7 @@ impl Features {
             self.running,
             self.kv_utilization,
             uncached_k,
-            (self.uncached_tokens + self.cached_tokens) / 1000.0,
+            self.cached_tokens / 1000.0,
             self.running * uncached_k,
             self.adapter_cold,
         ]
@@ -355,19 +350,16 @@ impl LatencyModel {
         p.is_finite().then_some(p.max(0.0))
     }
 
-    /// The coefficients predictions use: θ, with an uncached token's
-    /// prefill, alone and as the batch slows it, never negative (a cached
-    /// token never costs more than one to compute, at any load). The fit can say otherwise when the prefix matches it is
-    /// given are often wrong (an approximate index under cache pressure)
-    /// and the endpoints they point to are busier in ways the load inputs
-    /// miss; a prediction that cached tokens are slower would then steer
-    /// requests away from their cached prompts and copy them elsewhere,
-    /// evicting others.
+    /// The coefficients predictions use: θ, with a cached prompt token
+    /// costing at most what an uncached one does. The fit can say
+    /// otherwise when the prefix matches it is given are often wrong (an
+    /// approximate index under cache pressure) and the endpoints they point
+    /// to are busier in ways the load inputs miss; a prediction that a
+    /// cached token is slower would then steer requests away from their
+    /// cached prompts and copy them elsewhere, evicting others.
     fn predicting(&self) -> [f64; FEATURES] {
         let mut theta = self.coefficients();
-        for i in [UNCACHED_PREFILL, BATCHED_PREFILL] {
-            theta[i] = theta[i].max(0.0);
-        }
+        theta[CACHED] = theta[CACHED].min(theta[UNCACHED_PREFILL]);
         theta
     }
 
@@ -533,11 +525,10 @@ mod tests {
     #[test]
     fn a_cached_token_is_never_predicted_slower_than_an_uncached_one() {
         // A fit that found believed-cached prompts slower (the index was
-        // wrong, their endpoints busier than the inputs show): every prompt
-        // token costs 200 ms per thousand, an uncached one 170 less.
+        // wrong, their endpoints busier than the inputs show).
         let mut theta = [0.0; FEATURES];
         theta[0] = 20.0;
-        theta[5] = -170.0;
+        theta[5] = 30.0;
         theta[6] = 200.0;
         let model = LatencyModel::with_prior(ModelSettings::default(), theta);
         let prompt = |uncached_tokens: f64, cached_tokens: f64| Features {
@@ -547,30 +538,18 @@ mod tests {
         };
         let hit = model.predict_unchecked(&prompt(0.0, 5000.0)).unwrap();
         let miss = model.predict_unchecked(&prompt(5000.0, 0.0)).unwrap();
-        assert!((hit - 1020.0).abs() < 1e-9, "{hit}");
         assert!((hit - miss).abs() < 1e-9, "hit {hit}, miss {miss}");
         assert_eq!(
             model.predict_parts(&prompt(0.0, 5000.0)).unwrap().total,
             hit
         );
         // The fit itself is kept (a new endpoint starts from it).
-        assert_eq!(model.coefficients()[5], -170.0);
-        // A positive prefill is predicted as fitted.
-        theta[5] = 30.0;
+        assert_eq!(model.coefficients()[6], 200.0);
+        // A cheaper cached token is predicted as fitted.
+        theta[6] = 2.0;
         let model = LatencyModel::with_prior(ModelSettings::default(), theta);
-        let miss = model.predict_unchecked(&prompt(5000.0, 0.0)).unwrap();
-        assert!((miss - 1170.0).abs() < 1e-9, "{miss}");
-        // Nor at load: a batch term fitted negative does not make a miss on
-        // a busy endpoint faster than a hit there.
-        theta[7] = -50.0;
-        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
-        let busy = |uncached_tokens: f64, cached_tokens: f64| Features {
-            running: 6.0,
-            ..prompt(uncached_tokens, cached_tokens)
-        };
-        let hit = model.predict_unchecked(&busy(0.0, 5000.0)).unwrap();
-        let miss = model.predict_unchecked(&busy(5000.0, 0.0)).unwrap();
-        assert!(miss >= hit, "hit {hit}, miss {miss}");
+        let hit = model.predict_unchecked(&prompt(0.0, 5000.0)).unwrap();
+        assert!((hit - 30.0).abs() < 1e-9, "{hit}");
     }
 
     #[test]
