@@ -100,8 +100,8 @@ pub struct PredictedLatencyParams {
     #[serde(default = "default_forgetting")]
     pub forgetting: f64,
     /// Weight of the cached prompts a request would displace, counted in
-    /// its delay to others: the predicted prefill of its uncached tokens
-    /// times this. An engine whose cache is full (as a busy one always is)
+    /// its delay to others: the prefill of its uncached tokens as the
+    /// fleet's model predicts it (the same for every candidate), times this. An engine whose cache is full (as a busy one always is)
     /// evicts about as many cached tokens as it computes, which a later
     /// request must compute again; without this cost a cache miss on an
     /// idle endpoint looks free, and hot prompts get copied onto endpoints
@@ -380,8 +380,6 @@ pub struct Predicted {
     /// Of it, the request's own service time (the fixed cost of a request,
     /// its prompt's prefill, a cold adapter), excluding what it waits behind.
     pub own_work_ms: f64,
-    /// Of that, the prefill of its uncached tokens.
-    pub uncached_prefill_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
 }
@@ -459,7 +457,6 @@ impl PredictedLatencyProducer {
         Some(Predicted {
             ttft_ms: parts.total,
             own_work_ms: parts.own_work,
-            uncached_prefill_ms: parts.uncached_prefill,
             tpot_ms: if tpot {
                 warm(|m| &m.tpot).and_then(|l| l.model.predict_unchecked(&f))
             } else {
@@ -511,6 +508,13 @@ impl DataProducer for PredictedLatencyProducer {
         // an endpoint.
         let map = self.endpoints.read();
         let now = self.now();
+        // The prefill of the cached tokens a miss evicts, priced by the
+        // fleet's model for every candidate alike: an endpoint's own model
+        // may split its time between fixed cost and prompt either way when
+        // its prompts hardly vary, which would rank endpoints by that split.
+        let displaced_per_token = self.params.displaced_cache_weight
+            * self.fleet.ttft.model.uncached_prefill_per_1k()
+            / 1000.0;
         for c in candidates {
             let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
             let own = map
@@ -528,7 +532,7 @@ impl DataProducer for PredictedLatencyProducer {
             } else {
                 p.tpot_ms
             };
-            let displaced = self.params.displaced_cache_weight * p.uncached_prefill_ms;
+            let displaced = displaced_per_token * load.uncached_tokens as f64;
             let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo)
                 .with_delay_to_others(p.own_work_ms * load.requests_there() as f64 + displaced);
             state.latency.set(c.id(), prediction);
