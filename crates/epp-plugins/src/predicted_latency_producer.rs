@@ -101,12 +101,13 @@ pub struct PredictedLatencyParams {
     pub forgetting: f64,
     /// Weight of the cached prompts a request would displace, counted in
     /// its delay to others: the prefill of its uncached tokens as the
-    /// fleet's model predicts it (the same for every candidate), times this. An engine whose cache is full (as a busy one always is)
-    /// evicts about as many cached tokens as it computes, which a later
-    /// request must compute again; without this cost a cache miss on an
-    /// idle endpoint looks free, and hot prompts get copied onto endpoints
-    /// whose own prompts they evict. 0 counts only the requests already
-    /// there. Default 1 (epp's own; llm-d has no such term).
+    /// fleet's model predicts it (the same for every candidate), times
+    /// this. An engine whose cache is full (as a busy one always is) evicts
+    /// about as many cached tokens as it computes, which a later request
+    /// must compute again; without this cost a cache miss on an idle
+    /// endpoint looks free, and hot prompts get copied onto endpoints whose
+    /// own prompts they evict. 0 counts only the requests already there.
+    /// Default 1 (epp's own; llm-d has no such term).
     #[serde(default = "one")]
     pub displaced_cache_weight: f64,
 }
@@ -788,8 +789,8 @@ mod tests {
                 },
             )
             .unwrap();
-            // Hits and misses, so that what the uncached tokens add to
-            // every prompt token's cost is seen.
+            // Hits and misses, so that the uncached tokens' prefill is told
+            // apart from the fixed cost.
             for i in 0..400u32 {
                 let l = DispatchLoad {
                     uncached_tokens: u64::from(i % 2) * u64::from(i % 13) * 300,
