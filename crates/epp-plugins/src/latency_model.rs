@@ -339,12 +339,7 @@ impl LatencyModel {
     /// a prior the caller trusts). `None` for non-finite features.
     #[must_use]
     pub fn predict_unchecked(&self, features: &Features) -> Option<f64> {
-        let x = features.vector();
-        if !x.iter().all(|v| v.is_finite()) {
-            return None;
-        }
-        let p = dot(&self.predicting(), &x);
-        p.is_finite().then_some(p.max(0.0))
+        self.predict_parts(features).map(|p| p.total)
     }
 
     /// The coefficients predictions use: θ, with a cached prompt token
@@ -516,11 +511,14 @@ mod tests {
         // Idle it takes 150 (the fixed cost); the batch term (1,650) is
         // load, not the request's own work.
         assert!((p.own_work - 150.0).abs() < 1e-9, "{p:?}");
-        // An idle part above the whole is cut to the whole.
+        // An idle part above the whole is cut to the whole: 2,000 idle of
+        // 2,000 + 1,650 − 3,000 − 102 = 548 in all.
         theta[0] = 2000.0;
+        theta[3] = -3000.0;
         let model = LatencyModel::with_prior(ModelSettings::default(), theta);
         let p = model.predict_parts(&f).unwrap();
-        assert!(p.own_work <= p.total, "{p:?}");
+        assert!((p.total - 548.0).abs() < 1.0, "{p:?}");
+        assert_eq!(p.own_work, p.total, "{p:?}");
     }
 
     #[test]

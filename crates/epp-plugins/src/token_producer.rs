@@ -389,7 +389,7 @@ impl TokenProducer {
         let Backend::Local(current) = &self.backend else {
             return Err("this token producer has the engine render prompts".into());
         };
-        encode(&current.load(), cut(text, self.max_bytes), true, out)
+        encode_prompt(current, self.max_bytes, text, out)
     }
 
     /// Whether the loaded tokenizer is encoded by epp's [`ByteBpe`] (else
@@ -458,16 +458,22 @@ impl PromptRenderer for LocalRenderer {
 
     fn tokenize_prompt(&self, prompt: &str) -> Option<Vec<u32>> {
         let mut ids = Vec::new();
-        // As the cycle tokenizes completions: special tokens added.
-        encode(
-            &self.current.load(),
-            cut(prompt, self.max_bytes),
-            true,
-            &mut ids,
-        )
-        .ok()?;
+        encode_prompt(&self.current, self.max_bytes, prompt, &mut ids).ok()?;
         Some(ids)
     }
+}
+
+/// A prompt's token ids as the engine computes them (special tokens added,
+/// the text cut to `max_bytes`), appended to `out`: one way for the cycle
+/// ([`TokenProducer::tokenize`]) and the edge
+/// ([`PromptRenderer::tokenize_prompt`]), so their keys agree.
+fn encode_prompt(
+    current: &ArcSwap<Loaded>,
+    max_bytes: usize,
+    text: &str,
+    out: &mut Vec<u32>,
+) -> Result<(), String> {
+    encode(&current.load(), cut(text, max_bytes), true, out)
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary.
