@@ -16,12 +16,21 @@
 //! `adapter_cold` (1 when the request's LoRA adapter is not active there)
 //! for loading it.
 //!
-//! θ is fitted by recursive least squares with exponential forgetting
-//! (factor λ, so samples older than about `1 / (1 − λ)` fade and the model
-//! follows a server whose speed changes), in O(8²) per sample, without
-//! allocating. A residual far beyond the model's recent error is clamped
-//! (one stalled request does not drag θ), and a sample with a non-finite
-//! value is ignored. Predictions read the published θ without locking.
+//! θ is fitted by exponentially weighted least squares (factor λ, so samples
+//! older than about `1 / (1 − λ)` fade and the model follows a server whose
+//! speed changes) with every coefficient kept ≥ 0: each input can only add
+//! latency, as it does on an engine. Unbounded, the fit finds combinations
+//! that match the samples seen and nothing else: early in a run, when misses
+//! met idle servers and hits busy ones, it fitted −800 ms per running request
+//! against +140 per thousand cached tokens, and predicted a hit on any busy
+//! server at 0 ms and one on an idle server as slow as a miss. The fit keeps
+//! the weighted sums `Σ x xᵀ` and `Σ x y` (information form) and solves for θ
+//! by coordinate descent from the previous θ, in O(9²) per sweep, a few sweeps
+//! per sample, without allocating; a weak pull towards the prior θ (the
+//! fleet's, for an endpoint) holds the directions the samples do not excite. A
+//! residual far beyond the model's recent error is clamped (one stalled
+//! request does not drag θ), and a sample with a non-finite value is ignored.
+//! Predictions read the published θ without locking.
 //!
 //! A model that has seen fewer than its minimum samples predicts nothing:
 //! the caller falls back (to the fleet's model, then to heuristics). A new
@@ -126,8 +135,8 @@ pub struct ModelSettings {
     pub forgetting: f64,
     /// Samples before the model predicts.
     pub min_samples: u64,
-    /// Initial (and maximal) variance of each coefficient: how far the first
-    /// samples may move θ from its prior.
+    /// Variance of each coefficient's prior: how weakly θ is pulled towards
+    /// its prior where samples say nothing (the pull is 1 / this).
     pub prior_variance: f64,
 }
 
@@ -141,26 +150,39 @@ impl Default for ModelSettings {
     }
 }
 
-/// The fitting state (behind the model's lock).
+/// Coordinate-descent sweeps per fit at most: each starts from the previous
+/// θ, which one new sample moves little, so a few sweeps converge.
+const SWEEPS: usize = 30;
+
+/// The fitting state (behind the model's lock): exponentially weighted least
+/// squares in information form, with every coefficient kept non-negative.
 #[derive(Debug, Clone)]
-struct Rls {
+struct Fit {
     theta: [f64; FEATURES],
-    /// Inverse information matrix (symmetric).
-    p: [[f64; FEATURES]; FEATURES],
+    /// Σ λ^age · x xᵀ of the samples (symmetric).
+    info: [[f64; FEATURES]; FEATURES],
+    /// Σ λ^age · x y.
+    moment: [f64; FEATURES],
+    /// θ before any sample (the fleet's, for an endpoint's model), and how
+    /// firmly it holds where samples say nothing: 1 / the prior variance.
+    prior: [f64; FEATURES],
+    prior_precision: f64,
     /// Mean absolute residual, recent samples weighted more (for clamping
     /// outliers and for reporting).
     mean_abs_error: f64,
 }
 
-impl Rls {
+impl Fit {
     fn new(theta: [f64; FEATURES], variance: f64) -> Self {
-        let mut p = [[0.0; FEATURES]; FEATURES];
-        for (i, row) in p.iter_mut().enumerate() {
-            row[i] = variance;
-        }
+        // A prior outside the bounds (an old fleet θ, a caller's) starts
+        // inside them.
+        let theta = theta.map(|t| t.max(0.0));
         Self {
             theta,
-            p,
+            info: [[0.0; FEATURES]; FEATURES],
+            moment: [0.0; FEATURES],
+            prior: theta,
+            prior_precision: 1.0 / variance,
             mean_abs_error: 0.0,
         }
     }
@@ -169,18 +191,9 @@ impl Rls {
         dot(&self.theta, x)
     }
 
-    /// One recursive-least-squares step with forgetting `lambda`; `samples`
-    /// seen before this one.
-    fn update(&mut self, x: &[f64; FEATURES], y: f64, lambda: f64, cap: f64, free: bool) {
-        // P x
-        let mut px = [0.0; FEATURES];
-        for (i, row) in self.p.iter().enumerate() {
-            px[i] = dot(row, x);
-        }
-        let denom = lambda + dot(x, &px);
-        if !(denom.is_finite() && denom > 0.0) {
-            return;
-        }
+    /// Learns one sample with forgetting `lambda`; `free` while the model
+    /// is new (no residual clamp).
+    fn update(&mut self, x: &[f64; FEATURES], y: f64, lambda: f64, free: bool) {
         let mut error = y - self.predict(x);
         // Clamp a residual far beyond the recent error (after a warm-up, so
         // the first samples can move θ freely from its prior).
@@ -188,37 +201,50 @@ impl Rls {
             let limit = 4.0 * self.mean_abs_error.max(1e-9) + 1e-3 * y.abs();
             error = error.clamp(-limit, limit);
         }
-        let gain: [f64; FEATURES] = std::array::from_fn(|i| px[i] / denom);
-        for (t, g) in self.theta.iter_mut().zip(gain) {
-            *t += g * error;
-        }
-        // P = (P − k (P x)ᵀ) / λ, kept symmetric. With forgetting, a
-        // direction the data never excites (a constant feature) would grow
-        // without limit: once a variance would pass `cap`, this step does
-        // not forget (dividing by 1 keeps P positive definite, where
-        // clamping entries would not).
-        let mut next = self.p;
-        let mut largest = 0.0f64;
+        let y = self.predict(x) + error;
         for i in 0..FEATURES {
-            for j in i..FEATURES {
-                let v = self.p[i][j] - gain[i] * px[j];
-                next[i][j] = v;
-                next[j][i] = v;
+            for j in 0..FEATURES {
+                self.info[i][j] = lambda * self.info[i][j] + x[i] * x[j];
             }
-            largest = largest.max(next[i][i]);
+            self.moment[i] = lambda * self.moment[i] + x[i] * y;
         }
-        let divide = if largest / lambda > cap { 1.0 } else { lambda };
-        for (row, next) in self.p.iter_mut().zip(next) {
-            for (p, v) in row.iter_mut().zip(next) {
-                *p = v / divide;
-            }
-        }
+        self.solve();
         let a = error.abs();
         self.mean_abs_error = if free && self.mean_abs_error == 0.0 {
             a
         } else {
             0.95 * self.mean_abs_error + 0.05 * a
         };
+    }
+
+    /// θ minimising the weighted squared error plus the prior's pull,
+    /// `‖θ − prior‖² / variance`, with every coefficient ≥ 0: cyclic
+    /// coordinate descent, each coordinate set to its exact minimiser
+    /// clipped at 0, from the current θ. A direction the samples do not
+    /// excite (a feature that never varies, or two that always move
+    /// together) has nearly no curvature, so θ stays where it was along it
+    /// instead of drifting.
+    fn solve(&mut self) {
+        let k = self.prior_precision;
+        for _ in 0..SWEEPS {
+            let mut moved = 0.0f64;
+            for i in 0..FEATURES {
+                let curvature = self.info[i][i] + k;
+                // The gradient along i without θ_i's own term.
+                let rest: f64 = (0..FEATURES)
+                    .filter(|&j| j != i)
+                    .map(|j| self.info[i][j] * self.theta[j])
+                    .sum();
+                let next = ((self.moment[i] + k * self.prior[i] - rest) / curvature).max(0.0);
+                if next.is_finite() {
+                    moved = moved.max((next - self.theta[i]).abs());
+                    self.theta[i] = next;
+                }
+            }
+            if moved < 1e-9 {
+                break;
+            }
+        }
     }
 }
 
@@ -231,7 +257,7 @@ fn dot(a: &[f64; FEATURES], b: &[f64; FEATURES]) -> f64 {
 #[derive(Debug)]
 pub struct LatencyModel {
     settings: ModelSettings,
-    fit: Mutex<(Rls, u64)>,
+    fit: Mutex<(Fit, u64)>,
     /// θ as published for readers (f64 bits), guarded by `version` (odd
     /// while a writer is publishing).
     published: [AtomicU64; FEATURES],
@@ -248,8 +274,9 @@ impl LatencyModel {
     }
 
     /// A model starting from `theta` (e.g. the fleet's current
-    /// coefficients, [`Self::coefficients`]); it still needs its own
-    /// minimum samples before [`Self::predict`] answers.
+    /// coefficients, [`Self::coefficients`]; a negative or non-finite one
+    /// starts at 0, as every coefficient stays ≥ 0); it still needs its
+    /// own minimum samples before [`Self::predict`] answers.
     #[must_use]
     pub fn with_prior(settings: ModelSettings, theta: [f64; FEATURES]) -> Self {
         let settings = ModelSettings {
@@ -266,9 +293,9 @@ impl LatencyModel {
             },
             ..settings
         };
-        let theta = theta.map(|t| if t.is_finite() { t } else { 0.0 });
+        let theta = theta.map(|t| if t.is_finite() { t.max(0.0) } else { 0.0 });
         Self {
-            fit: Mutex::new((Rls::new(theta, settings.prior_variance), 0)),
+            fit: Mutex::new((Fit::new(theta, settings.prior_variance), 0)),
             published: theta.map(|t| AtomicU64::new(t.to_bits())),
             version: AtomicU64::new(0),
             samples: AtomicU64::new(0),
@@ -286,12 +313,11 @@ impl LatencyModel {
         }
         let x = features.vector();
         let mut fit = self.fit.lock();
-        let (rls, samples) = &mut *fit;
-        rls.update(
+        let (state, samples) = &mut *fit;
+        state.update(
             &x,
             observed,
             self.settings.forgetting,
-            self.settings.prior_variance,
             // Until it predicts on its own, a model learns every sample in
             // full: it is expected to differ from its prior.
             *samples < self.settings.min_samples.max(2 * FEATURES as u64),
@@ -299,13 +325,13 @@ impl LatencyModel {
         *samples += 1;
         // Publish θ: readers that see an odd or changed version retry.
         self.version.fetch_add(1, Ordering::AcqRel);
-        for (slot, t) in self.published.iter().zip(rls.theta) {
+        for (slot, t) in self.published.iter().zip(state.theta) {
             slot.store(t.to_bits(), Ordering::Release);
         }
         self.version.fetch_add(1, Ordering::Release);
         self.samples.store(*samples, Ordering::Release);
         self.mean_abs_error
-            .store(rls.mean_abs_error.to_bits(), Ordering::Release);
+            .store(state.mean_abs_error.to_bits(), Ordering::Release);
     }
 
     /// The published coefficients θ.
@@ -377,14 +403,23 @@ impl LatencyModel {
         })
     }
 
-    /// What a thousand uncached prompt tokens add to a prediction on an
-    /// idle endpoint (their prefill), never negative. Only as well known as
-    /// prompts vary: where every prompt has one length and misses, the fit
-    /// may split the time between this and the fixed cost either way.
+    /// What a thousand prompt tokens cost uncached rather than cached: the
+    /// prefill a cache hit saves (θ_uncached − θ_cached as predictions use
+    /// them), never negative. Unlike θ_uncached alone this is known when
+    /// every prompt has one length: the fit may then split a prompt's time
+    /// between the fixed cost and the prompt terms either way (their inputs
+    /// move together: cached + uncached is constant), but hits and misses
+    /// still tell the difference apart. Where no prompt ever hits, θ_cached
+    /// stays at its prior and this is θ_uncached.
     #[must_use]
     pub fn uncached_prefill_per_1k(&self) -> f64 {
-        let rate = self.coefficients()[UNCACHED_PREFILL];
-        if rate.is_finite() { rate.max(0.0) } else { 0.0 }
+        let theta = self.predicting();
+        let saved = theta[UNCACHED_PREFILL] - theta[CACHED];
+        if saved.is_finite() {
+            saved.max(0.0)
+        } else {
+            0.0
+        }
     }
 
     /// Whether it has seen its minimum samples.
@@ -488,37 +523,203 @@ mod tests {
     }
 
     #[test]
+    fn the_prefill_a_hit_saves_is_known_when_every_prompt_has_one_length() {
+        // Every prompt is ~5,500 tokens, a hit or a miss (as in the routing
+        // benchmark's many-tenants): cached + uncached is constant, so the
+        // fit can split the prompt's time between the fixed cost and the
+        // prompt terms any way, and θ_uncached alone can come out near
+        // 0 while the fixed cost takes its time. The difference a hit makes
+        // is still fitted: 20 per thousand uncached tokens, 1 per thousand
+        // cached.
+        let mut rng = StdRng::seed_from_u64(13);
+        let model = LatencyModel::new(ModelSettings::default());
+        for _ in 0..3000 {
+            let prompt = f64::from(rng.random_range(5480..5520u32));
+            let cached = if rng.random_bool(0.3) {
+                prompt - 16.0
+            } else {
+                0.0
+            };
+            let f = Features {
+                waiting: f64::from(rng.random_range(0..6u32)),
+                uncached_tokens: prompt - cached,
+                cached_tokens: cached,
+                ..Features::default()
+            };
+            let y = 10.0 + 150.0 * f.waiting + 0.020 * f.uncached_tokens + 0.001 * cached;
+            model.observe(&f, y * rng.random_range(0.98..1.02));
+        }
+        let price = model.uncached_prefill_per_1k();
+        assert!(
+            (price - 19.0).abs() < 2.0,
+            "{price}: {:?}",
+            model.coefficients()
+        );
+        let mut theta = [0.0; FEATURES];
+        theta[UNCACHED_PREFILL] = 20.0;
+        // A cached token fitted dearer than an uncached one saves nothing.
+        theta[CACHED] = 30.0;
+        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
+        assert_eq!(model.uncached_prefill_per_1k(), 0.0);
+    }
+
+    #[test]
     fn own_work_is_read_from_the_idle_part_and_stays_within_the_prediction() {
-        // Coefficients as a fleet fitted them when KV use grew with running
-        // requests and every prompt was ~5,500 tokens (many-tenants in the
-        // routing benchmark): the batch term (running · uncached) and the
-        // running and KV terms offset one another. One running request:
-        // 150 + 300 · 5.5 − 1,500 − 600 · 0.17 = 198 ms in all.
+        // 150 fixed, 300 per running request per thousand uncached tokens
+        // (the batch term), 60 per dispatch since the scrape.
         let mut theta = [0.0; FEATURES];
         theta[0] = 150.0;
-        theta[3] = -1500.0;
-        theta[4] = -600.0;
+        theta[2] = 60.0;
         theta[7] = 300.0;
         let model = LatencyModel::with_prior(ModelSettings::default(), theta);
         let f = Features {
             running: 1.0,
-            kv_utilization: 0.17,
             uncached_tokens: 5500.0,
             ..Features::default()
         };
         let p = model.predict_parts(&f).unwrap();
-        assert!((p.total - 198.0).abs() < 1.0, "{p:?}");
-        // Idle it takes 150 (the fixed cost); the batch term (1,650) is
-        // load, not the request's own work.
+        assert!((p.total - 1800.0).abs() < 1e-9, "{p:?}");
+        // Idle it takes 150 (the fixed cost); the batch term is load, not
+        // the request's own work.
         assert!((p.own_work - 150.0).abs() < 1e-9, "{p:?}");
-        // An idle part above the whole is cut to the whole: 2,000 idle of
-        // 2,000 + 1,650 − 3,000 − 102 = 548 in all.
-        theta[0] = 2000.0;
-        theta[3] = -3000.0;
-        let model = LatencyModel::with_prior(ModelSettings::default(), theta);
+        // Requests that completed since the scrape (dispatched < 0) lower
+        // the prediction; an idle part above the whole is cut to the
+        // whole: 150 + 1,650 − 60 · 29 = 60 in all.
+        let f = Features {
+            dispatched: -29.0,
+            ..f
+        };
         let p = model.predict_parts(&f).unwrap();
-        assert!((p.total - 548.0).abs() < 1.0, "{p:?}");
+        assert!((p.total - 60.0).abs() < 1e-9, "{p:?}");
         assert_eq!(p.own_work, p.total, "{p:?}");
+    }
+
+    /// The first 60 samples the fleet's model learned in a shared-prefix run
+    /// of the routing benchmark (16 warm-up requests with short prompts,
+    /// then 16 tenants' ~5,500-token prompts at 8 req/s), as logged by
+    /// `predicted-latency-producer` at debug level: waiting, dispatched,
+    /// running, KV use, uncached and cached tokens, TTFT in ms.
+    const EARLY_SHARED_PREFIX: [(f64, f64, f64, f64, f64, f64, f64); 60] = [
+        (0.0, 0.0, 0.0, 0.0, 15.0, 0.0, 33.1),
+        (0.0, 0.0, 0.0, 0.0, 61.0, 0.0, 32.9),
+        (0.0, 0.0, 0.0, 0.0, 107.0, 0.0, 34.4),
+        (0.0, 0.0, 0.0, 0.0, 153.0, 0.0, 35.9),
+        (0.0, 0.0, 0.0, 0.0, 200.0, 0.0, 36.5),
+        (0.0, -1.0, 0.0, 0.0, 246.0, 0.0, 37.4),
+        (0.0, 0.0, 0.0, 0.0, 292.0, 0.0, 37.9),
+        (0.0, 0.0, 0.0, 0.0, 338.0, 0.0, 39.8),
+        (0.0, 0.0, 0.0, 0.0, 385.0, 0.0, 40.5),
+        (0.0, 0.0, 0.0, 0.0, 431.0, 0.0, 40.4),
+        (0.0, 0.0, 0.0, 0.0, 477.0, 0.0, 41.3),
+        (0.0, 0.0, 0.0, 0.0, 524.0, 0.0, 42.4),
+        (0.0, 0.0, 0.0, 0.0, 570.0, 0.0, 44.4),
+        (0.0, 0.0, 0.0, 0.0, 616.0, 0.0, 44.3),
+        (0.0, 0.0, 0.0, 0.0, 662.0, 0.0, 45.1),
+        (0.0, 0.0, 0.0, 0.0, 709.0, 0.0, 45.5),
+        (0.0, 0.0, 0.0, 0.0, 5560.0, 0.0, 123.2),
+        (0.0, 0.0, 0.0, 0.0, 5573.0, 0.0, 123.5),
+        (0.0, 0.0, 0.0, 0.0, 5536.0, 0.0, 123.2),
+        (0.0, 0.0, 0.0, 0.0, 5536.0, 0.0, 122.3),
+        (0.0, 0.0, 1.0, 0.1689453125, 5541.0, 0.0, 177.5),
+        (0.0, 0.0, 1.0, 0.16943359375, 5550.0, 0.0, 154.8),
+        (0.0, 0.0, 1.0, 0.17041015625, 0.0, 5561.0, 49.1),
+        (0.0, 0.0, 0.0, 0.0, 5570.0, 0.0, 123.6),
+        (0.0, 0.0, 1.0, 0.17041015625, 0.0, 5568.0, 80.0),
+        (0.0, 0.0, 0.0, 0.0, 5576.0, 0.0, 123.9),
+        (0.0, 0.0, 0.0, 0.0, 5575.0, 0.0, 123.7),
+        (0.0, 0.0, 0.0, 0.0, 5534.0, 0.0, 123.3),
+        (0.0, 0.0, 1.0, 0.16943359375, 0.0, 5531.0, 42.1),
+        (0.0, 0.0, 0.0, 0.0, 5541.0, 0.0, 123.7),
+        (0.0, 0.0, 1.0, 0.16943359375, 5528.0, 0.0, 152.3),
+        (0.0, 0.0, 1.0, 0.17138671875, 0.0, 5578.0, 52.1),
+        (0.0, 0.0, 1.0, 0.16943359375, 0.0, 5542.0, 44.3),
+        (0.0, -1.0, 2.0, 0.33935546875, 0.0, 5541.0, 48.0),
+        (0.0, 0.0, 0.0, 0.0, 5542.0, 0.0, 122.4),
+        (0.0, 0.0, 2.0, 0.17138671875, 5539.0, 0.0, 162.7),
+        (1.0, 0.0, 2.0, 0.171875, 5525.0, 0.0, 258.5),
+        (0.0, 0.0, 0.0, 0.0, 5522.0, 0.0, 122.6),
+        (0.0, 0.0, 0.0, 0.0, 5539.0, 0.0, 123.7),
+        (0.0, 0.0, 1.0, 0.169921875, 5581.0, 0.0, 150.2),
+        (0.0, 0.0, 1.0, 0.1689453125, 5542.0, 0.0, 155.7),
+        (0.0, 0.0, 1.0, 0.16943359375, 5573.0, 0.0, 155.7),
+        (0.0, 0.0, 2.0, 0.33837890625, 5573.0, 0.0, 163.4),
+        (0.0, 0.0, 2.0, 0.34033203125, 5570.0, 0.0, 161.1),
+        (0.0, 0.0, 3.0, 0.51025390625, 5577.0, 0.0, 164.1),
+        (0.0, 0.0, 0.0, 0.0, 0.0, 5527.0, 13.2),
+        (0.0, 0.0, 2.0, 0.341796875, 0.0, 5542.0, 38.1),
+        (0.0, 0.0, 4.0, 0.6806640625, 5544.0, 0.0, 148.1),
+        (0.0, 0.0, 4.0, 0.68115234375, 0.0, 5574.0, 134.0),
+        (0.0, 0.0, 5.0, 0.6826171875, 0.0, 5538.0, 50.6),
+        (0.0, 0.0, 0.0, 0.0, 5576.0, 0.0, 123.9),
+        (0.0, -1.0, 1.0, 0.17041015625, 5542.0, 0.0, 122.9),
+        (0.0, 0.0, 1.0, 0.16943359375, 0.0, 5569.0, 39.3),
+        (0.0, -1.0, 1.0, 0.17041015625, 0.0, 5518.0, 41.7),
+        (0.0, 0.0, 1.0, 0.16845703125, 0.0, 5524.0, 33.4),
+        (0.0, 0.0, 2.0, 0.17041015625, 0.0, 5537.0, 34.5),
+        (0.0, 0.0, 3.0, 0.3408203125, 0.0, 5561.0, 154.3),
+        (0.0, 0.0, 0.0, 0.0, 5550.0, 0.0, 123.8),
+        (0.0, 0.0, 0.0, 0.0, 0.0, 5535.0, 123.0),
+        (0.0, 0.0, 0.0, 0.0, 5538.0, 0.0, 123.4),
+    ];
+
+    #[test]
+    fn every_coefficient_stays_non_negative() {
+        // Misses met idle servers and hits busy ones in these samples, so
+        // running requests and cached tokens moved together. Unbounded, the
+        // fit matched them with −566 ms per running request and +115 per
+        // thousand cached tokens, and predicted a hit on a busy server at
+        // 0 ms and one on an idle server as slow as a miss (128 ms): half
+        // the hits went elsewhere, and the run's hit rate fell to 0.42.
+        let model = LatencyModel::new(ModelSettings::default());
+        for (waiting, dispatched, running, kv_utilization, uncached, cached, ttft) in
+            EARLY_SHARED_PREFIX
+        {
+            let f = Features {
+                waiting,
+                dispatched,
+                running,
+                kv_utilization,
+                uncached_tokens: uncached,
+                cached_tokens: cached,
+                adapter_cold: 0.0,
+            };
+            model.observe(&f, ttft);
+        }
+        let theta = model.coefficients();
+        assert!(theta.iter().all(|&t| t >= 0.0), "{theta:?}");
+        let miss = |running: f64| Features {
+            running,
+            kv_utilization: 0.17 * running,
+            uncached_tokens: 5532.0,
+            ..Features::default()
+        };
+        let hit = |running: f64| Features {
+            uncached_tokens: 32.0,
+            cached_tokens: 5500.0,
+            ..miss(running)
+        };
+        let predict = |f: &Features| model.predict(f).unwrap();
+        let mut last_hit = 0.0;
+        for running in [0.0, 1.0, 2.0, 5.0] {
+            let (h, m) = (predict(&hit(running)), predict(&miss(running)));
+            // The simulator: ~40 ms for a hit, ~123 for a miss, idle.
+            assert!(
+                h > 20.0 && h + 50.0 < m,
+                "running {running}: hit {h}, miss {m}: {theta:?}"
+            );
+            assert!(
+                h >= last_hit,
+                "running {running}: hit {h} < {last_hit}: {theta:?}"
+            );
+            last_hit = h;
+        }
+        // A prior outside the bounds starts inside them.
+        let mut prior = [0.0; FEATURES];
+        prior[3] = -800.0;
+        prior[6] = 140.0;
+        let model = LatencyModel::with_prior(ModelSettings::default(), prior);
+        assert_eq!(model.coefficients()[3], 0.0);
+        assert_eq!(model.coefficients()[6], 140.0);
     }
 
     #[test]

@@ -100,9 +100,9 @@ pub struct PredictedLatencyParams {
     #[serde(default = "default_forgetting")]
     pub forgetting: f64,
     /// Weight of the cached prompts a request would displace, counted in
-    /// its delay to others: the prefill of its uncached tokens as the
-    /// fleet's model predicts it (the same for every candidate), times
-    /// this. An engine whose cache is full (as a busy one always is) evicts
+    /// its delay to others: the prefill its uncached tokens would save
+    /// were they cached, as the fleet's model predicts it (the same for
+    /// every candidate), times this. An engine whose cache is full (as a busy one always is) evicts
     /// about as many cached tokens as it computes, which a later request
     /// must compute again; without this cost a cache miss on an idle
     /// endpoint looks free, and hot prompts get copied onto endpoints whose
@@ -510,9 +510,9 @@ impl DataProducer for PredictedLatencyProducer {
         let map = self.endpoints.read();
         let now = self.now();
         // The prefill of the cached tokens a miss evicts, priced by the
-        // fleet's model for every candidate alike: an endpoint's own model
-        // may split its time between fixed cost and prompt either way when
-        // its prompts hardly vary, which would rank endpoints by that split.
+        // fleet's model for every candidate alike, as what a hit saves
+        // (identifiable even when every prompt has one length): an
+        // endpoint's own model has fewer hits and misses to tell them apart.
         let displaced_per_token = self.params.displaced_cache_weight
             * self.fleet.ttft.model.uncached_prefill_per_1k()
             / 1000.0;
@@ -592,6 +592,20 @@ impl ResponseHooks for PredictedLatencyProducer {
                 ((total - decode).max(0.0), None)
             }
         };
+        tracing::debug!(
+            endpoint = %endpoint.addr_str(),
+            ttft_ms = ttft,
+            tpot_ms = tpot,
+            streamed = timing.streamed,
+            waiting = timing.load.waiting,
+            running = timing.load.running,
+            dispatched = timing.load.dispatched,
+            kv_usage = timing.load.kv_usage,
+            uncached_tokens = timing.load.uncached_tokens,
+            cached_tokens = timing.load.cached_tokens(),
+            adapter_cold = timing.load.adapter_cold,
+            "latency sample"
+        );
         for learner in [&models.ttft, &self.fleet.ttft] {
             Self::learn(learner, &f, ttft);
         }
