@@ -153,6 +153,7 @@ mod tests {
                 active: vec!["sql-lora".into()],
                 waiting: vec!["chat-lora".into()],
                 max_loras: 4,
+                base_model: None,
             },
             custom: HashMap::from([("queue_seconds".to_owned(), 1.5)]),
             ..EndpointMetrics::fresh()

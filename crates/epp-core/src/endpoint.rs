@@ -46,6 +46,10 @@ pub struct LoraInfo {
     pub waiting: Vec<String>,
     /// Maximum adapters the server holds at once (0 = unknown).
     pub max_loras: u32,
+    /// The model adapters apply to: the name the server serves its base
+    /// model under (the `model_name` label vLLM and SGLang put on their
+    /// queue and cache series), when it reports one.
+    pub base_model: Option<String>,
 }
 
 impl LoraInfo {
@@ -59,6 +63,28 @@ impl LoraInfo {
     #[must_use]
     pub fn is_waiting(&self, adapter: &str) -> bool {
         self.waiting.iter().any(|a| a == adapter)
+    }
+
+    /// Whether a request for `model` (the target after any rewrite; the
+    /// client asked for `asked`) names an adapter on this server rather
+    /// than its base model: any name but the base model's when the server
+    /// reports that, else only a name the request was rewritten to (a
+    /// client naming an adapter directly cannot be told from one naming
+    /// the base model without it).
+    #[must_use]
+    pub fn names_adapter(&self, model: &str, asked: &str) -> bool {
+        !model.is_empty()
+            && match self.base_model.as_deref() {
+                Some(base) => model != base,
+                None => model != asked,
+            }
+    }
+
+    /// Whether the server loads adapters at all (it reports a capacity or
+    /// any adapter).
+    #[must_use]
+    pub fn serves_adapters(&self) -> bool {
+        self.max_loras > 0 || !self.active.is_empty() || !self.waiting.is_empty()
     }
 }
 

@@ -90,10 +90,9 @@ impl DispatchLoad {
         let m = &candidate.metrics;
         let prompt_tokens = request.prompt_tokens_estimate();
         let adapter = request.target_model.as_str();
-        let adapter_cold = !adapter.is_empty()
-            && adapter != request.model
-            && !m.lora.is_active(adapter)
-            && (m.lora.max_loras > 0 || !m.lora.active.is_empty() || !m.lora.waiting.is_empty());
+        let adapter_cold = m.lora.names_adapter(adapter, &request.model)
+            && m.lora.serves_adapters()
+            && !m.lora.is_active(adapter);
         Self {
             waiting: m.waiting,
             running: m.running,
@@ -303,6 +302,7 @@ mod tests {
                 active: vec!["a".into()],
                 waiting: vec![],
                 max_loras: 2,
+                base_model: None,
             },
             ..EndpointMetrics::fresh()
         });
@@ -339,6 +339,24 @@ mod tests {
         let warm = InferenceRequest::builder("base").target_model("a").build();
         assert!(!DispatchLoad::of(&c, &warm, 0.0).adapter_cold);
         let base = InferenceRequest::builder("base").build();
+        assert!(!DispatchLoad::of(&c, &base, 0.0).adapter_cold);
+        // A client naming the adapter itself (no rewrite): cold only once
+        // the server says which model is its base.
+        let direct = InferenceRequest::builder("b").build();
+        assert!(!DispatchLoad::of(&c, &direct, 0.0).adapter_cold);
+        e.set_metrics(EndpointMetrics {
+            lora: LoraInfo {
+                active: vec!["a".into()],
+                max_loras: 2,
+                base_model: Some("base".into()),
+                ..LoraInfo::default()
+            },
+            ..EndpointMetrics::fresh()
+        });
+        let c = Candidate::new(&e);
+        assert!(DispatchLoad::of(&c, &direct, 0.0).adapter_cold);
+        let direct_warm = InferenceRequest::builder("a").build();
+        assert!(!DispatchLoad::of(&c, &direct_warm, 0.0).adapter_cold);
         assert!(!DispatchLoad::of(&c, &base, 0.0).adapter_cold);
     }
 

@@ -418,10 +418,30 @@ impl Extractor for CoreMetricsExtractor {
         let (mut waiting, mut running, mut kv) = (Acc::default(), Acc::default(), Acc::default());
         let mut lora: Option<(f64, LoraInfo)> = None;
         let (mut block_size, mut num_blocks) = (None, None);
+        // The name the server serves its base model under: the model adapters
+        // apply to (read from the first core series that names it).
+        let mut base_model: Option<String> = None;
+        let mut name_base = |s: &Sample<'_>| {
+            if base_model.is_none() {
+                base_model = s
+                    .label("model_name")
+                    .filter(|v| !v.is_empty())
+                    .map(std::borrow::Cow::into_owned);
+            }
+        };
         let report = engine.set.scan(page, |i, s| match engine.roles[i] {
-            Role::Waiting(a) => waiting.add(a, s.value),
-            Role::Running(a) => running.add(a, s.value),
-            Role::Kv(a) => kv.add(a, s.value),
+            Role::Waiting(a) => {
+                name_base(s);
+                waiting.add(a, s.value);
+            }
+            Role::Running(a) => {
+                name_base(s);
+                running.add(a, s.value);
+            }
+            Role::Kv(a) => {
+                name_base(s);
+                kv.add(a, s.value);
+            }
             Role::Lora => {
                 // The newest series (highest timestamp value) wins.
                 if lora.as_ref().is_none_or(|(t, _)| s.value > *t) {
@@ -436,6 +456,7 @@ impl Extractor for CoreMetricsExtractor {
                             .unwrap_or_default(),
                         max_loras: label_u64(s, "max_lora")
                             .map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX)),
+                        base_model: None,
                     };
                     lora = Some((s.value, info));
                 }
@@ -468,6 +489,7 @@ impl Extractor for CoreMetricsExtractor {
         if let Some((_, info)) = lora {
             m.lora = info;
         }
+        m.lora.base_model = base_model;
         if let (Some(bs), Some(nb)) = (block_size, num_blocks)
             && bs > 0
         {

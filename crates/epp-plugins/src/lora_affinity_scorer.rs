@@ -69,6 +69,7 @@ mod tests {
                 active: active.iter().map(|s| (*s).to_owned()).collect(),
                 waiting: waiting.iter().map(|s| (*s).to_owned()).collect(),
                 max_loras: max,
+                base_model: None,
             },
             ..Default::default()
         };

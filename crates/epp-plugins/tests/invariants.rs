@@ -94,6 +94,7 @@ fn candidates(eps: &[Ep]) -> Vec<Candidate> {
                 active: e.loras.clone(),
                 waiting: Vec::new(),
                 max_loras: 2,
+                base_model: None,
             };
             if let Some(v) = e.metric {
                 m.custom.insert("m".into(), v);

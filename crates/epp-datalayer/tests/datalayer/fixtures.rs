@@ -65,6 +65,11 @@ fn fixture_values() {
         (&["summarize".to_owned()][..], 4)
     );
     assert_eq!(m.cache, geometry(16, 27912));
+    // The model adapters apply to: the model_name label of the core series.
+    assert_eq!(
+        m.lora.base_model.as_deref(),
+        Some("meta-llama/Llama-3.1-8B-Instruct")
+    );
 
     // Two data-parallel engine ranks: queues summed, KV averaged.
     let m = extract("vllm", "vllm-data-parallel.txt");
@@ -75,9 +80,17 @@ fn fixture_values() {
     assert_eq!((m.waiting, m.running), (2, 7));
     assert!((m.kv_usage - 0.28).abs() < 1e-9);
     assert_eq!(m.cache, geometry(1, 65536));
+    assert_eq!(
+        m.lora.base_model.as_deref(),
+        Some("meta-llama/Llama-3.1-8B-Instruct")
+    );
 
     let m = extract("trtllm-serve", "trtllm-serve.txt");
     assert_eq!((m.waiting, m.running), (1, 5));
+    assert_eq!(
+        m.lora.base_model.as_deref(),
+        Some("meta-llama/Llama-3.1-8B-Instruct")
+    );
     assert_eq!(m.cache, geometry(32, 8192));
 
     for fixture in ["triton-trtllm.txt", "triton-trtllm-statistics.txt"] {
@@ -85,5 +98,6 @@ fn fixture_values() {
         assert_eq!((m.waiting, m.running), (4, 9), "{fixture}");
         assert!((m.kv_usage - 0.75).abs() < 1e-9, "{fixture}");
         assert_eq!(m.cache, geometry(64, 4096), "{fixture}");
+        assert_eq!(m.lora.base_model, None, "{fixture}: no model_name label");
     }
 }
