@@ -157,8 +157,8 @@ pub struct LatencyPrediction {
     /// is unknown (TPOT then neither helps nor hurts).
     pub tpot_headroom_ms: f64,
     /// How much the request would delay other requests: those already at
-    /// the endpoint, by its own predicted service time (a request's fixed
-    /// cost, the prefill of its uncached prompt, a cold adapter) times the
+    /// the endpoint, by its own predicted work (the prefill of its prompt,
+    /// a cold adapter: engine time they wait through) times the
     /// requests it would hold up ([`DispatchLoad::requests_there`]); and,
     /// as its predictor weighs it, later ones whose cached prompts its
     /// uncached tokens would evict. Large where a long prompt misses the

@@ -43,16 +43,19 @@ use parking_lot::Mutex;
 /// Number of model inputs (bias included).
 pub const FEATURES: usize = 9;
 
-/// The inputs of the request's own service time: what it would take on the
-/// endpoint idle — the fixed cost of a request, its prompt's uncached and
-/// cached tokens, a cold adapter — as opposed to what the load adds (queue,
-/// dispatches, running requests, KV use, the batch slowing its prefill).
-/// Those load inputs move together (KV use grows with running requests), so
-/// their coefficients may offset one another wildly while their sum fits:
-/// only the idle part is read alone. The split between the fixed cost and
-/// the prompt terms is not identifiable when prompts hardly vary, but their
-/// sum is.
-const OWN_WORK: [usize; 4] = [0, 5, 6, 8];
+/// The inputs of the request's own work: the engine time it takes that
+/// others at the endpoint wait through — its prompt's prefill (uncached and
+/// cached tokens) and a cold adapter's load — as opposed to what the load
+/// adds to its latency (queue, dispatches, running requests, KV use, the
+/// batch slowing its prefill) and to the fixed cost of a request (the
+/// server's front end, the wait for the engine's next step), which is
+/// latency but not work others wait for: counted, it made a cache hit on an
+/// endpoint with six requests running look as costly to them as a miss on
+/// an idle one, and hits went to idle endpoints. The load inputs move
+/// together (KV use grows with running requests), so their coefficients
+/// may offset one another while their sum fits: only the idle part is read
+/// alone.
+const OWN_WORK: [usize; 3] = [5, 6, 8];
 
 /// The input of the uncached tokens' prefill (thousands of tokens).
 const UNCACHED_PREFILL: usize = 5;
@@ -65,9 +68,9 @@ const CACHED: usize = 6;
 pub struct PredictionParts {
     /// The whole prediction ([`LatencyModel::predict_unchecked`]).
     pub total: f64,
-    /// The request's own service time: what it would take on the endpoint
-    /// idle (the fixed cost of a request, its prompt's uncached and cached
-    /// tokens, a cold adapter), at most `total`.
+    /// The request's own work: the engine time others at the endpoint
+    /// wait through (its prompt's uncached and cached tokens, a cold
+    /// adapter), at most `total`.
     pub own_work: f64,
 }
 
@@ -499,7 +502,7 @@ mod tests {
     }
 
     #[test]
-    fn own_work_is_what_the_request_takes_on_the_endpoint_idle() {
+    fn own_work_is_the_engine_time_others_wait_through() {
         let mut rng = StdRng::seed_from_u64(7);
         let model = LatencyModel::new(ModelSettings::default());
         for _ in 0..3000 {
@@ -515,9 +518,10 @@ mod tests {
         };
         let parts = model.predict_parts(&f).unwrap();
         // Idle, it would take 20 + 80 · 2 + 150 = 330, of which 80 · 2 = 160
-        // the uncached tokens' prefill; loaded, 30 · 6 + 4 · 10 · 2 more: 590.
+        // the uncached tokens' prefill and 150 the adapter's load are work
+        // (20 is the fixed cost); loaded, 30 · 6 + 4 · 10 · 2 more: 590.
         let close = |got: f64, want: f64| (got - want).abs() / want < 0.1;
-        assert!(close(parts.own_work, 330.0), "{parts:?}");
+        assert!(close(parts.own_work, 310.0), "{parts:?}");
         assert!(close(parts.total, 590.0), "{parts:?}");
         assert!(close(model.uncached_prefill_per_1k(), 80.0), "{parts:?}");
     }
@@ -565,11 +569,13 @@ mod tests {
 
     #[test]
     fn own_work_is_read_from_the_idle_part_and_stays_within_the_prediction() {
-        // 150 fixed, 300 per running request per thousand uncached tokens
-        // (the batch term), 60 per dispatch since the scrape.
+        // 150 fixed, 20 per thousand uncached tokens, 300 per running
+        // request per thousand uncached tokens (the batch term), 60 per
+        // dispatch since the scrape.
         let mut theta = [0.0; FEATURES];
         theta[0] = 150.0;
         theta[2] = 60.0;
+        theta[UNCACHED_PREFILL] = 20.0;
         theta[7] = 300.0;
         let model = LatencyModel::with_prior(ModelSettings::default(), theta);
         let f = Features {
@@ -578,19 +584,19 @@ mod tests {
             ..Features::default()
         };
         let p = model.predict_parts(&f).unwrap();
-        assert!((p.total - 1800.0).abs() < 1e-9, "{p:?}");
-        // Idle it takes 150 (the fixed cost); the batch term is load, not
-        // the request's own work.
-        assert!((p.own_work - 150.0).abs() < 1e-9, "{p:?}");
+        assert!((p.total - 1910.0).abs() < 1e-9, "{p:?}");
+        // The prefill (110) is its work; neither the fixed cost nor the
+        // batch term is.
+        assert!((p.own_work - 110.0).abs() < 1e-9, "{p:?}");
         // Requests that completed since the scrape (dispatched < 0) lower
         // the prediction; an idle part above the whole is cut to the
-        // whole: 150 + 1,650 − 60 · 29 = 60 in all.
+        // whole: 1,910 − 60 · 31 = 50 in all.
         let f = Features {
-            dispatched: -29.0,
+            dispatched: -31.0,
             ..f
         };
         let p = model.predict_parts(&f).unwrap();
-        assert!((p.total - 60.0).abs() < 1e-9, "{p:?}");
+        assert!((p.total - 50.0).abs() < 1e-9, "{p:?}");
         assert_eq!(p.own_work, p.total, "{p:?}");
     }
 

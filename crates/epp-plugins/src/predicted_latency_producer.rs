@@ -378,8 +378,8 @@ impl Plugin for PredictedLatencyProducer {
 pub struct Predicted {
     /// Time to first token, milliseconds.
     pub ttft_ms: f64,
-    /// Of it, the request's own service time (the fixed cost of a request,
-    /// its prompt's prefill, a cold adapter), excluding what it waits behind.
+    /// Of it, the request's own work: the engine time others at the
+    /// endpoint wait through (its prompt's prefill, a cold adapter).
     pub own_work_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
