@@ -47,8 +47,8 @@ pub struct LoraInfo {
     /// Maximum adapters the server holds at once (0 = unknown).
     pub max_loras: u32,
     /// The model adapters apply to: the name the server serves its base
-    /// model under (the `model_name` label vLLM and SGLang put on their
-    /// queue and cache series), when it reports one.
+    /// model under (the `model_name` label vLLM, SGLang and TensorRT-LLM
+    /// put on their queue and cache series), when it reports one.
     pub base_model: Option<String>,
 }
 
@@ -70,7 +70,8 @@ impl LoraInfo {
     /// than its base model: any name but the base model's when the server
     /// reports that, else only a name the request was rewritten to (a
     /// client naming an adapter directly cannot be told from one naming
-    /// the base model without it).
+    /// the base model without it). A second name the base model is served
+    /// under counts as an adapter: the label carries only the first.
     #[must_use]
     pub fn names_adapter(&self, model: &str, asked: &str) -> bool {
         !model.is_empty()
