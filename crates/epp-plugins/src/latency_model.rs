@@ -176,10 +176,8 @@ struct Fit {
 }
 
 impl Fit {
+    /// `theta` within the bounds ([`LatencyModel::with_prior`] clamps it).
     fn new(theta: [f64; FEATURES], variance: f64) -> Self {
-        // A prior outside the bounds (an old fleet θ, a caller's) starts
-        // inside them.
-        let theta = theta.map(|t| t.max(0.0));
         Self {
             theta,
             info: [[0.0; FEATURES]; FEATURES],
@@ -415,7 +413,7 @@ impl LatencyModel {
     /// still tell the difference apart. Where no prompt ever hits, θ_cached
     /// stays at its prior and this is θ_uncached.
     #[must_use]
-    pub fn uncached_prefill_per_1k(&self) -> f64 {
+    pub fn prefill_a_hit_saves_per_1k(&self) -> f64 {
         let theta = self.predicting();
         let saved = theta[UNCACHED_PREFILL] - theta[CACHED];
         if saved.is_finite() {
@@ -523,7 +521,7 @@ mod tests {
         let close = |got: f64, want: f64| (got - want).abs() / want < 0.1;
         assert!(close(parts.own_work, 310.0), "{parts:?}");
         assert!(close(parts.total, 590.0), "{parts:?}");
-        assert!(close(model.uncached_prefill_per_1k(), 80.0), "{parts:?}");
+        assert!(close(model.prefill_a_hit_saves_per_1k(), 80.0), "{parts:?}");
     }
 
     #[test]
@@ -553,7 +551,7 @@ mod tests {
             let y = 10.0 + 150.0 * f.waiting + 0.020 * f.uncached_tokens + 0.001 * cached;
             model.observe(&f, y * rng.random_range(0.98..1.02));
         }
-        let price = model.uncached_prefill_per_1k();
+        let price = model.prefill_a_hit_saves_per_1k();
         assert!(
             (price - 19.0).abs() < 2.0,
             "{price}: {:?}",
@@ -564,7 +562,7 @@ mod tests {
         // A cached token fitted dearer than an uncached one saves nothing.
         theta[CACHED] = 30.0;
         let model = LatencyModel::with_prior(ModelSettings::default(), theta);
-        assert_eq!(model.uncached_prefill_per_1k(), 0.0);
+        assert_eq!(model.prefill_a_hit_saves_per_1k(), 0.0);
     }
 
     #[test]

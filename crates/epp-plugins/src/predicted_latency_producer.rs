@@ -102,12 +102,13 @@ pub struct PredictedLatencyParams {
     /// Weight of the cached prompts a request would displace, counted in
     /// its delay to others: the prefill its uncached tokens would save
     /// were they cached, as the fleet's model predicts it (the same for
-    /// every candidate), times this. An engine whose cache is full (as a busy one always is) evicts
-    /// about as many cached tokens as it computes, which a later request
-    /// must compute again; without this cost a cache miss on an idle
-    /// endpoint looks free, and hot prompts get copied onto endpoints whose
-    /// own prompts they evict. 0 counts only the requests already there.
-    /// Default 1 (epp's own; llm-d has no such term).
+    /// every candidate), times this. An engine whose cache is full (as a
+    /// busy one always is) evicts about as many cached tokens as it
+    /// computes, which a later request must compute again; without this
+    /// cost a cache miss on an idle endpoint looks free, and hot prompts
+    /// get copied onto endpoints whose own prompts they evict. 0 counts
+    /// only the requests already there. Default 1 (epp's own; llm-d has no
+    /// such term).
     #[serde(default = "one")]
     pub displaced_cache_weight: f64,
 }
@@ -514,7 +515,7 @@ impl DataProducer for PredictedLatencyProducer {
         // (identifiable even when every prompt has one length): an
         // endpoint's own model has fewer hits and misses to tell them apart.
         let displaced_per_token = self.params.displaced_cache_weight
-            * self.fleet.ttft.model.uncached_prefill_per_1k()
+            * self.fleet.ttft.model.prefill_a_hit_saves_per_1k()
             / 1000.0;
         for c in candidates {
             let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
