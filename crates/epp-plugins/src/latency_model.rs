@@ -5,11 +5,17 @@
 //!
 //! ```text
 //! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, cached/1000,
-//!                  running · uncached/1000, adapter_cold]
+//!                  running · uncached/1000, adapter_cold, slot_wait]
 //! ```
 //!
 //! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
-//! for the queue a request waits behind, `uncached/1000` for the prefill it
+//! for the queue a request waits behind, `slot_wait` for the requests that
+//! must leave a full running batch before it gets a place in it
+//! ([`Features::slot_wait`]: the wait for a slot is what makes an engine's
+//! latency bend upwards at its batch limit, which no sum of the counts
+//! alone follows — in the routing benchmark a cached prompt took 45 ms with
+//! up to seven running and 118, 190, 262 and 361 ms with eight running and
+//! 0, 1, 2 and 3 more queued), `uncached/1000` for the prefill it
 //! needs (thousands of prompt tokens the endpoint's prefix cache is not
 //! expected to hold), `running · uncached/1000` for a prefill slowed by the
 //! batch it shares the engine with, `cached/1000` for reading a cached prefix,
@@ -41,7 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 /// Number of model inputs (bias included).
-pub const FEATURES: usize = 9;
+pub const FEATURES: usize = 10;
 
 /// The inputs of the request's own work: the engine time it takes that
 /// others at the endpoint wait through — its prompt's prefill (uncached and
@@ -63,6 +69,15 @@ const UNCACHED_PREFILL: usize = 5;
 /// The input of the prompt tokens the endpoint's cache is expected to hold.
 const CACHED: usize = 6;
 
+/// The input of the wait for a place in a full running batch.
+const SLOT_WAIT: usize = 9;
+
+/// The inputs of the request's wait in the endpoint's queue: the requests
+/// waiting there at the scrape, those sent since, and the wait for a place
+/// in a full batch (which, at the limit, is the other two plus one: the fit
+/// may split the wait between them any way).
+const QUEUE_WAIT: [usize; 3] = [1, 2, SLOT_WAIT];
+
 /// A prediction and the parts of it that are the request's own work.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PredictionParts {
@@ -72,6 +87,10 @@ pub struct PredictionParts {
     /// wait through (its prompt's uncached and cached tokens, a cold
     /// adapter), at most `total`.
     pub own_work: f64,
+    /// Its wait in the endpoint's queue (the queue and slot-wait terms),
+    /// between 0 and `total`: a request that queues there also holds up,
+    /// by about as much, the requests that will queue behind it.
+    pub queue_wait: f64,
 }
 
 /// What is known about a request and its endpoint when it is dispatched.
@@ -91,6 +110,11 @@ pub struct Features {
     pub cached_tokens: f64,
     /// 1 when the request's LoRA adapter is not active on the endpoint.
     pub adapter_cold: f64,
+    /// Requests that must leave the endpoint's running batch before this
+    /// one gets a place in it, when the batch's size limit is known:
+    /// `max(0, running + waiting + dispatched + 1 − slots)`
+    /// ([`Features::at`]); 0 otherwise.
+    pub slot_wait: f64,
 }
 
 impl From<&epp_core::DispatchLoad> for Features {
@@ -103,11 +127,27 @@ impl From<&epp_core::DispatchLoad> for Features {
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
             adapter_cold: if load.adapter_cold { 1.0 } else { 0.0 },
+            slot_wait: 0.0,
         }
     }
 }
 
 impl Features {
+    /// The inputs for `load` at an endpoint whose running batch holds at
+    /// most `slots` requests (0: not known, no slot wait).
+    #[must_use]
+    pub fn at(load: &epp_core::DispatchLoad, slots: u32) -> Self {
+        let ahead = load.requests_there() + 1;
+        Self {
+            slot_wait: if slots == 0 {
+                0.0
+            } else {
+                ahead.saturating_sub(u64::from(slots)) as f64
+            },
+            ..Self::from(load)
+        }
+    }
+
     /// The model's input vector.
     #[must_use]
     pub fn vector(&self) -> [f64; FEATURES] {
@@ -122,6 +162,7 @@ impl Features {
             self.cached_tokens / 1000.0,
             self.running * uncached_k,
             self.adapter_cold,
+            self.slot_wait,
         ]
     }
 
@@ -394,13 +435,15 @@ impl LatencyModel {
         let theta = self.predicting();
         let total = dot(&theta, &x);
         let own: f64 = OWN_WORK.iter().map(|&i| theta[i] * x[i]).sum();
-        if !(total.is_finite() && own.is_finite()) {
+        let queue_wait: f64 = QUEUE_WAIT.iter().map(|&i| theta[i] * x[i]).sum();
+        if !(total.is_finite() && own.is_finite() && queue_wait.is_finite()) {
             return None;
         }
         let total = total.max(0.0);
         Some(PredictionParts {
             total,
             own_work: own.clamp(0.0, total),
+            queue_wait: queue_wait.clamp(0.0, total),
         })
     }
 
@@ -450,8 +493,9 @@ mod tests {
 
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
     /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
-    /// running request, with ±5 % noise.
-    const TRUE: [f64; FEATURES] = [20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0];
+    /// running request + 150 for a cold adapter + 60 per request ahead of
+    /// it for a place in the batch, with ±5 % noise.
+    const TRUE: [f64; FEATURES] = [20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0];
 
     fn random_features(rng: &mut StdRng) -> Features {
         Features {
@@ -462,6 +506,7 @@ mod tests {
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
             adapter_cold: f64::from(rng.random_range(0..4u32) == 0),
+            slot_wait: f64::from(rng.random_range(0..12u32).saturating_sub(6)),
         }
     }
 
@@ -479,7 +524,7 @@ mod tests {
         }
         let theta = model.coefficients();
         // The slopes that matter within 10 % (the noise is multiplicative).
-        for i in [1, 2, 5, 7, 8] {
+        for i in [1, 2, 5, 7, 8, SLOT_WAIT] {
             assert!(
                 (theta[i] - TRUE[i]).abs() <= 0.1 * TRUE[i],
                 "θ[{i}] = {} vs {}: {theta:?}",
@@ -686,6 +731,7 @@ mod tests {
                 uncached_tokens: uncached,
                 cached_tokens: cached,
                 adapter_cold: 0.0,
+                slot_wait: 0.0,
             };
             model.observe(&f, ttft);
         }

@@ -7,7 +7,8 @@
 //! − predicted, or 0 − predicted without an objective) — for TTFT less
 //! `delayToOthersWeight ·` the delay the request would cause others
 //! ([`epp_core::LatencyPrediction::delay_to_others_ms`]: its own work times
-//! the requests already there, plus the cached prompts it would displace)
+//! the requests already there, plus the cached prompts it would displace
+//! and its wait in the queue, which later requests wait behind)
 //! (plus it, for `least`, whose scale is inverted) —
 //! each latency's headroom is scaled to the candidates' range,
 //! `n = (h − min) / (max − min)`, and blended:

@@ -5,7 +5,9 @@
 //! Each endpoint has two [`LatencyModel`]s over the load it carried when a
 //! request was dispatched to it ([`epp_core::DispatchLoad`]: scraped queue,
 //! running requests and KV use, this picker's dispatches since the scrape,
-//! uncached and cached prompt tokens, a cold LoRA adapter). The fleet has one
+//! uncached and cached prompt tokens, a cold LoRA adapter) and the requests
+//! ahead of it for a place in the endpoint's running batch, whose size limit
+//! is learned from the scrapes (see `Models::slots`). The fleet has one
 //! pair more, fitted on every endpoint's samples. What each response teaches
 //! ([`epp_core::ResponseTiming`], 2xx only):
 //!
@@ -35,7 +37,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
 };
 
@@ -240,6 +242,19 @@ struct Models {
     /// candidate or served: endpoints gone for [`FORGET_AFTER_SECS`] are
     /// forgotten (and their series leave `/metrics`).
     seen: AtomicU64,
+    /// The size limit of the endpoint's running batch (vLLM's
+    /// `max_num_seqs`, or fewer when its KV cache filled first), as
+    /// [`Self::slots`] reads it: the most requests seen running with
+    /// requests waiting at two scrapes in a row (requests that arrive
+    /// during a long prefill wait with places free, for a scrape or two)…
+    slots: AtomicU32,
+    /// …if no scrape ever showed more running than that.
+    most_running: AtomicU32,
+    /// The last scrape [`Self::note_batch`] read (its time, in nanoseconds
+    /// since the producer started) and, when it had requests waiting, its
+    /// running count + 1 (else 0).
+    last_scrape: AtomicU64,
+    last_queued_running: AtomicU32,
 }
 
 /// An endpoint neither a candidate nor serving for this long is forgotten.
@@ -256,6 +271,45 @@ impl Models {
             ttft: Learner::new(settings, prior(|m| &m.ttft)),
             tpot: Learner::new(settings, prior(|m| &m.tpot)),
             seen: AtomicU64::new(0),
+            slots: AtomicU32::new(0),
+            most_running: AtomicU32::new(0),
+            last_scrape: AtomicU64::new(0),
+            last_queued_running: AtomicU32::new(0),
+        }
+    }
+
+    /// Learns the batch limit from a scrape of the endpoint taken `at`
+    /// nanoseconds after the producer started: requests still waiting at
+    /// the next scrape with the same number running suggest the batch is
+    /// full, and a scrape with more running proves a smaller suggestion
+    /// wrong. Each scrape counts once, however many cycles read it.
+    fn note_batch(&self, at: u64, running: u32, waiting: u32) {
+        let last = self.last_scrape.load(Ordering::Relaxed);
+        if at <= last
+            || self
+                .last_scrape
+                .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.most_running.fetch_max(running, Ordering::Relaxed);
+        let queued = if waiting > 0 { running + 1 } else { 0 };
+        let before = self.last_queued_running.swap(queued, Ordering::Relaxed);
+        if queued != 0 && before == queued {
+            self.slots.fetch_max(running, Ordering::Relaxed);
+        }
+    }
+
+    /// The batch limit learned so far: 0 while none is known (no queue
+    /// seen at two scrapes, or more running seen since than the largest
+    /// batch a queue was seen at).
+    fn slots(&self) -> u32 {
+        let slots = self.slots.load(Ordering::Relaxed);
+        if slots >= self.most_running.load(Ordering::Relaxed) {
+            slots
+        } else {
+            0
         }
     }
 
@@ -382,6 +436,8 @@ pub struct Predicted {
     /// Of it, the request's own work: the engine time others at the
     /// endpoint wait through (its prompt's prefill, a cold adapter).
     pub own_work_ms: f64,
+    /// Of it, the wait in the endpoint's queue (for a place in its batch).
+    pub queue_wait_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
 }
@@ -449,7 +505,7 @@ impl PredictedLatencyProducer {
         load: &DispatchLoad,
         tpot: bool,
     ) -> Option<Predicted> {
-        let f = Features::from(load);
+        let f = Features::at(load, own.map_or(0, Models::slots));
         let warm = |get: fn(&Models) -> &Learner| {
             own.map(get)
                 .filter(|l| l.model.is_warm())
@@ -459,6 +515,7 @@ impl PredictedLatencyProducer {
         Some(Predicted {
             ttft_ms: parts.total,
             own_work_ms: parts.own_work,
+            queue_wait_ms: parts.queue_wait,
             tpot_ms: if tpot {
                 warm(|m| &m.tpot).and_then(|l| l.model.predict_unchecked(&f))
             } else {
@@ -525,6 +582,11 @@ impl DataProducer for PredictedLatencyProducer {
                 .filter(|m| m.addr == Some(c.endpoint.addr()));
             if let Some(m) = own {
                 m.touch(now);
+                if let Some(at) = c.metrics.updated_at {
+                    let at = at.saturating_duration_since(self.started).as_nanos();
+                    let at = u64::try_from(at).unwrap_or(u64::MAX).max(1);
+                    m.note_batch(at, c.metrics.running, c.metrics.waiting);
+                }
             }
             let Some(p) = self.predict_with(own, &load, want_tpot) else {
                 continue;
@@ -534,9 +596,14 @@ impl DataProducer for PredictedLatencyProducer {
             } else {
                 p.tpot_ms
             };
+            // A miss holds up every request there by its prefill and
+            // evicts cached prompts; a request that waits in the queue
+            // lengthens, by about its own wait, the waits of the requests
+            // that will queue behind it.
             let displaced = displaced_per_token * load.uncached_tokens as f64;
-            let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo)
-                .with_delay_to_others(p.own_work_ms * load.requests_there() as f64 + displaced);
+            let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo).with_delay_to_others(
+                p.own_work_ms * load.requests_there() as f64 + displaced + p.queue_wait_ms,
+            );
             state.latency.set(c.id(), prediction);
             if debug {
                 tracing::debug!(
@@ -554,6 +621,7 @@ impl DataProducer for PredictedLatencyProducer {
                     kv_usage = load.kv_usage,
                     uncached_tokens = load.uncached_tokens,
                     cached_tokens = load.cached_tokens(),
+                    slots = own.map_or(0, |m| m.slots()),
                     "latency prediction"
                 );
             }
@@ -572,7 +640,8 @@ impl ResponseHooks for PredictedLatencyProducer {
             return;
         }
         let models = self.models_for(endpoint);
-        let f = Features::from(&timing.load);
+        let slots = models.slots();
+        let f = Features::at(&timing.load, slots);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let total = ms(timing.total);
         let tokens = timing.output_tokens.unwrap_or(0);
@@ -605,6 +674,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             uncached_tokens = timing.load.uncached_tokens,
             cached_tokens = timing.load.cached_tokens(),
             adapter_cold = timing.load.adapter_cold,
+            slots,
             "latency sample"
         );
         for learner in [&models.ttft, &self.fleet.ttft] {
@@ -828,6 +898,82 @@ mod tests {
         let halved = delay_with(0.5);
         assert!((halved - want / 2.0).abs() / want < 0.05, "{halved}");
         assert_eq!(delay_with(0.0), 0.0);
+    }
+
+    #[test]
+    fn a_full_batch_is_learned_from_scrapes_and_its_wait_predicted() {
+        // A server of eight batch places: 40 ms for a cached prompt while a
+        // place is free, 80 ms more per request ahead of it for one.
+        let server = |running: u32, waiting: u32| {
+            endpoint(
+                0,
+                EndpointMetrics {
+                    running,
+                    waiting,
+                    ..EndpointMetrics::fresh()
+                },
+            )
+        };
+        let truth =
+            |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
+        let p = producer(8);
+        let full = server(8, 2);
+        let sample = |running: u32, waiting: u32| DispatchLoad {
+            running,
+            waiting,
+            prompt_tokens: 100,
+            uncached_tokens: 100,
+            ..DispatchLoad::default()
+        };
+        p.response_timing(&request(), &full, &streamed(sample(0, 0), 40.0, 5.0, 20));
+        let m = p.models_of(full.id(), full.addr()).unwrap();
+        assert_eq!(m.slots(), 0, "no scrape has shown a queue yet");
+        // Scrapes without a queue say nothing of the limit; nor does a
+        // queue seen once (a request that arrived during an engine step),
+        // however many cycles read that scrape; one still there at the
+        // next scrape with as many running does, until more are seen
+        // running (requests that waited through a long prefill).
+        let scrape = |e: &Arc<Endpoint>| {
+            with_cx(&request(), 1, |cx| p.produce(cx, &[Candidate::new(e)]));
+            m.slots()
+        };
+        assert_eq!(scrape(&server(1, 1)), 0);
+        assert_eq!(scrape(&server(1, 1)), 1);
+        assert_eq!(scrape(&server(5, 0)), 0);
+        assert_eq!(scrape(&server(3, 1)), 0);
+        assert_eq!(scrape(&server(4, 1)), 0);
+        let first = server(8, 2);
+        assert_eq!(scrape(&first), 0);
+        assert_eq!(scrape(&first), 0);
+        assert_eq!(scrape(&server(8, 1)), 8);
+        assert_eq!(scrape(&server(2, 0)), 8, "the limit stays");
+        for i in 0..600u32 {
+            let running = i % 9;
+            let l = sample(running, if running == 8 { i % 4 } else { 0 });
+            p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
+        }
+        for (running, waiting) in [(3, 0), (7, 0), (8, 0), (8, 2)] {
+            let l = sample(running, waiting);
+            let got = p.predict(&full, &l).unwrap();
+            let want = truth(&l);
+            assert!(
+                (got.ttft_ms - want).abs() / want < 0.1,
+                "{running}/{waiting}: {got:?}"
+            );
+            let wait = want - 40.0;
+            assert!((got.queue_wait_ms - wait).abs() <= 0.1 * want, "{got:?}");
+        }
+        // The wait counts, once more, in the delay to others: those who
+        // will queue behind it wait about as much longer.
+        with_cx(&request(), 1, |cx| {
+            p.produce(cx, &[Candidate::new(&full)]);
+            let prediction = cx.state.latency.get(full.id()).unwrap();
+            let wait = 80.0 * 3.0;
+            assert!(
+                (prediction.delay_to_others_ms - wait).abs() < 0.1 * wait,
+                "{prediction:?}"
+            );
+        });
     }
 
     #[test]
