@@ -113,6 +113,22 @@ pub struct PredictedLatencyParams {
     /// such term).
     #[serde(default = "one")]
     pub displaced_cache_weight: f64,
+    /// Weight of the queue a request would lengthen, counted in its delay
+    /// to others: its own predicted wait in the endpoint's queue (the
+    /// queue and slot-wait terms) times this, for the requests that will
+    /// queue behind it. A waiting request holds each later one up by
+    /// about its own service time while the queue lasts, but the queue
+    /// drains, so only some of the wait is theirs; without this cost
+    /// misses are charged for what they do to others and queueing is not,
+    /// and a tenant stays on its cached, queued endpoint while another has
+    /// places free. 0 counts no such delay. Default 0.5 (epp's own; llm-d
+    /// has no such term).
+    #[serde(default = "default_queue_delay_weight")]
+    pub queue_delay_weight: f64,
+}
+
+fn default_queue_delay_weight() -> f64 {
+    0.5
 }
 
 fn one() -> f64 {
@@ -144,6 +160,7 @@ impl Default for PredictedLatencyParams {
             min_samples: default_min_samples(),
             forgetting: default_forgetting(),
             displaced_cache_weight: 1.0,
+            queue_delay_weight: default_queue_delay_weight(),
         }
     }
 }
@@ -347,7 +364,8 @@ impl Builtin for PredictedLatencyProducer {
     /// # Errors
     /// A non-positive or non-finite `sloBufferFactor`, `forgetting` outside
     /// (0, 1], `minSamples` of 0, a negative or non-finite
-    /// `displacedCacheWeight`, or `useEncoderCacheFeatures: true`.
+    /// `displacedCacheWeight` or `queueDelayWeight`, or
+    /// `useEncoderCacheFeatures: true`.
     fn build(name: impl Into<String>, params: PredictedLatencyParams) -> Result<Self, BuildError> {
         if !(params.slo_buffer_factor.is_finite() && params.slo_buffer_factor > 0.0) {
             return Err(invalid(
@@ -368,14 +386,18 @@ impl Builtin for PredictedLatencyProducer {
         if params.min_samples == 0 {
             return Err(invalid(Self::TYPE, "minSamples", 0, "must be at least 1"));
         }
-        let w = params.displaced_cache_weight;
-        if !(w.is_finite() && w >= 0.0) {
-            return Err(invalid(
-                Self::TYPE,
-                "displacedCacheWeight",
-                w,
-                "must be a finite number >= 0",
-            ));
+        for (field, w) in [
+            ("displacedCacheWeight", params.displaced_cache_weight),
+            ("queueDelayWeight", params.queue_delay_weight),
+        ] {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(invalid(
+                    Self::TYPE,
+                    field,
+                    w,
+                    "must be a finite number >= 0",
+                ));
+            }
         }
         if params.use_encoder_cache_features {
             return Err(invalid(
@@ -598,11 +620,12 @@ impl DataProducer for PredictedLatencyProducer {
             };
             // A miss holds up every request there by its prefill and
             // evicts cached prompts; a request that waits in the queue
-            // lengthens, by about its own wait, the waits of the requests
-            // that will queue behind it.
+            // lengthens the waits of the requests that will queue behind
+            // it.
             let displaced = displaced_per_token * load.uncached_tokens as f64;
+            let queued_behind = self.params.queue_delay_weight * p.queue_wait_ms;
             let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo).with_delay_to_others(
-                p.own_work_ms * load.requests_there() as f64 + displaced + p.queue_wait_ms,
+                p.own_work_ms * load.requests_there() as f64 + displaced + queued_behind,
             );
             state.latency.set(c.id(), prediction);
             if debug {
@@ -963,17 +986,37 @@ mod tests {
             let wait = want - 40.0;
             assert!((got.queue_wait_ms - wait).abs() <= 0.1 * want, "{got:?}");
         }
-        // The wait counts, once more, in the delay to others: those who
-        // will queue behind it wait about as much longer.
-        with_cx(&request(), 1, |cx| {
-            p.produce(cx, &[Candidate::new(&full)]);
-            let prediction = cx.state.latency.get(full.id()).unwrap();
-            let wait = 80.0 * 3.0;
-            assert!(
-                (prediction.delay_to_others_ms - wait).abs() < 0.1 * wait,
-                "{prediction:?}"
-            );
-        });
+        // The wait counts, weighted, in the delay to others: those who
+        // will queue behind it wait longer too.
+        let wait = 80.0 * 3.0;
+        for weight in [0.0, 0.5, 1.0] {
+            let p = PredictedLatencyProducer::build(
+                "p",
+                PredictedLatencyParams {
+                    min_samples: 8,
+                    queue_delay_weight: weight,
+                    ..PredictedLatencyParams::default()
+                },
+            )
+            .unwrap();
+            p.response_timing(&request(), &full, &streamed(sample(0, 0), 40.0, 5.0, 20));
+            for _ in 0..2 {
+                with_cx(&request(), 1, |cx| {
+                    p.produce(cx, &[Candidate::new(&server(8, 1))])
+                });
+            }
+            for i in 0..600u32 {
+                let running = i % 9;
+                let l = sample(running, if running == 8 { i % 4 } else { 0 });
+                p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
+            }
+            with_cx(&request(), 1, |cx| {
+                p.produce(cx, &[Candidate::new(&server(8, 2))]);
+                let delay = cx.state.latency.get(full.id()).unwrap().delay_to_others_ms;
+                let want = weight * wait;
+                assert!((delay - want).abs() <= 0.1 * wait, "{weight}: {delay}");
+            });
+        }
     }
 
     #[test]
@@ -1037,6 +1080,8 @@ mod tests {
             ("forgetting: 1.5", "forgetting"),
             ("minSamples: 0", "minSamples"),
             ("displacedCacheWeight: -1", "displacedCacheWeight"),
+            ("queueDelayWeight: -0.5", "queueDelayWeight"),
+            ("queueDelayWeight: .nan", "queueDelayWeight"),
             ("useEncoderCacheFeatures: true", "useEncoderCacheFeatures"),
         ] {
             let params: PredictedLatencyParams = serde_yaml_ng::from_str(yaml).unwrap();
