@@ -162,7 +162,7 @@ pub struct LatencyPrediction {
     /// requests it would hold up ([`DispatchLoad::requests_there`]); and,
     /// as its predictor weighs it, later ones: those whose cached prompts
     /// its uncached tokens would evict, and those that would queue behind
-    /// it (about its own wait in the queue). Large where a long prompt
+    /// it (part of its own wait in the queue). Large where a long prompt
     /// misses the cache of a busy endpoint, or where it would wait for a
     /// place in a full batch.
     pub delay_to_others_ms: f64,

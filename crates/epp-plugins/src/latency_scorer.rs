@@ -8,7 +8,7 @@
 //! `delayToOthersWeight ·` the delay the request would cause others
 //! ([`epp_core::LatencyPrediction::delay_to_others_ms`]: its own work times
 //! the requests already there, plus the cached prompts it would displace
-//! and its wait in the queue, which later requests wait behind)
+//! and, weighted, its wait in the queue, which later requests wait behind)
 //! (plus it, for `least`, whose scale is inverted) —
 //! each latency's headroom is scaled to the candidates' range,
 //! `n = (h − min) / (max − min)`, and blended:
@@ -37,7 +37,7 @@
 
 use epp_core::{BuildError, Candidate, CycleContext, LatencyPrediction, Plugin, Scorer};
 
-use crate::{Builtin, invalid};
+use crate::{Builtin, invalid, non_negative_weights};
 
 /// How positive headroom is preferred.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -118,23 +118,17 @@ impl Builtin for LatencyScorer {
     /// # Errors
     /// A negative or non-finite weight, or TTFT and TPOT weights both 0.
     fn build(name: impl Into<String>, params: LatencyScorerParams) -> Result<Self, BuildError> {
-        for (field, v) in [
-            ("ttftWeight", params.ttft_weight),
-            ("tpotWeight", params.tpot_weight),
-            ("compositeKVWeight", params.composite_kv_weight),
-            ("compositeQueueWeight", params.composite_queue_weight),
-            ("compositePrefixWeight", params.composite_prefix_weight),
-            ("delayToOthersWeight", params.delay_to_others_weight),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(invalid(
-                    Self::TYPE,
-                    field,
-                    v,
-                    "must be a finite number >= 0",
-                ));
-            }
-        }
+        non_negative_weights(
+            Self::TYPE,
+            &[
+                ("ttftWeight", params.ttft_weight),
+                ("tpotWeight", params.tpot_weight),
+                ("compositeKVWeight", params.composite_kv_weight),
+                ("compositeQueueWeight", params.composite_queue_weight),
+                ("compositePrefixWeight", params.composite_prefix_weight),
+                ("delayToOthersWeight", params.delay_to_others_weight),
+            ],
+        )?;
         if params.ttft_weight + params.tpot_weight == 0.0 {
             return Err(invalid(
                 Self::TYPE,

@@ -212,6 +212,17 @@ pub(crate) fn invalid(plugin: &str, field: &str, value: impl ToString, reason: &
     }
 }
 
+/// Checks that every `(field, weight)` of `plugin` is a finite number ≥ 0.
+pub(crate) fn non_negative_weights(
+    plugin: &str,
+    weights: &[(&str, f64)],
+) -> Result<(), BuildError> {
+    match weights.iter().find(|(_, w)| !(w.is_finite() && *w >= 0.0)) {
+        Some((field, w)) => Err(invalid(plugin, field, w, "must be a finite number >= 0")),
+        None => Ok(()),
+    }
+}
+
 /// Parameters of plugins that take none: any key is an error.
 #[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -48,7 +48,7 @@ use epp_core::{
 };
 use parking_lot::RwLock;
 
-use crate::{Builtin, Features, LatencyModel, ModelSettings, invalid};
+use crate::{Builtin, Features, LatencyModel, ModelSettings, invalid, non_negative_weights};
 
 /// Parameters of `predicted-latency-producer` (llm-d's names where they have
 /// a meaning here).
@@ -386,19 +386,13 @@ impl Builtin for PredictedLatencyProducer {
         if params.min_samples == 0 {
             return Err(invalid(Self::TYPE, "minSamples", 0, "must be at least 1"));
         }
-        for (field, w) in [
-            ("displacedCacheWeight", params.displaced_cache_weight),
-            ("queueDelayWeight", params.queue_delay_weight),
-        ] {
-            if !(w.is_finite() && w >= 0.0) {
-                return Err(invalid(
-                    Self::TYPE,
-                    field,
-                    w,
-                    "must be a finite number >= 0",
-                ));
-            }
-        }
+        non_negative_weights(
+            Self::TYPE,
+            &[
+                ("displacedCacheWeight", params.displaced_cache_weight),
+                ("queueDelayWeight", params.queue_delay_weight),
+            ],
+        )?;
         if params.use_encoder_cache_features {
             return Err(invalid(
                 Self::TYPE,
