@@ -31,7 +31,7 @@
 //! against +115 per thousand cached tokens, and predicted a hit on any busy
 //! server at 0 ms and one on an idle server as slow as a miss. The fit keeps
 //! the weighted sums `Σ x xᵀ` and `Σ x y` (information form) and solves for θ
-//! by coordinate descent from the previous θ, in O(9²) per sweep, a few sweeps
+//! by coordinate descent from the previous θ, in O(10²) per sweep, a few sweeps
 //! per sample, without allocating; a weak pull towards the prior θ (the
 //! fleet's, for an endpoint) holds the directions the samples do not excite. A
 //! residual far beyond the model's recent error is clamped (one stalled
@@ -88,8 +88,8 @@ pub struct PredictionParts {
     /// adapter), at most `total`.
     pub own_work: f64,
     /// Its wait in the endpoint's queue (the queue and slot-wait terms),
-    /// between 0 and `total`: a request that queues there also holds up,
-    /// by about as much, the requests that will queue behind it.
+    /// between 0 and `total`: a request that queues there also holds up
+    /// the requests that will queue behind it.
     pub queue_wait: f64,
 }
 

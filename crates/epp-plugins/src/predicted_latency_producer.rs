@@ -311,7 +311,11 @@ impl Models {
             return;
         }
         self.most_running.fetch_max(running, Ordering::Relaxed);
-        let queued = if waiting > 0 { running + 1 } else { 0 };
+        let queued = if waiting > 0 {
+            running.saturating_add(1)
+        } else {
+            0
+        };
         let before = self.last_queued_running.swap(queued, Ordering::Relaxed);
         if queued != 0 && before == queued {
             self.slots.fetch_max(running, Ordering::Relaxed);
