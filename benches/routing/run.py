@@ -1160,7 +1160,9 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=VENV / "bench-tokenizer")
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
     ap.add_argument("--client", choices=["inference-perf", "rust"],
-                    help="one client for every workload (default: inference-perf, Rust for the LoRA mix)")
+                    help="one client for every workload (default: inference-perf, Rust for the LoRA mix); "
+                    "Rust has shared-prefix, many-tenants, no-sharing and lora-mix, and sends every "
+                    "contender the same arrivals")
     args = ap.parse_args()
     if args.quick:
         args.repeats = 1

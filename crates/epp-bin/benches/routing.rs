@@ -1,7 +1,9 @@
 //! The routing benchmark's own load generator (Rust), for what inference-perf
 //! cannot do here: the LoRA mix (inference-perf insists every adapter is listed
-//! by the router's `/v1/models`, which sglang-router does not do) and rates
-//! beyond what a Python client sustains on a shared 2-core machine.
+//! by the router's `/v1/models`, which sglang-router does not do), rates
+//! beyond what a Python client sustains on a shared 2-core machine, and the
+//! same arrivals for every contender (a fixed seed; inference-perf's send rate
+//! wanders by 10–20 % near saturation, as large as the differences measured).
 //!
 //! The benchmark itself is `benches/routing/run.sh`; it calls this as
 //!
@@ -77,6 +79,7 @@ impl Rng {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Workload {
     SharedPrefix,
+    ManyTenants,
     NoSharing,
     LoraMix,
 }
@@ -97,12 +100,16 @@ struct Gen {
 impl Gen {
     fn new(workload: Workload, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
-        // 16 tenants, ~6,000-token system prompts (as in the inference-perf workload).
-        let prefixes = if workload == Workload::SharedPrefix {
-            (0..16).map(|_| rng.words(6000)).collect()
-        } else {
-            Vec::new()
+        // 16 (or 64) tenants, ~6,000-token system prompts (as in the
+        // inference-perf workloads; each request picks its tenant at
+        // random, where inference-perf's data set has four questions per
+        // tenant, so hit rates are not comparable between the clients).
+        let tenants = match workload {
+            Workload::SharedPrefix => 16,
+            Workload::ManyTenants => 64,
+            Workload::NoSharing | Workload::LoraMix => 0,
         };
+        let prefixes = (0..tenants).map(|_| rng.words(6000)).collect();
         Self {
             workload,
             rng,
@@ -112,7 +119,7 @@ impl Gen {
 
     fn next(&mut self) -> Req {
         match self.workload {
-            Workload::SharedPrefix => {
+            Workload::SharedPrefix | Workload::ManyTenants => {
                 let tenant = self.rng.below(self.prefixes.len());
                 Req {
                     model: MODEL.to_owned(),
@@ -226,11 +233,12 @@ fn parse_args() -> Result<Option<Args>, String> {
         .map_err(|e| format!("--url port: {e}"))?;
     let workload = match get("--workload").as_deref() {
         Some("shared-prefix") => Workload::SharedPrefix,
+        Some("many-tenants") => Workload::ManyTenants,
         Some("no-sharing") => Workload::NoSharing,
         Some("lora-mix") => Workload::LoraMix,
         other => {
             return Err(format!(
-                "--workload shared-prefix|no-sharing|lora-mix, got {other:?}"
+                "--workload shared-prefix|many-tenants|no-sharing|lora-mix, got {other:?}"
             ));
         }
     };
