@@ -737,14 +737,14 @@ mod tests {
     use crate::testing::{endpoint, with_cx};
 
     fn producer(min_samples: u64) -> PredictedLatencyProducer {
-        PredictedLatencyProducer::build(
-            "p",
-            PredictedLatencyParams {
-                min_samples,
-                ..PredictedLatencyParams::default()
-            },
-        )
-        .unwrap()
+        producer_with(PredictedLatencyParams {
+            min_samples,
+            ..PredictedLatencyParams::default()
+        })
+    }
+
+    fn producer_with(params: PredictedLatencyParams) -> PredictedLatencyProducer {
+        PredictedLatencyProducer::build("p", params).unwrap()
     }
 
     fn load(waiting: u32, prompt_tokens: u64) -> DispatchLoad {
@@ -886,15 +886,11 @@ mod tests {
         let uncached = DispatchLoad::of(&Candidate::new(&idle), &req, 0.0).uncached_tokens;
         assert!(uncached > 1000, "{uncached}");
         let delay_with = |weight: f64| {
-            let p = PredictedLatencyProducer::build(
-                "p",
-                PredictedLatencyParams {
-                    min_samples: 4,
-                    displaced_cache_weight: weight,
-                    ..PredictedLatencyParams::default()
-                },
-            )
-            .unwrap();
+            let p = producer_with(PredictedLatencyParams {
+                min_samples: 4,
+                displaced_cache_weight: weight,
+                ..PredictedLatencyParams::default()
+            });
             // Hits and misses, so that the uncached tokens' prefill is told
             // apart from the fixed cost.
             for i in 0..400u32 {
@@ -937,7 +933,6 @@ mod tests {
         };
         let truth =
             |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
-        let p = producer(8);
         let full = server(8, 2);
         let sample = |running: u32, waiting: u32| DispatchLoad {
             running,
@@ -946,6 +941,15 @@ mod tests {
             uncached_tokens: 100,
             ..DispatchLoad::default()
         };
+        // Responses at every batch size, and queues at the full one.
+        let learn = |p: &PredictedLatencyProducer| {
+            for i in 0..600u32 {
+                let running = i % 9;
+                let l = sample(running, if running == 8 { i % 4 } else { 0 });
+                p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
+            }
+        };
+        let p = producer(8);
         p.response_timing(&request(), &full, &streamed(sample(0, 0), 40.0, 5.0, 20));
         let m = p.models_of(full.id(), full.addr()).unwrap();
         assert_eq!(m.slots(), 0, "no scrape has shown a queue yet");
@@ -968,11 +972,7 @@ mod tests {
         assert_eq!(scrape(&first), 0);
         assert_eq!(scrape(&server(8, 1)), 8);
         assert_eq!(scrape(&server(2, 0)), 8, "the limit stays");
-        for i in 0..600u32 {
-            let running = i % 9;
-            let l = sample(running, if running == 8 { i % 4 } else { 0 });
-            p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
-        }
+        learn(&p);
         for (running, waiting) in [(3, 0), (7, 0), (8, 0), (8, 2)] {
             let l = sample(running, waiting);
             let got = p.predict(&full, &l).unwrap();
@@ -988,26 +988,18 @@ mod tests {
         // will queue behind it wait longer too.
         let wait = 80.0 * 3.0;
         for weight in [0.0, 0.5, 1.0] {
-            let p = PredictedLatencyProducer::build(
-                "p",
-                PredictedLatencyParams {
-                    min_samples: 8,
-                    queue_delay_weight: weight,
-                    ..PredictedLatencyParams::default()
-                },
-            )
-            .unwrap();
+            let p = producer_with(PredictedLatencyParams {
+                min_samples: 8,
+                queue_delay_weight: weight,
+                ..PredictedLatencyParams::default()
+            });
             p.response_timing(&request(), &full, &streamed(sample(0, 0), 40.0, 5.0, 20));
             for _ in 0..2 {
                 with_cx(&request(), 1, |cx| {
                     p.produce(cx, &[Candidate::new(&server(8, 1))])
                 });
             }
-            for i in 0..600u32 {
-                let running = i % 9;
-                let l = sample(running, if running == 8 { i % 4 } else { 0 });
-                p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
-            }
+            learn(&p);
             with_cx(&request(), 1, |cx| {
                 p.produce(cx, &[Candidate::new(&server(8, 2))]);
                 let delay = cx.state.latency.get(full.id()).unwrap().delay_to_others_ms;
