@@ -17,8 +17,10 @@
 //! waits for its requests (at most `--timeout` seconds each) and writes one
 //! JSON line: wall-clock start and end, TTFT p50/p90/p99, time per output token
 //! p50/p90, output tokens/s, requests sent/ok/failed and the rate actually sent.
-//! Prompts are words of exactly 4 bytes, so the simulator's 4-byte token rule
-//! counts what the workload asks for.
+//! Prompts are words of exactly 4 bytes (3 letters and a space), so the
+//! simulator's 4-byte token rule counts what the workload asks for; with
+//! `--words FILE` (one word a line) they are drawn from that vocabulary, whose
+//! words a fleet that tokenizes for real (precise prefix) also counts one each.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::{
@@ -63,12 +65,24 @@ impl Rng {
             .round()
             .clamp(min as f64, max as f64) as u64
     }
-    /// `tokens` 4-byte words (3 letters and a space).
-    fn words(&mut self, tokens: u64) -> String {
+}
+
+/// Where prompt words come from: random 3-letter words, or a vocabulary
+/// (`--words FILE`, one word a line) whose every word the fleet's tokenizer
+/// counts as one token, as the simulators' 4-byte rule does.
+struct Words(Vec<String>);
+
+impl Words {
+    /// `tokens` words, each followed by a space.
+    fn draw(&self, rng: &mut Rng, tokens: u64) -> String {
         let mut s = String::with_capacity(tokens as usize * 4);
         for _ in 0..tokens {
-            for _ in 0..3 {
-                s.push((b'a' + self.below(26) as u8) as char);
+            if self.0.is_empty() {
+                for _ in 0..3 {
+                    s.push((b'a' + rng.below(26) as u8) as char);
+                }
+            } else {
+                s.push_str(&self.0[rng.below(self.0.len())]);
             }
             s.push(' ');
         }
@@ -82,6 +96,7 @@ enum Workload {
     ManyTenants,
     NoSharing,
     LoraMix,
+    LongAnswers,
 }
 
 /// One request: model, prompt, output tokens.
@@ -94,37 +109,49 @@ struct Req {
 struct Gen {
     workload: Workload,
     rng: Rng,
+    words: Words,
     prefixes: Vec<String>,
 }
 
 impl Gen {
-    fn new(workload: Workload, seed: u64) -> Self {
+    fn new(workload: Workload, seed: u64, words: Words) -> Self {
         let mut rng = Rng::new(seed);
-        // 16 (or 64) tenants, ~6,000-token system prompts (as in the
-        // inference-perf workloads; each request picks its tenant at
-        // random, where inference-perf's data set has four questions per
+        // Tenants and their system prompts' tokens (as in the inference-perf
+        // workloads; each request picks its tenant at random, where
+        // inference-perf's data set has a fixed number of questions per
         // tenant, so hit rates are not comparable between the clients).
-        let tenants = match workload {
-            Workload::SharedPrefix => 16,
-            Workload::ManyTenants => 64,
-            Workload::NoSharing | Workload::LoraMix => 0,
+        let (tenants, tokens) = match workload {
+            Workload::SharedPrefix => (16, 6000),
+            Workload::ManyTenants => (64, 6000),
+            Workload::LongAnswers => (64, 2000),
+            Workload::NoSharing | Workload::LoraMix => (0, 0),
         };
-        let prefixes = (0..tenants).map(|_| rng.words(6000)).collect();
+        let prefixes = (0..tenants).map(|_| words.draw(&mut rng, tokens)).collect();
         Self {
             workload,
             rng,
+            words,
             prefixes,
         }
     }
 
     fn next(&mut self) -> Req {
         match self.workload {
-            Workload::SharedPrefix | Workload::ManyTenants => {
+            Workload::SharedPrefix | Workload::ManyTenants | Workload::LongAnswers => {
                 let tenant = self.rng.below(self.prefixes.len());
+                let max_tokens = if self.workload == Workload::LongAnswers {
+                    256
+                } else {
+                    32
+                };
                 Req {
                     model: MODEL.to_owned(),
-                    prompt: format!("{}{}", self.prefixes[tenant], self.rng.words(32)),
-                    max_tokens: 32,
+                    prompt: format!(
+                        "{}{}",
+                        self.prefixes[tenant],
+                        self.words.draw(&mut self.rng, 32)
+                    ),
+                    max_tokens,
                 }
             }
             Workload::NoSharing | Workload::LoraMix => {
@@ -137,7 +164,7 @@ impl Gen {
                 };
                 Req {
                     model,
-                    prompt: self.rng.words(prompt_tokens),
+                    prompt: self.words.draw(&mut self.rng, prompt_tokens),
                     max_tokens,
                 }
             }
@@ -211,6 +238,7 @@ struct Args {
     seed: u64,
     timeout: Duration,
     out: Option<String>,
+    words: Words,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
@@ -236,10 +264,22 @@ fn parse_args() -> Result<Option<Args>, String> {
         Some("many-tenants") => Workload::ManyTenants,
         Some("no-sharing") => Workload::NoSharing,
         Some("lora-mix") => Workload::LoraMix,
+        Some("long-answers") => Workload::LongAnswers,
         other => {
             return Err(format!(
-                "--workload shared-prefix|many-tenants|no-sharing|lora-mix, got {other:?}"
+                "--workload shared-prefix|many-tenants|no-sharing|lora-mix|long-answers, got {other:?}"
             ));
+        }
+    };
+    let words = match get("--words") {
+        None => Vec::new(),
+        Some(f) => {
+            let text = std::fs::read_to_string(&f).map_err(|e| format!("--words {f}: {e}"))?;
+            let words: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+            if words.is_empty() {
+                return Err(format!("--words {f}: no words"));
+            }
+            words
         }
     };
     let num = |name: &str, default: f64| -> Result<f64, String> {
@@ -266,6 +306,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         seed: num("--seed", 1.0)? as u64,
         timeout: Duration::from_secs_f64(num("--timeout", 30.0)?),
         out: get("--out"),
+        words: Words(words),
     }))
 }
 
@@ -291,7 +332,7 @@ async fn main() {
         None => Box::new(std::io::stdout()),
     };
     let path: Arc<str> = Arc::from(args.path.as_str());
-    let mut requests = Gen::new(args.workload, args.seed);
+    let mut requests = Gen::new(args.workload, args.seed, args.words);
     let mut arrivals = Rng::new(args.seed ^ 0xA5A5);
     let stages = std::iter::once((0usize, args.warmup_rate, args.warmup_secs))
         .filter(|s| s.2 > 0.0)
