@@ -80,6 +80,12 @@ pub struct DispatchLoad {
     pub uncached_tokens: u64,
     /// The request names a LoRA adapter the endpoint does not have active.
     pub adapter_cold: bool,
+    /// The adapter is cold and cannot load yet: it is already waiting for a
+    /// place there, or every place the endpoint has for adapters
+    /// (`max_lora`) is held by one with running requests. The request then
+    /// waits until one of those adapters has no request left running, which
+    /// takes far longer than loading one.
+    pub adapter_blocked: bool,
 }
 
 impl DispatchLoad {
@@ -93,6 +99,8 @@ impl DispatchLoad {
         let adapter_cold = m.lora.names_adapter(adapter, &request.model)
             && m.lora.serves_adapters()
             && !m.lora.is_active(adapter);
+        let places_full = m.lora.max_loras > 0 && m.lora.active.len() >= m.lora.max_loras as usize;
+        let adapter_blocked = adapter_cold && (places_full || m.lora.is_waiting(adapter));
         Self {
             waiting: m.waiting,
             running: m.running,
@@ -105,6 +113,7 @@ impl DispatchLoad {
             prompt_tokens,
             uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
             adapter_cold,
+            adapter_blocked,
         }
     }
 
@@ -326,6 +335,7 @@ mod tests {
                 prompt_tokens: 100,
                 uncached_tokens: 25,
                 adapter_cold: true,
+                adapter_blocked: false,
             }
         );
         assert_eq!(load.cached_tokens(), 75);
@@ -360,6 +370,30 @@ mod tests {
         let direct_warm = InferenceRequest::builder("a").build();
         assert!(!DispatchLoad::of(&c, &direct_warm, 0.0).adapter_cold);
         assert!(!DispatchLoad::of(&c, &base, 0.0).adapter_cold);
+        // Blocked: both places held by adapters with running requests, or
+        // the adapter already waiting for one; a free place only loads.
+        let lora = |active: &[&str], waiting: &[&str]| EndpointMetrics {
+            lora: LoraInfo {
+                active: active.iter().map(|&a| a.to_owned()).collect(),
+                waiting: waiting.iter().map(|&a| a.to_owned()).collect(),
+                max_loras: 2,
+                base_model: Some("base".into()),
+            },
+            ..EndpointMetrics::fresh()
+        };
+        let blocked = |m: EndpointMetrics, r: &InferenceRequest| {
+            e.set_metrics(m);
+            let load = DispatchLoad::of(&Candidate::new(&e), r, 0.0);
+            (load.adapter_cold, load.adapter_blocked)
+        };
+        assert_eq!(blocked(lora(&["a"], &[]), &direct), (true, false));
+        assert_eq!(blocked(lora(&["a", "c"], &[]), &direct), (true, true));
+        assert_eq!(blocked(lora(&["a"], &["b"]), &direct), (true, true));
+        assert_eq!(
+            blocked(lora(&["a", "c"], &[]), &direct_warm),
+            (false, false)
+        );
+        assert_eq!(blocked(lora(&["a", "c"], &[]), &base), (false, false));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, cached/1000,
-//!                  running · uncached/1000, adapter_cold, slot_wait]
+//!                  running · uncached/1000, adapter_cold, slot_wait, adapter_blocked]
 //! ```
 //!
 //! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
@@ -20,7 +20,11 @@
 //! expected to hold), `running · uncached/1000` for a prefill slowed by the
 //! batch it shares the engine with, `cached/1000` for reading a cached prefix,
 //! `adapter_cold` (1 when the request's LoRA adapter is not active there)
-//! for loading it.
+//! for loading it, `adapter_blocked` (1 when it cannot load yet: every place
+//! for an adapter is held by one with running requests) for the wait until
+//! one of those has none left — in the routing benchmark's LoRA mix a wait
+//! of hundreds of milliseconds where a load takes 50, which one input for
+//! both priced as neither.
 //!
 //! θ is fitted by exponentially weighted least squares (factor λ, so samples
 //! older than about `1 / (1 − λ)` fade and the model follows a server whose
@@ -47,7 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 /// Number of model inputs (bias included).
-pub const FEATURES: usize = 10;
+pub const FEATURES: usize = 11;
 
 /// The inputs of the request's own work: the engine time it takes that
 /// others at the endpoint wait through — its prompt's prefill (uncached and
@@ -110,6 +114,9 @@ pub struct Features {
     pub cached_tokens: f64,
     /// 1 when the request's LoRA adapter is not active on the endpoint.
     pub adapter_cold: f64,
+    /// 1 when that adapter cannot load yet
+    /// ([`epp_core::DispatchLoad::adapter_blocked`]).
+    pub adapter_blocked: f64,
     /// Requests that must leave the endpoint's running batch before this
     /// one gets a place in it, when the batch's size limit is known:
     /// `max(0, running + waiting + dispatched + 1 − slots)`
@@ -126,7 +133,8 @@ impl From<&epp_core::DispatchLoad> for Features {
             kv_utilization: load.kv_usage,
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
-            adapter_cold: if load.adapter_cold { 1.0 } else { 0.0 },
+            adapter_cold: f64::from(u8::from(load.adapter_cold)),
+            adapter_blocked: f64::from(u8::from(load.adapter_blocked)),
             slot_wait: 0.0,
         }
     }
@@ -163,6 +171,7 @@ impl Features {
             self.running * uncached_k,
             self.adapter_cold,
             self.slot_wait,
+            self.adapter_blocked,
         ]
     }
 
@@ -493,11 +502,16 @@ mod tests {
 
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
     /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
-    /// running request + 150 for a cold adapter + 60 per request ahead of
-    /// it for a place in the batch, with ±5 % noise.
-    const TRUE: [f64; FEATURES] = [20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0];
+    /// running request + 150 for a cold adapter, 400 more when it cannot
+    /// load yet + 60 per request ahead of it for a place in the batch, with
+    /// ±5 % noise.
+    const TRUE: [f64; FEATURES] = [
+        20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0, 400.0,
+    ];
+    const ADAPTER_BLOCKED: usize = 10;
 
     fn random_features(rng: &mut StdRng) -> Features {
+        let adapter_cold = f64::from(rng.random_range(0..4u32) == 0);
         Features {
             waiting: f64::from(rng.random_range(0..20u32)),
             dispatched: f64::from(rng.random_range(0..5u32)),
@@ -505,7 +519,9 @@ mod tests {
             kv_utilization: rng.random_range(0.0..1.0),
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
-            adapter_cold: f64::from(rng.random_range(0..4u32) == 0),
+            adapter_cold,
+            // Only a cold adapter can be blocked: half of them are.
+            adapter_blocked: adapter_cold * f64::from(rng.random_range(0..2u32)),
             slot_wait: f64::from(rng.random_range(0..12u32).saturating_sub(6)),
         }
     }
@@ -524,7 +540,7 @@ mod tests {
         }
         let theta = model.coefficients();
         // The slopes that matter within 10 % (the noise is multiplicative).
-        for i in [1, 2, 5, 7, 8, SLOT_WAIT] {
+        for i in [1, 2, 5, 7, 8, SLOT_WAIT, ADAPTER_BLOCKED] {
             assert!(
                 (theta[i] - TRUE[i]).abs() <= 0.1 * TRUE[i],
                 "θ[{i}] = {} vs {}: {theta:?}",
@@ -731,6 +747,7 @@ mod tests {
                 uncached_tokens: uncached,
                 cached_tokens: cached,
                 adapter_cold: 0.0,
+                adapter_blocked: 0.0,
                 slot_wait: 0.0,
             };
             model.observe(&f, ttft);

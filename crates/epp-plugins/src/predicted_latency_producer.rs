@@ -695,6 +695,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             uncached_tokens = timing.load.uncached_tokens,
             cached_tokens = timing.load.cached_tokens(),
             adapter_cold = timing.load.adapter_cold,
+            adapter_blocked = timing.load.adapter_blocked,
             slots,
             "latency sample"
         );

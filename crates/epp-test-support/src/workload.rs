@@ -247,6 +247,7 @@ fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng)
                 prompt_tokens: 4096,
                 uncached_tokens: rng.random_range(0..4096),
                 adapter_cold: false,
+                adapter_blocked: false,
             };
             let ttft = base
                 + 25.0 * f64::from(load.waiting)
