@@ -20,11 +20,13 @@
 //! expected to hold), `running · uncached/1000` for a prefill slowed by the
 //! batch it shares the engine with, `cached/1000` for reading a cached prefix,
 //! `adapter_cold` (1 when the request's LoRA adapter is not active there)
-//! for loading it, `adapter_blocked` (1 when it cannot load yet: every place
-//! for an adapter is held by one with running requests) for the wait until
-//! one of those has none left — in the routing benchmark's LoRA mix a wait
-//! of hundreds of milliseconds where a load takes 50, which one input for
-//! both priced as neither.
+//! for loading it, `adapter_blocked` (1 when it cannot load yet: it is
+//! already waiting there, or every place for an adapter is held by one with
+//! running requests) for the wait until one of those has none left — in the
+//! routing benchmark's LoRA mix a wait of hundreds of milliseconds where a
+//! load takes 50; one input for both priced neither right. The wait is not
+//! work others wait through (the engine runs other requests meanwhile), so
+//! it is not in [`OWN_WORK`].
 //!
 //! θ is fitted by exponentially weighted least squares (factor λ, so samples
 //! older than about `1 / (1 − λ)` fade and the model follows a server whose
