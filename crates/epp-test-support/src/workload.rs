@@ -67,10 +67,11 @@ fn default_with(registry: &Registry, prefix: PluginRef, latency: bool) -> Schedu
     .with_hooks(hooks)
 }
 
-/// The learned-latency profile: `latency-scorer` and `max-score-picker`
-/// (built by `registry`), with `prefix` producing the prefix matches and a
-/// `predicted-latency-producer` (from `registry`) predicting; returns the
-/// scheduler and the predictor.
+/// The learned-latency profile of `examples/configs/predicted-latency.yaml`:
+/// `latency-scorer` and `prefix` (a prefix scorer, also producing the
+/// prefix matches), each of weight 1, and `max-score-picker` (built by
+/// `registry`), with a `predicted-latency-producer` (from `registry`)
+/// predicting; returns the scheduler and the predictor.
 ///
 /// # Panics
 /// If `registry` lacks one of those types.
@@ -85,6 +86,7 @@ pub fn latency_profile(registry: &Registry, prefix: PluginRef) -> (Scheduler, Pl
     let predictor = build("predicted-latency-producer");
     let profile = SchedulingProfile::new("default")
         .with_scorer(build("latency-scorer"), 1.0)
+        .with_scorer(prefix.clone(), 1.0)
         .with_picker(build("max-score-picker"));
     let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
         .expect("a valid profile")
