@@ -124,6 +124,13 @@ pub(crate) struct Args {
     /// epp exits.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) shutdown_grace_period: Duration,
+
+    /// Worker threads running the servers and the background work (scrapes,
+    /// watches): 0 = one per CPU (or `TOKIO_WORKER_THREADS` when set). On a
+    /// machine whose cores the gateway also uses, 1 answers sooner and spends
+    /// less CPU per decision (docs/operations.md, "Threads").
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub(crate) worker_threads: u16,
 }
 
 impl Args {
@@ -169,6 +176,22 @@ mod tests {
         let a = Args::parse_from(["epp", "-vv", "--secure-serving"]);
         assert!(a.secure_serving);
         assert_eq!(a.verbose, 2);
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_per_cpu() {
+        assert_eq!(Args::parse_from(["epp"]).worker_threads, 0);
+        assert_eq!(
+            Args::parse_from(["epp", "--worker-threads=1"]).worker_threads,
+            1
+        );
+        for bad in [
+            "--worker-threads=-1",
+            "--worker-threads=5000",
+            "--worker-threads=x",
+        ] {
+            assert!(Args::try_parse_from(["epp", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

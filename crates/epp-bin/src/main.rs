@@ -50,10 +50,11 @@ fn main() -> ExitCode {
     if args.check_config {
         return check_config(&args);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if args.worker_threads > 0 {
+        builder.worker_threads(usize::from(args.worker_threads));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("epp: cannot start the runtime: {e}");
