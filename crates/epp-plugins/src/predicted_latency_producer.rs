@@ -264,6 +264,7 @@ struct Models {
     /// [`Self::slots`] reads it: the most requests seen running with
     /// requests waiting at two scrapes in a row (requests that arrive
     /// during a long prefill wait with places free, for a scrape or two)…
+    /// (In the fleet's models: the largest limit any endpoint learned.)
     slots: AtomicU32,
     /// …if no scrape ever showed more running than that.
     most_running: AtomicU32,
@@ -300,7 +301,8 @@ impl Models {
     /// the next scrape with the same number running suggest the batch is
     /// full, and a scrape with more running proves a smaller suggestion
     /// wrong. Each scrape counts once, however many cycles read it.
-    fn note_batch(&self, at: u64, running: u32, waiting: u32) {
+    /// Returns the limit this scrape suggested (0: none).
+    fn note_batch(&self, at: u64, running: u32, waiting: u32) -> u32 {
         let last = self.last_scrape.load(Ordering::Relaxed);
         if at <= last
             || self
@@ -308,7 +310,7 @@ impl Models {
                 .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {
-            return;
+            return 0;
         }
         self.most_running.fetch_max(running, Ordering::Relaxed);
         let queued = if waiting > 0 {
@@ -319,6 +321,9 @@ impl Models {
         let before = self.last_queued_running.swap(queued, Ordering::Relaxed);
         if queued != 0 && before == queued {
             self.slots.fetch_max(running, Ordering::Relaxed);
+            running
+        } else {
+            0
         }
     }
 
@@ -331,6 +336,21 @@ impl Models {
             slots
         } else {
             0
+        }
+    }
+
+    /// [`Self::slots`], or while the endpoint has none, `fleet`'s (the
+    /// largest any endpoint learned) if no scrape of this one showed more
+    /// running. A fleet's servers mostly share one limit, and one learns
+    /// it only from a queue of its own: in the routing benchmark's
+    /// decode-bound workload two servers in four had not seen one when
+    /// the rate first filled their batches, so their predictions had no
+    /// wait in them at eight running and one queued, and they kept being
+    /// picked while requests waited seconds for a place.
+    fn slots_or(&self, fleet: u32) -> u32 {
+        match self.slots() {
+            0 if fleet >= self.most_running.load(Ordering::Relaxed) => fleet,
+            own => own,
         }
     }
 
@@ -525,7 +545,8 @@ impl PredictedLatencyProducer {
         load: &DispatchLoad,
         tpot: bool,
     ) -> Option<Predicted> {
-        let f = Features::at(load, own.map_or(0, Models::slots));
+        let fleet = self.fleet.slots();
+        let f = Features::at(load, own.map_or(fleet, |m| m.slots_or(fleet)));
         let warm = |get: fn(&Models) -> &Learner| {
             own.map(get)
                 .filter(|l| l.model.is_warm())
@@ -605,7 +626,8 @@ impl DataProducer for PredictedLatencyProducer {
                 if let Some(at) = c.metrics.updated_at {
                     let at = at.saturating_duration_since(self.started).as_nanos();
                     let at = u64::try_from(at).unwrap_or(u64::MAX).max(1);
-                    m.note_batch(at, c.metrics.running, c.metrics.waiting);
+                    let learned = m.note_batch(at, c.metrics.running, c.metrics.waiting);
+                    self.fleet.slots.fetch_max(learned, Ordering::Relaxed);
                 }
             }
             let Some(p) = self.predict_with(own, &load, want_tpot) else {
@@ -642,7 +664,7 @@ impl DataProducer for PredictedLatencyProducer {
                     kv_usage = load.kv_usage,
                     uncached_tokens = load.uncached_tokens,
                     cached_tokens = load.cached_tokens(),
-                    slots = own.map_or(0, |m| m.slots()),
+                    slots = own.map_or(self.fleet.slots(), |m| m.slots_or(self.fleet.slots())),
                     "latency prediction"
                 );
             }
@@ -661,7 +683,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             return;
         }
         let models = self.models_for(endpoint);
-        let slots = models.slots();
+        let slots = models.slots_or(self.fleet.slots());
         let f = Features::at(&timing.load, slots);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let total = ms(timing.total);
@@ -1008,6 +1030,54 @@ mod tests {
                 assert!((delay - want).abs() <= 0.1 * wait, "{weight}: {delay}");
             });
         }
+    }
+
+    #[test]
+    fn an_endpoint_without_a_limit_of_its_own_borrows_the_fleets() {
+        // Three servers of one fleet, eight batch places each (the truth
+        // as above). Server 0 has shown a queue at two scrapes, server 1
+        // has never run more than five, server 2 was seen running twelve.
+        let server = |id: u32, running: u32, waiting: u32| {
+            endpoint(
+                id,
+                EndpointMetrics {
+                    running,
+                    waiting,
+                    ..EndpointMetrics::fresh()
+                },
+            )
+        };
+        let truth =
+            |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
+        let sample = |running: u32| DispatchLoad {
+            running,
+            prompt_tokens: 100,
+            uncached_tokens: 100,
+            ..DispatchLoad::default()
+        };
+        let p = producer(8);
+        let scrape = |e: Arc<Endpoint>| {
+            p.response_timing(&request(), &e, &streamed(sample(0), 40.0, 5.0, 20));
+            with_cx(&request(), 1, |cx| p.produce(cx, &[Candidate::new(&e)]));
+        };
+        scrape(server(1, 5, 0));
+        scrape(server(2, 12, 0));
+        assert_eq!(p.fleet.slots(), 0, "no server knows its limit yet");
+        scrape(server(0, 8, 1));
+        scrape(server(0, 8, 1));
+        assert_eq!(p.fleet.slots(), 8);
+        // The fleet's model learns the limit's wait from server 0.
+        let full = server(0, 8, 0);
+        for i in 0..600u32 {
+            let l = sample(i % 9);
+            p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
+        }
+        let at_limit = sample(8);
+        let with_wait = p.predict(&server(1, 5, 0), &at_limit).unwrap().ttft_ms;
+        assert!((with_wait - 120.0).abs() < 12.0, "{with_wait}");
+        // Server 2 runs more than that limit: not its own, not borrowed.
+        let without = p.predict(&server(2, 12, 0), &at_limit).unwrap().ttft_ms;
+        assert!(without < 80.0, "{without}");
     }
 
     #[test]
