@@ -940,20 +940,23 @@ mod tests {
         assert_eq!(delay_with(0.0), 0.0);
     }
 
+    /// Endpoint `id`, just scraped with `running` and `waiting` requests.
+    fn busy(id: u32, running: u32, waiting: u32) -> Arc<Endpoint> {
+        endpoint(
+            id,
+            EndpointMetrics {
+                running,
+                waiting,
+                ..EndpointMetrics::fresh()
+            },
+        )
+    }
+
     #[test]
     fn a_full_batch_is_learned_from_scrapes_and_its_wait_predicted() {
         // A server of eight batch places: 40 ms for a cached prompt while a
         // place is free, 80 ms more per request ahead of it for one.
-        let server = |running: u32, waiting: u32| {
-            endpoint(
-                0,
-                EndpointMetrics {
-                    running,
-                    waiting,
-                    ..EndpointMetrics::fresh()
-                },
-            )
-        };
+        let server = |running: u32, waiting: u32| busy(0, running, waiting);
         let truth =
             |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
         let full = server(8, 2);
@@ -1037,16 +1040,7 @@ mod tests {
         // Three servers of one fleet, eight batch places each (the truth
         // as above). Server 0 has shown a queue at two scrapes, server 1
         // has never run more than five, server 2 was seen running twelve.
-        let server = |id: u32, running: u32, waiting: u32| {
-            endpoint(
-                id,
-                EndpointMetrics {
-                    running,
-                    waiting,
-                    ..EndpointMetrics::fresh()
-                },
-            )
-        };
+        let server = busy;
         let truth =
             |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
         let sample = |running: u32| DispatchLoad {
