@@ -104,9 +104,7 @@ pub struct PredictionParts {
 pub struct Features {
     /// Requests waiting in the endpoint's queue at the last scrape.
     pub waiting: f64,
-    /// Requests this picker dispatched there since that scrape, net of
-    /// those that completed (0 when more completed: [`Features::from`]
-    /// takes those off `waiting` and `running`).
+    /// Requests this picker dispatched there since that scrape (net).
     pub dispatched: f64,
     /// Requests running at the last scrape.
     pub running: f64,
@@ -129,23 +127,11 @@ pub struct Features {
 }
 
 impl From<&epp_core::DispatchLoad> for Features {
-    /// The inputs for `load`, with the requests that completed since the
-    /// scrape (a negative net [`epp_core::DispatchLoad::dispatched`]) taken
-    /// off the counts they left: off the queue while one waits (its head
-    /// takes each place a completion frees), then off the running batch.
-    /// Left as a negative dispatch count they were priced at the queue's
-    /// cost per request, which a completion from a batch with no queue
-    /// behind it does not save: in the routing benchmark such endpoints were
-    /// predicted 29 % faster than they answered (median), and picked twice
-    /// their share.
     fn from(load: &epp_core::DispatchLoad) -> Self {
-        let completed = load.dispatched.min(0).unsigned_abs();
-        let off_queue = completed.min(load.waiting);
-        let off_batch = (completed - off_queue).min(load.running);
         Self {
-            waiting: f64::from(load.waiting - off_queue),
-            dispatched: f64::from(load.dispatched.max(0)),
-            running: f64::from(load.running - off_batch),
+            waiting: f64::from(load.waiting),
+            dispatched: f64::from(load.dispatched),
+            running: f64::from(load.running),
             kv_utilization: load.kv_usage,
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
@@ -574,31 +560,6 @@ mod tests {
             .collect();
         errors.sort_by(f64::total_cmp);
         assert!(errors[250] < 0.05, "median relative error {}", errors[250]);
-    }
-
-    #[test]
-    fn completions_since_the_scrape_leave_the_queue_then_the_batch() {
-        let load = |waiting, running, dispatched| epp_core::DispatchLoad {
-            waiting,
-            running,
-            dispatched,
-            ..epp_core::DispatchLoad::default()
-        };
-        let counts = |l: &epp_core::DispatchLoad| {
-            let f = Features::from(l);
-            (f.waiting, f.running, f.dispatched)
-        };
-        // Sent since the scrape: counted as sent.
-        assert_eq!(counts(&load(2, 8, 3)), (2.0, 8.0, 3.0));
-        // Two completed behind a queue of three: its head took their places.
-        assert_eq!(counts(&load(3, 8, -2)), (1.0, 8.0, 0.0));
-        // Five completed: the queue of three went in, and the batch shrank.
-        assert_eq!(counts(&load(3, 8, -5)), (0.0, 6.0, 0.0));
-        // More than the scrape saw (requests it had not yet counted).
-        assert_eq!(counts(&load(1, 2, -9)), (0.0, 0.0, 0.0));
-        // The slot wait still counts every request there.
-        let f = Features::at(&load(3, 8, -2), 8);
-        assert_eq!(f.slot_wait, 2.0, "{f:?}");
     }
 
     #[test]
