@@ -530,6 +530,14 @@ impl PredictedLatencyProducer {
         }
     }
 
+    /// The batch limit predictions use for an endpoint with models `own`:
+    /// its own, or the fleet's ([`Models::slots_or`]); the fleet's for an
+    /// endpoint with no models yet.
+    fn slots_of(&self, own: Option<&Models>) -> u32 {
+        let fleet = self.fleet.slots();
+        own.map_or(fleet, |m| m.slots_or(fleet))
+    }
+
     /// Whether `endpoint` only prefills (TPOT means nothing there).
     fn prefill_only(&self, endpoint: &Endpoint) -> bool {
         !self.params.endpoint_role_label.is_empty()
@@ -545,8 +553,7 @@ impl PredictedLatencyProducer {
         load: &DispatchLoad,
         tpot: bool,
     ) -> Option<Predicted> {
-        let fleet = self.fleet.slots();
-        let f = Features::at(load, own.map_or(fleet, |m| m.slots_or(fleet)));
+        let f = Features::at(load, self.slots_of(own));
         let warm = |get: fn(&Models) -> &Learner| {
             own.map(get)
                 .filter(|l| l.model.is_warm())
@@ -664,7 +671,7 @@ impl DataProducer for PredictedLatencyProducer {
                     kv_usage = load.kv_usage,
                     uncached_tokens = load.uncached_tokens,
                     cached_tokens = load.cached_tokens(),
-                    slots = own.map_or(self.fleet.slots(), |m| m.slots_or(self.fleet.slots())),
+                    slots = self.slots_of(own),
                     "latency prediction"
                 );
             }
@@ -683,7 +690,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             return;
         }
         let models = self.models_for(endpoint);
-        let slots = models.slots_or(self.fleet.slots());
+        let slots = self.slots_of(Some(&models));
         let f = Features::at(&timing.load, slots);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let total = ms(timing.total);
@@ -940,6 +947,12 @@ mod tests {
         assert_eq!(delay_with(0.0), 0.0);
     }
 
+    /// A server of eight batch places: 40 ms for a cached prompt while a
+    /// place is free, 80 ms more per request ahead of it for one.
+    fn eight_places(l: &DispatchLoad) -> f64 {
+        40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64
+    }
+
     /// Endpoint `id`, just scraped with `running` and `waiting` requests.
     fn busy(id: u32, running: u32, waiting: u32) -> Arc<Endpoint> {
         endpoint(
@@ -954,11 +967,8 @@ mod tests {
 
     #[test]
     fn a_full_batch_is_learned_from_scrapes_and_its_wait_predicted() {
-        // A server of eight batch places: 40 ms for a cached prompt while a
-        // place is free, 80 ms more per request ahead of it for one.
         let server = |running: u32, waiting: u32| busy(0, running, waiting);
-        let truth =
-            |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
+        let truth = eight_places;
         let full = server(8, 2);
         let sample = |running: u32, waiting: u32| DispatchLoad {
             running,
@@ -1037,12 +1047,9 @@ mod tests {
 
     #[test]
     fn an_endpoint_without_a_limit_of_its_own_borrows_the_fleets() {
-        // Three servers of one fleet, eight batch places each (the truth
-        // as above). Server 0 has shown a queue at two scrapes, server 1
-        // has never run more than five, server 2 was seen running twelve.
-        let server = busy;
-        let truth =
-            |l: &DispatchLoad| 40.0 + 80.0 * (l.requests_there() + 1).saturating_sub(8) as f64;
+        // Three servers of one fleet, eight batch places each. Server 0
+        // has shown a queue at two scrapes, server 1 has never run more
+        // than five, server 2 was seen running twelve.
         let sample = |running: u32| DispatchLoad {
             running,
             prompt_tokens: 100,
@@ -1054,23 +1061,23 @@ mod tests {
             p.response_timing(&request(), &e, &streamed(sample(0), 40.0, 5.0, 20));
             with_cx(&request(), 1, |cx| p.produce(cx, &[Candidate::new(&e)]));
         };
-        scrape(server(1, 5, 0));
-        scrape(server(2, 12, 0));
+        scrape(busy(1, 5, 0));
+        scrape(busy(2, 12, 0));
         assert_eq!(p.fleet.slots(), 0, "no server knows its limit yet");
-        scrape(server(0, 8, 1));
-        scrape(server(0, 8, 1));
+        scrape(busy(0, 8, 1));
+        scrape(busy(0, 8, 1));
         assert_eq!(p.fleet.slots(), 8);
         // The fleet's model learns the limit's wait from server 0.
-        let full = server(0, 8, 0);
+        let full = busy(0, 8, 0);
         for i in 0..600u32 {
             let l = sample(i % 9);
-            p.response_timing(&request(), &full, &streamed(l, truth(&l), 5.0, 20));
+            p.response_timing(&request(), &full, &streamed(l, eight_places(&l), 5.0, 20));
         }
         let at_limit = sample(8);
-        let with_wait = p.predict(&server(1, 5, 0), &at_limit).unwrap().ttft_ms;
+        let with_wait = p.predict(&busy(1, 5, 0), &at_limit).unwrap().ttft_ms;
         assert!((with_wait - 120.0).abs() < 12.0, "{with_wait}");
         // Server 2 runs more than that limit: not its own, not borrowed.
-        let without = p.predict(&server(2, 12, 0), &at_limit).unwrap().ttft_ms;
+        let without = p.predict(&busy(2, 12, 0), &at_limit).unwrap().ttft_ms;
         assert!(without < 80.0, "{without}");
     }
 
