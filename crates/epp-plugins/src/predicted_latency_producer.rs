@@ -20,7 +20,8 @@
 //! ```
 //!
 //! A prediction for a candidate comes from its endpoint's model once that
-//! has seen `minSamples` samples, else from the fleet's; a new endpoint's
+//! has seen `minSamples` samples, else from the fleet's scaled to how the
+//! endpoint's own samples compare with it (`FleetRatio`); a new endpoint's
 //! model starts from the fleet's coefficients. While the fleet's model is not
 //! warm either there is no prediction, and readers fall back (the
 //! `latency-scorer` to its heuristic blend). Headroom is
@@ -46,7 +47,7 @@ use epp_core::{
     Endpoint, EndpointId, InferenceRequest, LatencyPrediction, LatencySlo, MetricFamily,
     MetricSink, Plugin, PluginMetrics, ResponseHooks, ResponseTiming,
 };
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::{Builtin, Features, LatencyModel, ModelSettings, invalid, non_negative_weights};
 
@@ -232,11 +233,74 @@ const MEAN_ERROR: MetricFamily = MetricFamily {
     help: "Recent mean absolute residual of each latency model, in seconds",
 };
 
-/// One latency's model and its error record.
+const FLEET_RATIO: MetricFamily = MetricFamily {
+    name: "epp_latency_model_fleet_ratio",
+    help: "How an endpoint's observed latency compares with what the fleet's model predicts for it \
+           (geometric mean of observed / predicted over its recent samples): above 1 slower than \
+           the fleet; scales the fleet's predictions for it until its own model is warm",
+};
+
+/// How one endpoint's latency compares with what the fleet's model predicts
+/// for it: the geometric mean of observed / predicted over its recent
+/// samples, pulled towards 1 by [`Self::PSEUDO_SAMPLES`] samples of no
+/// difference. It scales the fleet's predictions for an endpoint whose own
+/// model is not warm yet. The fleet's model learns mostly from the
+/// endpoints that serve most; unscaled, it priced a server four times
+/// slower than the rest at the others' speed until the server had served
+/// its own `minSamples` — and how many it served depended on that price.
+#[derive(Debug)]
+struct FleetRatio {
+    /// Weighted sums of ln(observed / predicted) and of the weights.
+    sums: Mutex<(f64, f64)>,
+    /// The ratio as readers see it (f64 bits).
+    ratio: AtomicU64,
+}
+
+impl Default for FleetRatio {
+    fn default() -> Self {
+        Self {
+            sums: Mutex::new((0.0, 0.0)),
+            ratio: AtomicU64::new(1f64.to_bits()),
+        }
+    }
+}
+
+impl FleetRatio {
+    /// Samples of ratio 1 the estimate starts with: one slow sample moves
+    /// it a third of the way in log terms, not all of it.
+    const PSEUDO_SAMPLES: f64 = 2.0;
+    /// Per-sample forgetting: about the last 20 samples count.
+    const FORGETTING: f64 = 0.95;
+    /// A sample's ratio is taken within [1/this, this], so one stalled
+    /// request or one served from an unexpected cache moves it boundedly.
+    const MAX_RATIO: f64 = 10.0;
+
+    fn observe(&self, predicted: f64, observed: f64) {
+        if !(predicted > 0.0 && predicted.is_finite() && observed.is_finite() && observed >= 0.0) {
+            return;
+        }
+        let bound = Self::MAX_RATIO.ln();
+        let ln = (observed / predicted).ln().clamp(-bound, bound);
+        let mut sums = self.sums.lock();
+        sums.0 = Self::FORGETTING * sums.0 + ln;
+        sums.1 = Self::FORGETTING * sums.1 + 1.0;
+        let ratio = (sums.0 / (sums.1 + Self::PSEUDO_SAMPLES)).exp();
+        self.ratio.store(ratio.to_bits(), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> f64 {
+        f64::from_bits(self.ratio.load(Ordering::Relaxed))
+    }
+}
+
+/// One latency's model, its error record and, for an endpoint, how it
+/// compares with the fleet's model.
 #[derive(Debug)]
 struct Learner {
     model: LatencyModel,
     errors: ErrorHistogram,
+    /// Unused in the fleet's own learners.
+    to_fleet: FleetRatio,
 }
 
 impl Learner {
@@ -244,6 +308,7 @@ impl Learner {
         Self {
             model: LatencyModel::with_prior(settings, prior),
             errors: ErrorHistogram::default(),
+            to_fleet: FleetRatio::default(),
         }
     }
 }
@@ -554,18 +619,22 @@ impl PredictedLatencyProducer {
         tpot: bool,
     ) -> Option<Predicted> {
         let f = Features::at(load, self.slots_of(own));
-        let warm = |get: fn(&Models) -> &Learner| {
-            own.map(get)
-                .filter(|l| l.model.is_warm())
-                .or_else(|| Some(get(&self.fleet)).filter(|l| l.model.is_warm()))
+        // The model that predicts, and the factor its predictions take: the
+        // endpoint's own, or the fleet's scaled to how the endpoint compares.
+        let warm = |get: fn(&Models) -> &Learner| match own.map(get) {
+            Some(l) if l.model.is_warm() => Some((&l.model, 1.0)),
+            own => Some(&get(&self.fleet).model)
+                .filter(|m| m.is_warm())
+                .map(|m| (m, own.map_or(1.0, |l| l.to_fleet.get()))),
         };
-        let parts = warm(|m| &m.ttft)?.model.predict_parts(&f)?;
+        let (ttft, scale) = warm(|m| &m.ttft)?;
+        let parts = ttft.predict_parts(&f)?;
         Some(Predicted {
-            ttft_ms: parts.total,
-            own_work_ms: parts.own_work,
-            queue_wait_ms: parts.queue_wait,
+            ttft_ms: scale * parts.total,
+            own_work_ms: scale * parts.own_work,
+            queue_wait_ms: scale * parts.queue_wait,
             tpot_ms: if tpot {
-                warm(|m| &m.tpot).and_then(|l| l.model.predict_unchecked(&f))
+                warm(|m| &m.tpot).and_then(|(m, scale)| Some(scale * m.predict_unchecked(&f)?))
             } else {
                 None
             },
@@ -579,13 +648,19 @@ impl PredictedLatencyProducer {
         self.predict_with(own.as_deref(), load, true)
     }
 
-    /// Learns one observation into a model (recording its error first when
-    /// the model already predicts).
-    fn learn(learner: &Learner, features: &Features, observed_ms: f64) {
-        if let Some(p) = learner.model.predict(features) {
-            learner.errors.observe(p, observed_ms);
+    /// Learns one observation of an endpoint into its learner `own` and the
+    /// fleet's `fleet` (recording each model's error first when it already
+    /// predicts, and how the endpoint compares with the fleet's model).
+    fn learn(own: &Learner, fleet: &Learner, features: &Features, observed_ms: f64) {
+        if let Some(p) = own.model.predict(features) {
+            own.errors.observe(p, observed_ms);
         }
-        learner.model.observe(features, observed_ms);
+        if let Some(p) = fleet.model.predict(features) {
+            fleet.errors.observe(p, observed_ms);
+            own.to_fleet.observe(p, observed_ms);
+        }
+        own.model.observe(features, observed_ms);
+        fleet.model.observe(features, observed_ms);
     }
 }
 
@@ -728,13 +803,9 @@ impl ResponseHooks for PredictedLatencyProducer {
             slots,
             "latency sample"
         );
-        for learner in [&models.ttft, &self.fleet.ttft] {
-            Self::learn(learner, &f, ttft);
-        }
+        Self::learn(&models.ttft, &self.fleet.ttft, &f, ttft);
         if let Some(tpot) = tpot {
-            for learner in [&models.tpot, &self.fleet.tpot] {
-                Self::learn(learner, &f, tpot);
-            }
+            Self::learn(&models.tpot, &self.fleet.tpot, &f, tpot);
         }
     }
 }
@@ -752,6 +823,12 @@ impl PluginMetrics for PredictedLatencyProducer {
                 out.counter(SAMPLES, &labels, learner.model.samples());
                 out.gauge(WARM, &labels, f64::from(u8::from(learner.model.is_warm())));
                 out.gauge(MEAN_ERROR, &labels, learner.model.mean_abs_error() / 1e3);
+            }
+            if m.addr.is_some() {
+                for (latency, learner) in [("ttft", &m.ttft), ("tpot", &m.tpot)] {
+                    let labels = [("endpoint", m.name.as_str()), ("latency", latency)];
+                    out.gauge(FLEET_RATIO, &labels, learner.to_fleet.get());
+                }
             }
         }
     }
@@ -843,6 +920,45 @@ mod tests {
         assert!(p.predict(&seen, &l).is_some());
         let fleet = p.predict(&new, &l).expect("the fleet's model answers");
         assert!((fleet.ttft_ms - 70.0).abs() < 1.0, "{fleet:?}");
+    }
+
+    #[test]
+    fn an_endpoint_not_warm_yet_gets_the_fleets_prediction_scaled_to_its_own_speed() {
+        // The fleet's model learns from a fast server only; a server four
+        // times slower has served five requests, too few for its own model.
+        let p = producer(32);
+        let fast = endpoint(0, EndpointMetrics::fresh());
+        let slow = endpoint(1, EndpointMetrics::fresh());
+        let unseen = endpoint(2, EndpointMetrics::fresh());
+        for i in 0..200u32 {
+            let l = load(i % 5, u64::from(i % 9) * 400);
+            p.response_timing(&request(), &fast, &streamed(l, ttft(10.0, &l), 5.0, 20));
+        }
+        for i in 0..5u32 {
+            let l = load(i % 3, u64::from(i % 4) * 500);
+            let slower = 4.0 * ttft(10.0, &l);
+            p.response_timing(&request(), &slow, &streamed(l, slower, 20.0, 20));
+        }
+        let probe = load(2, 1500);
+        let fleet = ttft(10.0, &probe);
+        let f = p.predict(&fast, &probe).unwrap();
+        let s = p.predict(&slow, &probe).unwrap();
+        let u = p.predict(&unseen, &probe).unwrap();
+        assert!((f.ttft_ms - fleet).abs() / fleet < 0.05, "{f:?}");
+        assert!(
+            (u.ttft_ms - fleet).abs() / fleet < 0.05,
+            "no samples, no scaling: {u:?}"
+        );
+        // Five samples of ratio 4 against two of no difference: 4^(5/7)
+        // (the forgetting aside), between 2.5 and 4 times the fleet's.
+        let ratio = s.ttft_ms / fleet;
+        assert!((2.5..4.0).contains(&ratio), "{ratio}: {s:?}");
+        let tpot = s.tpot_ms.unwrap() / 5.0;
+        assert!((2.5..4.0).contains(&tpot), "{tpot}: {s:?}");
+        assert!(
+            s.own_work_ms / s.ttft_ms - f.own_work_ms / f.ttft_ms < 1e-9,
+            "{s:?} {f:?}"
+        );
     }
 
     #[test]
