@@ -106,6 +106,23 @@ class Workload:
     # Traffic the router never sees: (requests/s per simulator, prompt tokens) of unique
     # prompts sent straight to every simulator while the stages run (SideLoad).
     side_load: tuple[float, int] | None = None
+    # Per simulator, how much slower than SIM_ARGS it runs (every time in it multiplied: fixed
+    # TTFT, prefill per token, decode step); empty: all alike. epp-sim fleets only.
+    speeds: list[float] = field(default_factory=list)
+    # The Rust client's request shape, when it is not the workload's name.
+    shape: str = ""
+
+
+# The SIM_ARGS times a simulator `slower` times slower takes.
+SIM_TIMES = ("--itl-ms", "--ttft-ms", "--prefill-us-per-token")
+
+
+def sim_args_at(slower: float) -> list[str]:
+    out = list(SIM_ARGS)
+    for i, arg in enumerate(out[:-1]):
+        if arg in SIM_TIMES:
+            out[i + 1] = f"{float(out[i + 1]) * slower:g}"
+    return out
 
 
 # inference-perf's random data: mixed prompt and output lengths, nothing shared.
@@ -224,6 +241,20 @@ EXTRA_WORKLOADS = {
         stage_secs=20,
         data=shared_prefix(groups=16, per_group=12, system_len=6000, question_len=32, output_len=32),
         side_load=(1.0, 4000),
+    ),
+    # Issue 15: a fleet of two hardware generations. Routers that count queues but not speed send the
+    # slow servers as much as the fast ones until their queues say otherwise; a picker that learns
+    # each server's latency can send them less from the start.
+    "mixed-speeds": Workload(
+        name="mixed-speeds",
+        description="as no-sharing (random prompts, 64-4,000 tokens, outputs 8-64, nothing shared), on a "
+        "fleet of two kinds: sim-2 and sim-3 take twice as long for everything (fixed TTFT, prefill, "
+        "decode step), streamed completions",
+        rates=[8, 16, 24],
+        stage_secs=10,
+        data=MIXED_LENGTHS,
+        speeds=[1.0, 1.0, 2.0, 2.0],
+        shape="no-sharing",
     ),
 }
 
@@ -606,7 +637,7 @@ class Fleet:
                 f"sim-{i}",
                 [str(self.args.bin_dir / "epp-sim"), "--host", host, "--port", str(port),
                  "--pod-name", f"sim-{i}", "--model", MODEL, "--model-path", str(self.args.tokenizer)]
-                + SIM_ARGS + workload.sim_args + events,
+                + sim_args_at(workload.speeds[i] if workload.speeds else 1.0) + workload.sim_args + events,
             )
             self.sim_ports.append(port)
             self.sim_hosts.append(host)
@@ -1074,7 +1105,7 @@ def run_rust_client(args, workload: Workload, url: str, run_dir: Path, rates: li
         (run_dir / "words.txt").write_text("\n".join(TOKENIZER_WORDS) + "\n")
         words = ["--words", str(run_dir / "words.txt")]
     p = Proc("rust-client", [
-        str(args.rust_client), "--url", url, "--workload", workload.name,
+        str(args.rust_client), "--url", url, "--workload", workload.shape or workload.name,
         "--rates", ",".join(f"{r:g}" for r in rates), "--secs", str(secs),
         "--warmup-rate", str(WARMUP_RATE), "--warmup-secs", str(WARMUP_SECS), "--seed", "1",
         "--timeout", "30", "--out", str(out), *words,
@@ -1170,7 +1201,7 @@ def main() -> None:
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
     ap.add_argument("--client", choices=["inference-perf", "rust"],
                     help="one client for every workload (default: inference-perf, Rust for the LoRA mix); "
-                    "Rust has shared-prefix, many-tenants, no-sharing, lora-mix and long-answers, and sends every "
+                    "Rust has shared-prefix, many-tenants, no-sharing, mixed-speeds, lora-mix and long-answers, and sends every "
                     "contender the same arrivals")
     args = ap.parse_args()
     if args.quick:
@@ -1198,13 +1229,13 @@ def main() -> None:
         # The reference reads its endpoints as pods: one IP each, the pool's one port. llm-d's
         # simulator binds every address, so four of them cannot share a port on one machine.
         unfit = [c for c in contenders if c == "reference" or epp_replicas(c)[0] in PRECISE]
-        unfit += [f"workload {w.name}" for w in workloads if w.lora]
+        unfit += [f"workload {w.name}" for w in workloads if w.lora or w.speeds]
         if unfit and explicit:
             sys.exit(f"not with --fleet llm-d-sim: {', '.join(unfit)} (the reference needs one port on "
                      "several IPs, which llm-d-inference-sim cannot bind; epp-precise needs epp-sim's KV events "
-                     "and tokenizer; the LoRA mix uses epp-sim's adapter flags)")
+                     "and tokenizer; the LoRA mix and mixed speeds use epp-sim's flags)")
         contenders = [c for c in contenders if c != "reference" and epp_replicas(c)[0] not in PRECISE]
-        workloads = [w for w in workloads if not w.lora]
+        workloads = [w for w in workloads if not (w.lora or w.speeds)]
         if not Path(script_out(REFERENCE_SCRIPT, "sim-path")).exists():
             log("building llm-d-inference-sim (cached outside the checkout)")
             subprocess.run(["bash", str(REFERENCE_SCRIPT), "build-sim"], check=True)
@@ -1244,7 +1275,7 @@ def main() -> None:
         "sim_args": LLMD_SIM_ARGS if args.fleet == "llm-d-sim" else SIM_ARGS,
         "kv_events_and_tokenizer_in_every_sim": args.kv_events,
         "workloads": {w.name: {"description": w.description, "rates": w.rates, "stage_secs": w.stage_secs,
-                               "sim_args": w.sim_args, "client": args.client or w.client}
+                               "sim_args": w.sim_args, "speeds": w.speeds, "client": args.client or w.client}
                       for w in workloads},
         "command": " ".join(sys.argv),
         "quick": args.quick,
