@@ -458,6 +458,15 @@ impl LatencyModel {
         })
     }
 
+    /// The sum of the predictions for several inputs, from the sum of their
+    /// vectors ([`Features::vector`]; the model is linear), unclamped: what
+    /// the model predicts for samples it has not learned, to compare with
+    /// what they took.
+    #[must_use]
+    pub fn predict_sum(&self, vectors: &[f64; FEATURES]) -> f64 {
+        dot(&self.predicting(), vectors)
+    }
+
     /// What a thousand prompt tokens cost uncached rather than cached: the
     /// prefill a cache hit saves (θ_uncached − θ_cached as predictions use
     /// them), never negative. Unlike θ_uncached alone this is known when

@@ -235,31 +235,43 @@ const MEAN_ERROR: MetricFamily = MetricFamily {
 
 const FLEET_RATIO: MetricFamily = MetricFamily {
     name: "epp_latency_model_fleet_ratio",
-    help: "How an endpoint's observed latency compares with what the fleet's model predicts for it \
-           (geometric mean of observed / predicted over its recent samples): above 1 slower than \
-           the fleet; scales the fleet's predictions for it until its own model is warm",
+    help: "How an endpoint's observed latency compares with what the fleet's model predicts now for \
+           the loads of its recent samples: above 1 slower than the fleet; scales the fleet's \
+           predictions for it until its own model is warm",
 };
 
-/// How one endpoint's latency compares with what the fleet's model predicts
-/// for it: the geometric mean of observed / predicted over its recent
-/// samples, pulled towards 1 by [`Self::PSEUDO_SAMPLES`] samples of no
-/// difference. It scales the fleet's predictions for an endpoint whose own
-/// model is not warm yet. The fleet's model learns mostly from the
-/// endpoints that serve most; unscaled, it priced a server four times
-/// slower than the rest at the others' speed until the server had served
-/// its own `minSamples` — and how many it served depended on that price.
+/// How one endpoint's latency compares with what the fleet's model
+/// predicts for it: the mean latency of its recent samples over the fleet's
+/// current prediction for their mean inputs (the model is linear, so that is
+/// the mean of its predictions for them), pulled towards 1 by
+/// [`Self::PSEUDO_SAMPLES`] samples of no difference. It scales the fleet's
+/// predictions for an endpoint whose own model is not warm yet. The fleet's
+/// model learns mostly from the endpoints that serve most; unscaled, it
+/// priced a server four times slower than the rest at the others' speed
+/// until the server had served its own `minSamples` — and how many it
+/// served depended on that price. Against the fleet's model as it was when
+/// each sample came, the ratio went stale as that model drifted towards the
+/// others' speed (1.15 for the four-times-slower server): it is recomputed
+/// against the current model on every response ([`Self::refresh`]).
 #[derive(Debug)]
 struct FleetRatio {
-    /// Weighted sums of ln(observed / predicted) and of the weights.
-    sums: Mutex<(f64, f64)>,
+    sums: Mutex<RatioSums>,
     /// The ratio as readers see it (f64 bits).
     ratio: AtomicU64,
+}
+
+/// Exponentially weighted sums of an endpoint's samples.
+#[derive(Debug, Default)]
+struct RatioSums {
+    inputs: [f64; crate::FEATURES],
+    observed: f64,
+    weight: f64,
 }
 
 impl Default for FleetRatio {
     fn default() -> Self {
         Self {
-            sums: Mutex::new((0.0, 0.0)),
+            sums: Mutex::new(RatioSums::default()),
             ratio: AtomicU64::new(1f64.to_bits()),
         }
     }
@@ -271,20 +283,47 @@ impl FleetRatio {
     const PSEUDO_SAMPLES: f64 = 2.0;
     /// Per-sample forgetting: about the last 20 samples count.
     const FORGETTING: f64 = 0.95;
-    /// A sample's ratio is taken within [1/this, this], so one stalled
-    /// request or one served from an unexpected cache moves it boundedly.
+    /// A sample is taken within [1/this, this] times what the fleet's model
+    /// predicted for it (when it predicted), and the ratio within the same
+    /// bounds, so one stalled request moves it boundedly.
     const MAX_RATIO: f64 = 10.0;
 
-    fn observe(&self, predicted: f64, observed: f64) {
-        if !(predicted > 0.0 && predicted.is_finite() && observed.is_finite() && observed >= 0.0) {
+    /// Adds a sample: its inputs, the latency observed and what the fleet's
+    /// model predicted for it, if it did.
+    fn observe(&self, features: &Features, observed: f64, fleet_predicted: Option<f64>) {
+        if !(observed.is_finite() && observed >= 0.0) {
+            return;
+        }
+        let observed = match fleet_predicted {
+            Some(p) if p > 0.0 => observed.clamp(p / Self::MAX_RATIO, p * Self::MAX_RATIO),
+            _ => observed,
+        };
+        let x = features.vector();
+        if !x.iter().all(|v| v.is_finite()) {
+            return;
+        }
+        let mut sums = self.sums.lock();
+        for (sum, v) in sums.inputs.iter_mut().zip(x) {
+            *sum = Self::FORGETTING * *sum + v;
+        }
+        sums.observed = Self::FORGETTING * sums.observed + observed;
+        sums.weight = Self::FORGETTING * sums.weight + 1.0;
+    }
+
+    /// Recomputes the ratio against `fleet` as it predicts now (no change
+    /// while it is not warm or there are no samples).
+    fn refresh(&self, fleet: &LatencyModel) {
+        if !fleet.is_warm() {
+            return;
+        }
+        let sums = self.sums.lock();
+        let predicted = fleet.predict_sum(&sums.inputs);
+        if !(sums.weight > 0.0 && predicted > 0.0 && sums.observed > 0.0) {
             return;
         }
         let bound = Self::MAX_RATIO.ln();
-        let ln = (observed / predicted).ln().clamp(-bound, bound);
-        let mut sums = self.sums.lock();
-        sums.0 = Self::FORGETTING * sums.0 + ln;
-        sums.1 = Self::FORGETTING * sums.1 + 1.0;
-        let ratio = (sums.0 / (sums.1 + Self::PSEUDO_SAMPLES)).exp();
+        let ln = (sums.observed / predicted).ln().clamp(-bound, bound);
+        let ratio = (ln * sums.weight / (sums.weight + Self::PSEUDO_SAMPLES)).exp();
         self.ratio.store(ratio.to_bits(), Ordering::Relaxed);
     }
 
@@ -655,10 +694,11 @@ impl PredictedLatencyProducer {
         if let Some(p) = own.model.predict(features) {
             own.errors.observe(p, observed_ms);
         }
-        if let Some(p) = fleet.model.predict(features) {
+        let fleet_predicted = fleet.model.predict(features);
+        if let Some(p) = fleet_predicted {
             fleet.errors.observe(p, observed_ms);
-            own.to_fleet.observe(p, observed_ms);
         }
+        own.to_fleet.observe(features, observed_ms, fleet_predicted);
         own.model.observe(features, observed_ms);
         fleet.model.observe(features, observed_ms);
     }
@@ -806,6 +846,12 @@ impl ResponseHooks for PredictedLatencyProducer {
         Self::learn(&models.ttft, &self.fleet.ttft, &f, ttft);
         if let Some(tpot) = tpot {
             Self::learn(&models.tpot, &self.fleet.tpot, &f, tpot);
+        }
+        // The fleet's models moved: every endpoint's ratio to them follows
+        // (a few multiply-adds each, off the request path).
+        for m in self.endpoints.read().iter().flatten() {
+            m.ttft.to_fleet.refresh(&self.fleet.ttft.model);
+            m.tpot.to_fleet.refresh(&self.fleet.tpot.model);
         }
     }
 }
@@ -959,6 +1005,32 @@ mod tests {
             s.own_work_ms / s.ttft_ms - f.own_work_ms / f.ttft_ms < 1e-9,
             "{s:?} {f:?}"
         );
+    }
+
+    #[test]
+    fn the_scale_follows_the_fleets_model_as_it_drifts() {
+        // The fleet's model first learns from both servers alike, then from
+        // the fast one alone; the slow one (20 samples, its own model not
+        // warm) is still priced at four times the fast one.
+        let p = producer(32);
+        let fast = endpoint(0, EndpointMetrics::fresh());
+        let slow = endpoint(1, EndpointMetrics::fresh());
+        for i in 0..20u32 {
+            let l = load(i % 3, u64::from(i % 4) * 500);
+            p.response_timing(&request(), &fast, &streamed(l, ttft(10.0, &l), 5.0, 20));
+            let slower = 4.0 * ttft(10.0, &l);
+            p.response_timing(&request(), &slow, &streamed(l, slower, 20.0, 20));
+        }
+        for i in 0..300u32 {
+            let l = load(i % 5, u64::from(i % 9) * 400);
+            p.response_timing(&request(), &fast, &streamed(l, ttft(10.0, &l), 5.0, 20));
+        }
+        let probe = load(2, 1500);
+        let f = p.predict(&fast, &probe).unwrap();
+        let s = p.predict(&slow, &probe).unwrap();
+        // 4 shrunk by the two pseudo-samples: 4^(12.8 / 14.8) ≈ 3.3.
+        let ratio = s.ttft_ms / f.ttft_ms;
+        assert!((2.8..4.0).contains(&ratio), "{ratio}: {s:?} {f:?}");
     }
 
     #[test]
