@@ -2,7 +2,9 @@
 """Turns a routing benchmark's results.jsonl into tables (report.md) and a plot
 of TTFT p90 against request rate per contender (ttft_p90.png).
 
-Usage: python report.py RUN_DIR [--plot-out PATH] [--md-out PATH]
+Usage: python report.py RUN_DIR [RUN_DIR...] [--plot-out PATH] [--md-out PATH]
+Several run directories (runs of other workloads, or of one workload through another client) are
+reported together; the outputs go to the first unless named.
 Every figure is the mean over the repeats of one point; the "spread" column is
 (max - min) / mean of TTFT p90 over those repeats, the run-to-run noise.
 """
@@ -44,10 +46,15 @@ STYLE = {
 }
 
 
+def lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def load(run_dir: Path) -> tuple[dict, list[dict]]:
     meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
-    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
-    return meta, rows
+    return meta, lines(run_dir / "results.jsonl")
 
 
 def avg(values: list) -> float | None:
@@ -110,8 +117,12 @@ def plot(g: dict, meta: dict, path: Path) -> None:
     workloads = [w for w in ["shared-prefix", "no-sharing", "lora-mix"] if w in g] + [
         w for w in g if w not in ("shared-prefix", "no-sharing", "lora-mix")
     ]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(max(8.0, 6.2 * len(workloads)), 5.4), squeeze=False)
-    for ax, w in zip(axes[0], workloads):
+    cols = min(len(workloads), 4)
+    rows = -(-len(workloads) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(8.0, 6.2 * cols), 5.4 * rows), squeeze=False)
+    for ax in axes.flat[len(workloads):]:
+        ax.set_visible(False)
+    for ax, w in zip(axes.flat, workloads):
         for c in sorted(g[w], key=lambda c: ORDER.index(c) if c in ORDER else 99):
             rates = sorted(g[w][c])
             ys, lo, hi, xs = [], [], [], []
@@ -143,38 +154,45 @@ def plot(g: dict, meta: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir")
     ap.add_argument("--plot-out", type=Path)
     ap.add_argument("--md-out", type=Path)
     args = ap.parse_args()
-    meta, rows = load(args.run_dir)
-    if not rows:
-        sys.exit(f"no results in {args.run_dir}/results.jsonl")
+    first = args.run_dirs[0]
+    metas, rows, predictions = [], [], []
+    for run_dir in args.run_dirs:
+        meta, run_rows = load(run_dir)
+        if not run_rows:
+            sys.exit(f"no results in {run_dir}/results.jsonl")
+        metas.append((run_dir, meta))
+        rows += run_rows
+        predictions += lines(run_dir / "predictions.jsonl")
+    meta = metas[0][1]
+    described = {w: d for _, m in metas for w, d in m.get("workloads", {}).items()}
+    gits = sorted({m.get("git", "?") for _, m in metas})
     g = group(rows)
-    md = [f"Run {args.run_dir.name}: `{meta.get('command', '?')}` (git {meta.get('git', '?')}, "
-          f"{meta.get('cpus', '?')} cores, {meta.get('cpu_model', '?')}).", ""]
+    md = [f"Run {run_dir.name}: `{m.get('command', '?')}` (git {m.get('git', '?')}, "
+          f"{m.get('cpus', '?')} cores, {m.get('cpu_model', '?')})." for run_dir, m in metas] + [""]
     for w in g:
-        desc = meta.get("workloads", {}).get(w, {}).get("description", "")
+        desc = described.get(w, {}).get("description", "")
         md += [f"### {w}", "", desc, "", table(w, g[w]), ""]
-    predictions = args.run_dir / "predictions.jsonl"
-    if predictions.exists():
+    if predictions:
         md += ["### TTFT prediction error", "",
                "Per run of a contender whose epp learns latencies: the median of |predicted - observed| / "
                "observed over every TTFT sample of the run (each predicted by the endpoint's own model, once "
                "warm, before it was learned), and the share within 25 %.", "",
                "| workload | contender | run | samples | median relative error | within 25 % |",
                "|---|---|---:|---:|---:|---:|"]
-        for line in predictions.read_text().splitlines():
-            p = json.loads(line)
+        for p in predictions:
             md.append(f"| {p['workload']} | {LABELS.get(p['contender'], p['contender'])} | {p['repeat']} "
                       f"| {p['samples']} | {fmt(p['ttft_median_rel_error'], 3)} "
                       f"| {fmt(p['ttft_within_25pct'] * 100)} % |")
         md.append("")
     text = "\n".join(md)
-    (args.md_out or args.run_dir / "report.md").write_text(text)
+    (args.md_out or first / "report.md").write_text(text)
     print(text)
     try:
-        plot(g, meta, args.plot_out or args.run_dir / "ttft_p90.png")
+        plot(g, {**meta, "git": ", ".join(gits)}, args.plot_out or first / "ttft_p90.png")
     except ImportError as e:
         print(f"no plot: {e} (scripts/setup-routing-bench.sh installs matplotlib)", file=sys.stderr)
 
