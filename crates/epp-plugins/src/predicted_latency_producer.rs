@@ -1001,9 +1001,14 @@ mod tests {
         assert!((2.5..4.0).contains(&ratio), "{ratio}: {s:?}");
         let tpot = s.tpot_ms.unwrap() / 5.0;
         assert!((2.5..4.0).contains(&tpot), "{tpot}: {s:?}");
+        // Every part is scaled alike.
         assert!(
-            s.own_work_ms / s.ttft_ms - f.own_work_ms / f.ttft_ms < 1e-9,
-            "{s:?} {f:?}"
+            (s.own_work_ms / s.ttft_ms - u.own_work_ms / u.ttft_ms).abs() < 1e-9,
+            "{s:?} {u:?}"
+        );
+        assert!(
+            (s.queue_wait_ms / s.ttft_ms - u.queue_wait_ms / u.ttft_ms).abs() < 1e-9,
+            "{s:?} {u:?}"
         );
     }
 
