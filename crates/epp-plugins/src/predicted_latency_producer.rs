@@ -251,8 +251,10 @@ const FLEET_RATIO: MetricFamily = MetricFamily {
 /// until the server had served its own `minSamples` — and how many it
 /// served depended on that price. Against the fleet's model as it was when
 /// each sample came, the ratio went stale as that model drifted towards the
-/// others' speed (1.15 for the four-times-slower server): it is recomputed
-/// against the current model on every response ([`Self::refresh`]).
+/// others' speed (1.15 for the four-times-slower server): while it scales
+/// predictions it is recomputed against the current model on every
+/// response ([`Self::refresh`]); once the endpoint's own model is warm, only
+/// for `/metrics`.
 #[derive(Debug)]
 struct FleetRatio {
     sums: Mutex<RatioSums>,
@@ -455,6 +457,17 @@ impl Models {
         match self.slots() {
             0 if fleet >= self.most_running.load(Ordering::Relaxed) => fleet,
             own => own,
+        }
+    }
+
+    /// Recomputes the endpoint's ratios to the fleet's models (`fleet`):
+    /// only those that scale predictions (its own model not warm) unless
+    /// `all`.
+    fn refresh_ratios(&self, fleet: &Models, all: bool) {
+        for (own, fleet) in [(&self.ttft, &fleet.ttft), (&self.tpot, &fleet.tpot)] {
+            if all || !own.model.is_warm() {
+                own.to_fleet.refresh(&fleet.model);
+            }
         }
     }
 
@@ -847,11 +860,11 @@ impl ResponseHooks for PredictedLatencyProducer {
         if let Some(tpot) = tpot {
             Self::learn(&models.tpot, &self.fleet.tpot, &f, tpot);
         }
-        // The fleet's models moved: every endpoint's ratio to them follows
-        // (a few multiply-adds each, off the request path).
+        // The fleet's models moved: the ratios predictions use follow them
+        // (those of endpoints whose own model is not warm, a few
+        // multiply-adds each); the others are refreshed for `/metrics`.
         for m in self.endpoints.read().iter().flatten() {
-            m.ttft.to_fleet.refresh(&self.fleet.ttft.model);
-            m.tpot.to_fleet.refresh(&self.fleet.tpot.model);
+            m.refresh_ratios(&self.fleet, false);
         }
     }
 }
@@ -871,6 +884,7 @@ impl PluginMetrics for PredictedLatencyProducer {
                 out.gauge(MEAN_ERROR, &labels, learner.model.mean_abs_error() / 1e3);
             }
             if m.addr.is_some() {
+                m.refresh_ratios(&self.fleet, true);
                 for (latency, learner) in [("ttft", &m.ttft), ("tpot", &m.tpot)] {
                     let labels = [("endpoint", m.name.as_str()), ("latency", latency)];
                     out.gauge(FLEET_RATIO, &labels, learner.to_fleet.get());
