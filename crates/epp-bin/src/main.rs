@@ -255,6 +255,38 @@ fn bind_shared_indexes(plugins: &[(String, epp_core::PluginRef)], shutdown: &Can
     }
 }
 
+/// The cross-replica syncer the config names (`dataLayer.crossReplicaSyncerPluginRef`),
+/// bound to its address; `None` without one, or for one that shares nothing.
+fn peer_sync(built: &epp_core::config::BuiltConfig) -> Result<Option<epp_datalayer::PeerSync>> {
+    let Some(replicas) = &built.replicas else {
+        return Ok(None);
+    };
+    let syncer = replicas.syncer.plugin();
+    let Some(listen) = syncer.as_replica_syncer().and_then(|s| s.listen_address()) else {
+        tracing::info!(
+            syncer = syncer.name(),
+            r#type = syncer.type_name(),
+            "the cross-replica syncer shares nothing: this replica routes on its own view"
+        );
+        return Ok(None);
+    };
+    let peers = replicas
+        .peers
+        .as_ref()
+        .and_then(|p| p.plugin().as_peer_discovery())
+        .map(|d| d.peer_addresses().to_vec())
+        .unwrap_or_default();
+    if peers.is_empty() {
+        tracing::warn!(
+            syncer = syncer.name(),
+            "no dataLayer.peerDiscovery: this replica hears its peers but sends to none"
+        );
+    }
+    epp_datalayer::PeerSync::bind(listen, peers, replicas.interval)
+        .map(Some)
+        .with_context(|| format!("cannot listen for epp peers on {listen}"))
+}
+
 async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
     let addr = SocketAddr::new(args.bind_address, port);
     TcpListener::bind(addr)
@@ -268,9 +300,13 @@ async fn run(args: Args) -> Result<()> {
     let built = config.build(&registry(&args))?;
     let options = extproc_options(&args, &built);
     let mut prom = prometheus_client::registry::Registry::default();
-    let scheduler = built
+    let peer_sync = peer_sync(&built)?;
+    let mut scheduler = built
         .scheduler
         .with_staleness_threshold(args.metrics_staleness_threshold);
+    if let Some(sync) = &peer_sync {
+        scheduler = scheduler.with_replica_feed(sync.feed());
+    }
     let generations = args.metrics_generations;
     metrics::register_info(&mut prom, generations);
     let plugin_durations =
@@ -283,6 +319,11 @@ async fn run(args: Args) -> Result<()> {
     bind_shared_indexes(&built.plugins, &shutdown);
     let store = Arc::new(epp_datalayer::EndpointStore::new());
     let source: Arc<dyn EndpointSource> = store.clone();
+    if let Some(sync) = peer_sync {
+        sync.register_metrics(&mut prom);
+        sync.start(Arc::clone(&source), &built.plugins, shutdown.child_token())
+            .context("cannot start sharing state with epp peers")?;
+    }
 
     for discovery in discoveries(&args, built.discovery.as_ref())? {
         discovery

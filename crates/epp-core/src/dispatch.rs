@@ -117,6 +117,9 @@ impl Dispatch {
         let load = DispatchLoad::of(&Candidate::new(&endpoint), &request, prefix_hit);
         let (tokens, uncached_tokens) = (load.prompt_tokens, load.uncached_tokens);
         endpoint.inflight().start_with(tokens, uncached_tokens);
+        if let Some(feed) = scheduler.replica_feed() {
+            feed.load_changed();
+        }
         Self {
             scheduler,
             request,
@@ -146,6 +149,7 @@ impl Dispatch {
     pub fn prefill_done(&mut self) {
         if let Some((endpoint, tokens, uncached)) = self.prefill.take() {
             endpoint.inflight().finish_with(tokens, uncached);
+            self.load_changed();
         }
     }
 
@@ -216,7 +220,14 @@ impl Dispatch {
             .inflight()
             .start_with(self.tokens, self.uncached_tokens);
         self.endpoint = served;
+        self.load_changed();
         true
+    }
+
+    fn load_changed(&self) {
+        if let Some(feed) = self.scheduler.replica_feed() {
+            feed.load_changed();
+        }
     }
 
     /// The response's headers arrived with `status`: runs the scheduler's
@@ -247,6 +258,7 @@ impl Dispatch {
         self.endpoint
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
+        self.load_changed();
         let timing = match outcome {
             RequestOutcome::Completed { status } => Some(ResponseTiming {
                 load: self.load,

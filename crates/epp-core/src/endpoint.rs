@@ -201,32 +201,48 @@ pub struct InflightSample {
     pub uncached_tokens: u64,
 }
 
-/// Counters the picker itself keeps for an endpoint (requests it routed there
-/// that have not completed yet).
+/// Counters the picker keeps for an endpoint: requests it routed there that
+/// have not completed yet, and, with several replicas sharing their load
+/// (see [`crate::replicas`]), the other replicas' such requests.
+///
+/// The readers ([`Self::requests`], [`Self::sample`], …) give the sum of both:
+/// what the endpoint is serving for the whole set of replicas, as far as it
+/// is known here. [`Self::local`] gives this replica's part alone (what it
+/// tells its peers).
 #[derive(Debug, Default)]
 pub struct InflightCounters {
     requests: AtomicU32,
     tokens: AtomicU64,
     uncached_tokens: AtomicU64,
+    peer_requests: AtomicU32,
+    peer_tokens: AtomicU64,
+    peer_uncached_tokens: AtomicU64,
 }
 
 impl InflightCounters {
-    /// Requests routed to the endpoint and not yet completed.
+    /// Requests routed to the endpoint and not yet completed (by this
+    /// replica and its peers).
     #[must_use]
     pub fn requests(&self) -> u32 {
-        self.requests.load(Ordering::Relaxed)
+        self.requests
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_requests.load(Ordering::Relaxed))
     }
 
     /// Estimated tokens of those requests.
     #[must_use]
     pub fn tokens(&self) -> u64 {
-        self.tokens.load(Ordering::Relaxed)
+        self.tokens
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_tokens.load(Ordering::Relaxed))
     }
 
     /// Of those tokens, the ones not expected in the endpoint's prefix cache.
     #[must_use]
     pub fn uncached_tokens(&self) -> u64 {
-        self.uncached_tokens.load(Ordering::Relaxed)
+        self.uncached_tokens
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_uncached_tokens.load(Ordering::Relaxed))
     }
 
     /// All counts at once (each read atomically; a request starting between
@@ -238,6 +254,35 @@ impl InflightCounters {
             tokens: self.tokens(),
             uncached_tokens: self.uncached_tokens(),
         }
+    }
+
+    /// This replica's own counts, without its peers'.
+    #[must_use]
+    pub fn local(&self) -> InflightSample {
+        InflightSample {
+            requests: self.requests.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+            uncached_tokens: self.uncached_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The other replicas' counts, as last set.
+    #[must_use]
+    pub fn peers(&self) -> InflightSample {
+        InflightSample {
+            requests: self.peer_requests.load(Ordering::Relaxed),
+            tokens: self.peer_tokens.load(Ordering::Relaxed),
+            uncached_tokens: self.peer_uncached_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Replaces the other replicas' counts (their sum, as they last
+    /// reported them).
+    pub fn set_peers(&self, peers: InflightSample) {
+        self.peer_requests.store(peers.requests, Ordering::Relaxed);
+        self.peer_tokens.store(peers.tokens, Ordering::Relaxed);
+        self.peer_uncached_tokens
+            .store(peers.uncached_tokens, Ordering::Relaxed);
     }
 
     /// Records a request routed to the endpoint, none of its tokens cached.

@@ -72,6 +72,7 @@ mod latency;
 mod observe;
 mod plugin;
 mod registry;
+pub mod replicas;
 mod request;
 mod scheduler;
 mod shared_index;

@@ -93,6 +93,18 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_usage_limit_policy(&self) -> Option<&dyn crate::flow::UsageLimitPolicy> {
         None
     }
+    /// As a cross-replica syncer (llm-d's `crossReplicaSyncerPluginRef`).
+    fn as_replica_syncer(&self) -> Option<&dyn crate::replicas::ReplicaSyncer> {
+        None
+    }
+    /// As a peer-discovery plugin (llm-d's `dataLayer.peerDiscovery`).
+    fn as_peer_discovery(&self) -> Option<&dyn crate::replicas::PeerDiscovery> {
+        None
+    }
+    /// As a plugin that shares its picks with the other replicas.
+    fn as_shares_picks(&self) -> Option<&dyn crate::replicas::SharesPicks> {
+        None
+    }
     /// The metrics this plugin keeps itself, if any.
     fn as_plugin_metrics(&self) -> Option<&dyn crate::PluginMetrics> {
         None

@@ -314,6 +314,7 @@ pub struct Scheduler {
     saturation: Option<PluginRef>,
     staleness: Option<Duration>,
     observer: Option<Arc<dyn SchedulerObserver>>,
+    replicas: Option<Arc<dyn crate::replicas::ReplicaFeed>>,
 }
 
 impl Scheduler {
@@ -348,6 +349,7 @@ impl Scheduler {
             saturation: None,
             staleness: None,
             observer: None,
+            replicas: None,
         })
     }
 
@@ -448,6 +450,21 @@ impl Scheduler {
     pub fn with_observer(mut self, observer: Arc<dyn SchedulerObserver>) -> Self {
         self.observer = Some(observer);
         self
+    }
+
+    /// Tells `feed` whenever a [`crate::Dispatch`] of this scheduler changes
+    /// an endpoint's in-flight counts, for the other replicas (see
+    /// [`crate::replicas`]).
+    #[must_use]
+    pub fn with_replica_feed(mut self, feed: Arc<dyn crate::replicas::ReplicaFeed>) -> Self {
+        self.replicas = Some(feed);
+        self
+    }
+
+    /// The feed [`Self::with_replica_feed`] set.
+    #[must_use]
+    pub fn replica_feed(&self) -> Option<&Arc<dyn crate::replicas::ReplicaFeed>> {
+        self.replicas.as_ref()
     }
 
     /// Every place a plugin is called from, in a fixed order; the index of a

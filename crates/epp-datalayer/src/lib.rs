@@ -61,6 +61,7 @@ pub mod kv_events;
 mod prometheus_metric;
 mod redis_index;
 mod render;
+mod replicas;
 mod scrape;
 mod source;
 mod status;
@@ -84,6 +85,10 @@ pub use file_discovery_plugin::{FileDiscoveryParams, FileDiscoveryPlugin};
 pub use prometheus_metric::{PrometheusMetricExtractor, PrometheusMetricParams};
 pub use redis_index::RedisBlockIndex;
 pub use render::VllmRenderer;
+pub use replicas::{
+    LocalSyncer, MAX_PICK_KEYS, PeerSync, RESOLVE_EVERY, StaticPeerDiscovery,
+    StaticPeerDiscoveryParams, UdpPeerSyncer, UdpPeerSyncerParams, WireError,
+};
 pub use scrape::DataLayerOptions;
 pub use source::{MetricsDataSource, MetricsDataSourceParams};
 pub use status::ScrapeStatus;
@@ -91,7 +96,8 @@ pub use store::{EndpointSpec, EndpointStore, parse_endpoint_list};
 
 /// Registers the data layer's plugin types: `metrics-data-source`,
 /// `core-metrics-extractor`, `prometheus-metric`, `dcgm-data-source`,
-/// `dcgm-extractor`, `file-discovery`, `endpoint-notification-source`; the first two are the
+/// `dcgm-extractor`, `file-discovery`, `endpoint-notification-source`,
+/// `udp-peer-syncer`, `local-syncer`, `static-peer-discovery`; the first two are the
 /// defaults for [`Role::MetricsSource`] and [`Role::MetricsExtractor`] (the
 /// data layer a config gets when it names none).
 pub fn register(registry: &mut Registry) {
@@ -147,6 +153,26 @@ pub fn register(registry: &mut Registry) {
         struct NoParams {}
         let NoParams {} = spec.params()?;
         Ok(Arc::new(DcgmExtractor::new(spec.name.clone())))
+    });
+    registry.register(replicas::UdpPeerSyncer::TYPE, |spec: &PluginSpec| {
+        Ok(Arc::new(replicas::UdpPeerSyncer::new(
+            spec.name.clone(),
+            &spec.params()?,
+        )?))
+    });
+    registry.register(replicas::LocalSyncer::TYPE, |spec: &PluginSpec| {
+        /// No parameters (llm-d's takes none).
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoParams {}
+        let NoParams {} = spec.params()?;
+        Ok(Arc::new(replicas::LocalSyncer::new(spec.name.clone())))
+    });
+    registry.register(replicas::StaticPeerDiscovery::TYPE, |spec: &PluginSpec| {
+        Ok(Arc::new(replicas::StaticPeerDiscovery::new(
+            spec.name.clone(),
+            spec.params()?,
+        )?))
     });
     registry.register(PrometheusMetricExtractor::TYPE, |spec: &PluginSpec| {
         Ok(Arc::new(PrometheusMetricExtractor::new(

@@ -18,6 +18,8 @@ mod llm_d_configs;
 mod mtls;
 #[path = "datalayer/redis_index.rs"]
 mod redis_index;
+#[path = "datalayer/replicas.rs"]
+mod replicas;
 #[path = "datalayer/scrape.rs"]
 mod scrape;
 #[path = "datalayer/sim.rs"]

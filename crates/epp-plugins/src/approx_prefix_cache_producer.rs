@@ -11,13 +11,14 @@
 //! gap is never cached by a real engine).
 
 use std::sync::{
-    Arc,
+    Arc, OnceLock,
     atomic::{AtomicU64, Ordering},
 };
 
 use epp_core::{
-    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, MetricFamily, MetricSink,
-    Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily,
+    MetricSink, Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
+    replicas::{ReplicaFeed, SharesPicks},
 };
 
 use crate::{Builtin, PrefixIndex};
@@ -255,6 +256,8 @@ pub struct ApproxPrefixCacheProducer {
     index: PrefixIndex,
     /// The cycle's prefix-match set this producer fills.
     slot: PrefixSlot,
+    /// Where picks go for the other replicas, when they share them.
+    feed: OnceLock<Arc<dyn ReplicaFeed>>,
 }
 
 impl Builtin for ApproxPrefixCacheProducer {
@@ -284,6 +287,7 @@ impl ApproxPrefixCacheProducer {
                 PrefixIndex::default()
             },
             slot: PrefixSlot::default(),
+            feed: OnceLock::new(),
         }
     }
 
@@ -355,7 +359,8 @@ impl ApproxPrefixCacheProducer {
             (endpoint, capacity, prefix.matched(endpoint.id()))
         };
         // P/D: the prefill endpoint computed the prompt's KV too.
-        match result.prefill().filter(|p| !Arc::ptr_eq(p, target)) {
+        let prefill = result.prefill().filter(|p| !Arc::ptr_eq(p, target));
+        match prefill {
             Some(prefill) => self
                 .index
                 .record_matched_both(hashes, what(target), what(prefill)),
@@ -363,6 +368,12 @@ impl ApproxPrefixCacheProducer {
                 let (endpoint, capacity, matched) = what(target);
                 self.index
                     .record_matched(endpoint, hashes, capacity, matched);
+            }
+        }
+        if let Some(feed) = self.feed.get() {
+            feed.picked(&self.name, target, hashes);
+            if let Some(prefill) = prefill {
+                feed.picked(&self.name, prefill, hashes);
             }
         }
     }
@@ -410,6 +421,22 @@ impl Plugin for ApproxPrefixCacheProducer {
     fn bind_prefix_slot(&self, slot: usize) -> bool {
         self.slot.set(slot);
         true
+    }
+    fn as_shares_picks(&self) -> Option<&dyn SharesPicks> {
+        Some(self)
+    }
+}
+
+impl SharesPicks for ApproxPrefixCacheProducer {
+    fn share_picks(&self, feed: Arc<dyn ReplicaFeed>) {
+        let _ = self.feed.set(feed);
+    }
+
+    /// Records the blocks on `endpoint` as a pick of this replica would,
+    /// with the endpoint's capacity as this replica estimates it.
+    fn peer_picked(&self, endpoint: &Arc<Endpoint>, keys: &[u64]) {
+        let capacity = self.capacity_for(&Candidate::new(endpoint));
+        self.index.record_for(endpoint, keys, capacity);
     }
 }
 

@@ -36,6 +36,7 @@ use epp_core::{
     KvEventBatch, KvEventSink, KvEventsConfig, MetricFamily, MetricSink, Plugin, PluginMetrics,
     PreRequest, PrefixLookup, PrefixLookupFuture, PrefixMatch, PrefixSlot, RedisAddress,
     SchedulingResult, SharedBlockIndex, SharedIndexSpec, SharedPrefixMatch,
+    replicas::{ReplicaFeed, SharesPicks},
 };
 use parking_lot::RwLock;
 use serde::de::IgnoredAny;
@@ -169,6 +170,8 @@ pub struct PrecisePrefixCacheProducer {
     store: Arc<OnceLock<Arc<dyn SharedBlockIndex>>>,
     /// Endpoint addresses by id: the names the shared store knows them by.
     names: Arc<RwLock<HashMap<EndpointId, Arc<str>>>>,
+    /// Where picks go for the other replicas, when they share them.
+    feed: OnceLock<Arc<dyn ReplicaFeed>>,
 }
 
 fn seed_of(s: &str) -> u64 {
@@ -255,6 +258,7 @@ impl Builtin for PrecisePrefixCacheProducer {
             shared,
             store: Arc::new(OnceLock::new()),
             names: Arc::new(RwLock::new(HashMap::new())),
+            feed: OnceLock::new(),
             name,
         })
     }
@@ -455,6 +459,11 @@ impl Plugin for PrecisePrefixCacheProducer {
     fn as_pre_request(&self) -> Option<&dyn PreRequest> {
         self.speculative.then_some(self as &dyn PreRequest)
     }
+    /// With `speculativeIndexing` only: otherwise a pick changes nothing
+    /// here, the engines' events tell every replica alike.
+    fn as_shares_picks(&self) -> Option<&dyn SharesPicks> {
+        self.speculative.then_some(self as &dyn SharesPicks)
+    }
     fn bind_prefix_slot(&self, slot: usize) -> bool {
         self.slot.set(slot);
         true
@@ -556,14 +565,29 @@ impl PreRequest for PrecisePrefixCacheProducer {
             return;
         }
         if let Some(target) = result.primary() {
-            self.name_endpoint(target);
-            self.index.speculate(
-                target.id(),
-                &prefix.hashes,
-                Instant::now(),
-                self.index.speculative_ttl(),
-            );
+            self.peer_picked(target, &prefix.hashes);
+            if let Some(feed) = self.feed.get() {
+                feed.picked(&self.name, target, &prefix.hashes);
+            }
         }
+    }
+}
+
+impl SharesPicks for PrecisePrefixCacheProducer {
+    fn share_picks(&self, feed: Arc<dyn ReplicaFeed>) {
+        let _ = self.feed.set(feed);
+    }
+
+    /// Holds the blocks on `endpoint` until its engine reports them, as
+    /// this replica's own pick would (`speculativeIndexing`).
+    fn peer_picked(&self, endpoint: &Arc<Endpoint>, keys: &[u64]) {
+        self.name_endpoint(endpoint);
+        self.index.speculate(
+            endpoint.id(),
+            keys,
+            Instant::now(),
+            self.index.speculative_ttl(),
+        );
     }
 }
 

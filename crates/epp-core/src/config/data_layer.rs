@@ -264,15 +264,58 @@ impl EndpointPickerConfig {
                 |p| p.as_endpoint_discovery().is_some(),
             )?;
         }
-        if let Some(d) = &layer.cross_replica_sync_interval
-            && super::parse_duration(d).is_none()
-        {
-            return Err(self.err(
-                format!("{key}.crossReplicaSyncInterval"),
-                format!("{d:?} is not a duration (e.g. 500ms, 2s)"),
-            ));
+        if let Some(d) = &layer.peer_discovery {
+            self.referenced_as(
+                wiring,
+                &format!("{key}.peerDiscovery.pluginRef"),
+                &d.plugin_ref,
+                "a peer-discovery plugin",
+                |p| p.as_peer_discovery().is_some(),
+            )?;
+        }
+        if let Some(name) = &layer.cross_replica_syncer_plugin_ref {
+            self.referenced_as(
+                wiring,
+                &format!("{key}.crossReplicaSyncerPluginRef"),
+                name,
+                "a cross-replica syncer",
+                |p| p.as_replica_syncer().is_some(),
+            )?;
+        }
+        if let Some(d) = &layer.cross_replica_sync_interval {
+            match super::parse_duration(d) {
+                Some(i) if !i.is_zero() => {}
+                _ => {
+                    return Err(self.err(
+                        format!("{key}.crossReplicaSyncInterval"),
+                        format!("{d:?} is not a positive duration (e.g. 200ms, 1s)"),
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The cross-replica syncer `dataLayer.crossReplicaSyncerPluginRef`
+    /// names, with the peer discovery and interval that go with it (checked
+    /// by [`Self::build_data_layer`]).
+    pub(super) fn replicas(&self, wiring: &Wiring) -> Option<crate::replicas::ReplicaSync> {
+        let layer = self.raw.data_layer.as_ref().or(self.raw.data.as_ref())?;
+        let syncer = wiring.find(layer.cross_replica_syncer_plugin_ref.as_ref()?)?;
+        let peers = layer
+            .peer_discovery
+            .as_ref()
+            .and_then(|d| wiring.find(&d.plugin_ref));
+        let interval = layer
+            .cross_replica_sync_interval
+            .as_deref()
+            .and_then(super::parse_duration)
+            .unwrap_or(crate::replicas::DEFAULT_SYNC_INTERVAL);
+        Some(crate::replicas::ReplicaSync {
+            syncer,
+            peers,
+            interval,
+        })
     }
 
     /// The discovery plugin `dataLayer.discovery` names (checked by

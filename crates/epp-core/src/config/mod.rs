@@ -135,6 +135,9 @@ pub struct BuiltConfig {
     /// The endpoint-discovery plugin `dataLayer.discovery` names: endpoints
     /// come from it instead of Kubernetes (llm-d).
     pub discovery: Option<PluginRef>,
+    /// The cross-replica syncer `dataLayer.crossReplicaSyncerPluginRef`
+    /// names, with its peers and interval (see [`crate::replicas`]).
+    pub replicas: Option<crate::replicas::ReplicaSync>,
     /// Enabled feature gates.
     pub feature_gates: Vec<String>,
     /// Flow-control settings, when given.
@@ -260,6 +263,7 @@ impl EndpointPickerConfig {
         let parsers = self.check_parsers(registry, &mut wiring)?;
         let data_layer = self.build_data_layer(registry, &mut wiring)?;
         let discovery = self.discovery(&wiring);
+        let replicas = self.replicas(&wiring);
         self.check_custom_metrics(&wiring, &data_layer)?;
 
         let Wiring { plugins, effective } = wiring;
@@ -274,6 +278,7 @@ impl EndpointPickerConfig {
             plugins,
             data_layer,
             discovery,
+            replicas,
             feature_gates,
             flow_control: raw.flow_control.clone(),
             flow_settings,

@@ -27,6 +27,22 @@ impl Plugin for Test {
     fn as_profile_handler(&self) -> Option<&dyn ProfileHandler> {
         (self.kind == "h").then_some(self)
     }
+    fn as_replica_syncer(&self) -> Option<&dyn crate::replicas::ReplicaSyncer> {
+        (self.kind == "syncer").then_some(self)
+    }
+    fn as_peer_discovery(&self) -> Option<&dyn crate::replicas::PeerDiscovery> {
+        (self.kind == "peers").then_some(self)
+    }
+}
+impl crate::replicas::ReplicaSyncer for Test {
+    fn listen_address(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
+}
+impl crate::replicas::PeerDiscovery for Test {
+    fn peer_addresses(&self) -> &[String] {
+        &[]
+    }
 }
 impl Scorer for Test {
     fn score(&self, _: &CycleContext<'_>, _: &[Candidate], _: &mut [f64]) {}
@@ -59,7 +75,7 @@ struct Params {
 
 fn registry() -> Registry {
     let mut r = Registry::new();
-    for kind in ["s", "max-score-picker", "h"] {
+    for kind in ["s", "max-score-picker", "h", "syncer", "peers"] {
         r.register(kind, move |spec| {
             let p: Params = spec.params()?;
             if p.threshold > 100 {
@@ -367,14 +383,38 @@ fn feature_gates_take_llm_ds_name_equals_bool_form() {
 
 #[test]
 fn llm_ds_data_layer_keys_are_checked_and_misspellings_still_fail() {
-    let ok = "plugins:\n- type: s\ndataLayer:\n  injectDefaults: false\n  \
-              peerDiscovery: {pluginRef: s}\n  crossReplicaSyncerPluginRef: s\n  \
+    let ok = "plugins:\n- type: syncer\n- type: peers\ndataLayer:\n  injectDefaults: false\n  \
+              peerDiscovery: {pluginRef: peers}\n  crossReplicaSyncerPluginRef: syncer\n  \
               crossReplicaSyncInterval: 2s\n";
+    let built = EndpointPickerConfig::parse(ok, "f")
+        .unwrap()
+        .build(&registry())
+        .unwrap();
+    let replicas = built.replicas.unwrap();
+    assert_eq!(replicas.syncer.plugin().name(), "syncer");
+    assert_eq!(replicas.peers.unwrap().plugin().name(), "peers");
+    assert_eq!(replicas.interval, std::time::Duration::from_secs(2));
+    let default = "plugins:\n- type: syncer\ndataLayer:\n  crossReplicaSyncerPluginRef: syncer\n";
+    let built = EndpointPickerConfig::parse(default, "f")
+        .unwrap()
+        .build(&registry())
+        .unwrap();
+    let replicas = built.replicas.unwrap();
+    assert!(replicas.peers.is_none());
+    assert_eq!(replicas.interval, crate::replicas::DEFAULT_SYNC_INTERVAL);
     assert!(
-        EndpointPickerConfig::parse(ok, "f")
-            .unwrap()
-            .build(&registry())
-            .is_ok()
+        error("plugins:\n- type: s\ndataLayer:\n  crossReplicaSyncerPluginRef: s\n").contains(
+            "dataLayer.crossReplicaSyncerPluginRef: plugin \"s\" is not a cross-replica syncer"
+        )
+    );
+    assert!(
+        error("plugins:\n- type: s\ndataLayer:\n  peerDiscovery: {pluginRef: s}\n").contains(
+            "dataLayer.peerDiscovery.pluginRef: plugin \"s\" is not a peer-discovery plugin"
+        )
+    );
+    assert!(
+        error("dataLayer:\n  crossReplicaSyncInterval: 0s\n")
+            .contains("dataLayer.crossReplicaSyncInterval: \"0s\" is not a positive duration")
     );
     let dangling = "dataLayer:\n  discovery: {pluginRef: files}\n";
     assert!(
@@ -394,7 +434,7 @@ fn llm_ds_data_layer_keys_are_checked_and_misspellings_still_fail() {
     );
     assert!(
         error("dataLayer:\n  crossReplicaSyncInterval: soon\n")
-            .contains("dataLayer.crossReplicaSyncInterval: \"soon\" is not a duration")
+            .contains("dataLayer.crossReplicaSyncInterval: \"soon\" is not a positive duration")
     );
     assert!(
         error("dataLayer:\n  injectDefault: false\n")
