@@ -23,7 +23,9 @@ epp logs at RUST_LOG=warn into each run's epp.log; EPP_BENCH_RUST_LOG overrides 
 predicted latencies and the load they were predicted for).
 
 An epp contender named with a suffix -x2 or -x3 (`epp-x2`, `epp-precise-x3`)
-runs as that many epp replicas behind one Envoy (its ext_proc cluster round-robins).
+runs as that many epp replicas behind one Envoy (its ext_proc cluster round-robins);
+with -peers before it (`epp-peers-x2`, `epp-precise-peers-x3`) the replicas share their
+in-flight load and picks (`udp-peer-syncer`).
 
 Writes DIR/results.jsonl (one line per workload x contender x repeat x rate)
 and, through report.py, DIR/report.md and DIR/ttft_p90.png.
@@ -346,6 +348,22 @@ EPP_PRECISE_REDIS_INDEXER = """\
 # Contenders whose simulators publish KV events and tokenize with the bench tokenizer.
 PRECISE = ("epp-precise", "epp-precise-redis")
 
+# Several replicas sharing what they dispatched and picked (issue 16): `epp-peers-x2`,
+# `epp-precise-peers-x3`. Each replica's config gets the syncer, its own address and the
+# list of all, as a user would write one config per replica or one headless Service name.
+PEERS = "-peers"
+PEERS_SYNC = """\
+- type: udp-peer-syncer
+  parameters: {{address: "127.0.0.1:{own}"}}
+- type: static-peer-discovery
+  parameters: {{peers: [{peers}]}}
+"""
+PEERS_DATA_LAYER = """\
+dataLayer:
+  peerDiscovery: {pluginRef: static-peer-discovery}
+  crossReplicaSyncerPluginRef: udp-peer-syncer
+"""
+
 KNOWN = CONTENDERS + list(EPP_VARIANTS) + list(PRECISE)
 
 
@@ -367,6 +385,8 @@ LABELS = {
     "epp-latency": "Envoy + epp (learned latency: latency-scorer)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
+    "epp-peers": "Envoy + epp (default config, replicas sharing load and picks over udp-peer-syncer)",
+    "epp-precise-peers": "Envoy + epp (precise prefix as epp-precise, replicas sharing load and picks)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
     "round-robin": "Envoy round-robin",
     "sglang-cache-aware": "sglang-router cache_aware",
@@ -394,6 +414,12 @@ def log(msg: str) -> None:
 
 def free_port() -> int:
     with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -567,9 +593,17 @@ def shared_loopback_port(ips: list[str]) -> int:
 
 
 def epp_replicas(contender: str) -> tuple[str, int]:
-    """`epp-x2` -> ("epp", 2): an epp contender run as N replicas behind one Envoy."""
+    """`epp-x2` -> ("epp", 2): an epp contender run as N replicas behind one Envoy.
+    A `-peers` suffix before it (`epp-precise-peers-x2`) is dropped here: see `shares_state`."""
     m = re.fullmatch(r"(.+)-x([2-9])", contender)
-    return (m.group(1), int(m.group(2))) if m else (contender, 1)
+    base, n = (m.group(1), int(m.group(2))) if m else (contender, 1)
+    return base.removesuffix(PEERS), n
+
+
+def shares_state(contender: str) -> bool:
+    """`epp-peers-x2`: the replicas tell each other their in-flight load and picks
+    (`udp-peer-syncer` with `static-peer-discovery` listing every replica)."""
+    return PEERS in contender
 
 
 def consecutive_free_ports(n: int) -> int:
@@ -677,10 +711,19 @@ class Fleet:
                 text = EPP_VARIANTS.get(base) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
             config = ["--config-file", str(self.dir / "epp-config.yaml")]
+            sync_ports = [free_udp_port() for _ in range(replicas)] if shares_state(contender) else []
             # Several replicas: Envoy's ext_proc cluster round-robins over them,
             # as a user running two or three epp replicas for availability does.
             grpcs = []
             for r in range(replicas):
+                if sync_ports:
+                    peers = ", ".join(f'"127.0.0.1:{p}"' for p in sync_ports)
+                    own = PEERS_SYNC.format(own=sync_ports[r], peers=peers)
+                    if not text.startswith("plugins:\n") and "\nplugins:\n" not in text:
+                        raise RuntimeError("epp config without a plugins: list")
+                    mine = text.replace("plugins:\n", "plugins:\n" + own, 1) + PEERS_DATA_LAYER
+                    (self.dir / f"epp-config-{r}.yaml").write_text(mine)
+                    config = ["--config-file", str(self.dir / f"epp-config-{r}.yaml")]
                 grpc = free_port()
                 grpcs.append(grpc)
                 metrics = free_port()

@@ -12,9 +12,12 @@
 //! that default name is declared, so the reference's default config works
 //! unchanged.
 
+use std::sync::Arc;
+
 use epp_core::{
-    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, MetricSink, Plugin,
-    PluginMetrics, PreRequest, SchedulingResult, Scorer,
+    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, Endpoint,
+    MetricSink, Plugin, PluginMetrics, PreRequest, SchedulingResult, Scorer,
+    replicas::{ReplicaFeed, SharesPicks},
 };
 
 use crate::{ApproxPrefixCacheProducer, Builtin, PrefixCacheParams, PrefixIndex, invalid};
@@ -199,11 +202,26 @@ impl Plugin for PrefixCacheScorer {
         Some(self.source.as_deref().unwrap_or(DEFAULT_PREFIX_PRODUCER))
     }
     fn as_plugin_metrics(&self) -> Option<&dyn PluginMetrics> {
-        // Its own index is used only when it reads no other producer's.
-        self.source
-            .as_deref()
-            .is_none_or(|s| s == self.name)
-            .then_some(self as &dyn PluginMetrics)
+        self.uses_own_index().then_some(self as &dyn PluginMetrics)
+    }
+    fn as_shares_picks(&self) -> Option<&dyn SharesPicks> {
+        self.uses_own_index().then_some(self as &dyn SharesPicks)
+    }
+}
+
+impl PrefixCacheScorer {
+    /// Its own index is used only when it reads no other producer's.
+    fn uses_own_index(&self) -> bool {
+        self.source.as_deref().is_none_or(|s| s == self.name)
+    }
+}
+
+impl SharesPicks for PrefixCacheScorer {
+    fn share_picks(&self, feed: Arc<dyn ReplicaFeed>) {
+        self.own.share_picks(feed);
+    }
+    fn peer_picked(&self, endpoint: &Arc<Endpoint>, keys: &[u64]) {
+        self.own.peer_picked(endpoint, keys);
     }
 }
 

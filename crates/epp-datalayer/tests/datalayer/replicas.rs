@@ -242,6 +242,23 @@ schedulingProfiles:
   - {pluginRef: prefix-cache-scorer, weight: 1}
   - {pluginRef: max-score-picker}
 ";
+    // The scorer keeping its own index (llm-d's default) shares it too.
+    let own_index = "\
+plugins:
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: prefix-cache-scorer, weight: 1}
+  - {pluginRef: max-score-picker}
+";
+    for profile in [profile, own_index] {
+        pick_is_shared_and_a_stopped_replica_forgotten(profile).await;
+    }
+}
+
+async fn pick_is_shared_and_a_stopped_replica_forgotten(profile: &str) {
     let (pa, pb) = free_udp_ports();
     let a = replica(profile, pa, (pa, pb), true);
     let b = replica(profile, pb, (pa, pb), true);
