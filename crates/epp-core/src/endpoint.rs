@@ -696,4 +696,41 @@ mod tests {
         m.insert_extension(GpuTemp(72.0));
         assert_eq!(m.extension::<GpuTemp>(), Some(&GpuTemp(72.0)));
     }
+
+    #[test]
+    fn readers_add_the_peers_counts_and_local_leaves_them_out() {
+        let c = InflightCounters::default();
+        c.start_with(100, 40);
+        let peers = InflightSample {
+            requests: 3,
+            tokens: 900,
+            uncached_tokens: 300,
+        };
+        c.set_peers(peers);
+        let local = InflightSample {
+            requests: 1,
+            tokens: 100,
+            uncached_tokens: 40,
+        };
+        assert_eq!(c.local(), local);
+        assert_eq!(c.peers(), peers);
+        assert_eq!(
+            c.sample(),
+            InflightSample {
+                requests: 4,
+                tokens: 1000,
+                uncached_tokens: 340,
+            }
+        );
+        assert_eq!(
+            (c.requests(), c.tokens(), c.uncached_tokens()),
+            (4, 1000, 340)
+        );
+        // Finishing touches the local counts only; the peers' are replaced
+        // as a whole.
+        c.finish_with(100, 40);
+        assert_eq!(c.sample(), peers);
+        c.set_peers(InflightSample::default());
+        assert_eq!(c.sample(), InflightSample::default());
+    }
 }

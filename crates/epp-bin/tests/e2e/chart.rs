@@ -603,6 +603,75 @@ fn the_charts_values_select_what_is_rendered() {
         Some("Recreate")
     );
 
+    // Peer sync: every replica serves (no leader election, rolled), a
+    // headless Service names them all, ready or not, and the generated
+    // config shares state with them; it loads in epp.
+    let docs = render_in(
+        &dir,
+        "peers",
+        &with(json!({"inferenceExtension": {"replicas": 3, "peerSync": {"enabled": true}}})),
+    )
+    .unwrap();
+    assert!(
+        !args_of(&docs).iter().any(|a| a.contains("leader")),
+        "{:?}",
+        args_of(&docs)
+    );
+    let deployment = of_kind(&docs, "Deployment");
+    assert_eq!(
+        deployment["spec"]["strategy"]["type"].as_str(),
+        Some("RollingUpdate")
+    );
+    let ports = &deployment["spec"]["template"]["spec"]["containers"][0]["ports"];
+    assert!(
+        ports
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"].as_str() == Some("peer-sync")
+                && p["protocol"].as_str() == Some("UDP")
+                && p["containerPort"].as_u64() == Some(9005)),
+        "{ports:?}"
+    );
+    let peers = docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("Service") && d["spec"]["clusterIP"].as_str() == Some("None")
+        })
+        .expect("a headless Service");
+    assert_eq!(peers["metadata"]["name"].as_str(), Some("pool-epp-peers"));
+    assert_eq!(
+        peers["spec"]["publishNotReadyAddresses"].as_bool(),
+        Some(true)
+    );
+    assert_eq!(peers["spec"]["ports"][0]["protocol"].as_str(), Some("UDP"));
+    assert_eq!(
+        peers["spec"]["ports"][0]["targetPort"].as_str(),
+        Some("peer-sync")
+    );
+    let text = of_kind(&docs, "ConfigMap")["data"]["default-plugins.yaml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for want in [
+        "type: udp-peer-syncer",
+        "address: \"0.0.0.0:9005\"",
+        "\"pool-epp-peers.prod.svc:9005\"",
+        "crossReplicaSyncerPluginRef: udp-peer-syncer",
+        "crossReplicaSyncInterval: \"200ms\"",
+    ] {
+        assert!(text.contains(want), "{want} in\n{text}");
+    }
+    check_config(&dir, "peers", &text);
+    // Asked for, leader election still comes with peer sync.
+    let docs = render_in(
+        &dir,
+        "peers-ha",
+        &with(json!({"inferenceExtension": {"replicas": 2, "enableLeaderElection": true, "peerSync": {"enabled": true}}})),
+    )
+    .unwrap();
+    assert!(args_of(&docs).contains(&"--ha-enable-leader-election".to_owned()));
+
     // Metrics auth off: no review rights, and epp is told.
     let docs = render_in(
         &dir,

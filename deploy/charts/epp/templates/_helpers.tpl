@@ -40,7 +40,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "epp.leaderElection" -}}
-{{- if or (gt (int .Values.inferenceExtension.replicas) 1) .Values.inferenceExtension.enableLeaderElection -}}true{{- end -}}
+{{- $ie := .Values.inferenceExtension -}}
+{{- $sync := and $ie.peerSync $ie.peerSync.enabled -}}
+{{- if or (and (gt (int $ie.replicas) 1) (not $sync)) $ie.enableLeaderElection -}}true{{- end -}}
+{{- end -}}
+
+{{/* The headless Service naming every replica, for peer sync. */}}
+{{- define "epp.peersService" -}}
+{{- printf "%s-peers" (include "epp.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "epp.image" -}}
@@ -73,6 +80,16 @@ plugins:
 {{- with .Values.inferencePool.parser }}
 - type: {{ . }}
 {{- end }}
+{{- $sync := .Values.inferenceExtension.peerSync }}
+{{- if and $sync $sync.enabled }}
+- type: udp-peer-syncer
+  parameters:
+    address: {{ printf "0.0.0.0:%d" (int $sync.port) | quote }}
+- type: static-peer-discovery
+  parameters:
+    peers:
+    - {{ printf "%s.%s.svc:%d" (include "epp.peersService" .) .Release.Namespace (int $sync.port) | quote }}
+{{- end }}
 schedulingProfiles:
 - name: default
   plugins:
@@ -82,6 +99,13 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
     weight: 3
+{{- if and $sync $sync.enabled }}
+dataLayer:
+  peerDiscovery:
+    pluginRef: static-peer-discovery
+  crossReplicaSyncerPluginRef: udp-peer-syncer
+  crossReplicaSyncInterval: {{ $sync.interval | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* Every ConfigMap entry: the default config and pluginsCustomConfig. */}}
