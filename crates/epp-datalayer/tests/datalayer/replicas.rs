@@ -243,17 +243,8 @@ schedulingProfiles:
   - {pluginRef: max-score-picker}
 ";
     // The scorer keeping its own index (llm-d's default) shares it too.
-    let own_index = "\
-plugins:
-- type: prefix-cache-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: prefix-cache-scorer, weight: 1}
-  - {pluginRef: max-score-picker}
-";
-    for profile in [profile, own_index] {
+    let own_index = profile.replacen("- type: approx-prefix-cache-producer\n", "", 1);
+    for profile in [profile, own_index.as_str()] {
         pick_is_shared_and_a_stopped_replica_forgotten(profile).await;
     }
 }
