@@ -286,3 +286,32 @@ async fn pick_is_shared_and_a_stopped_replica_forgotten(profile: &str) {
     drop(first);
     b.stop.cancel();
 }
+
+/// llm-d's `local-syncer` (its single-replica syncer) loads and shares
+/// nothing; a syncer without an address, or discovery without peers, is a
+/// load error naming the field.
+#[test]
+fn llm_ds_local_syncer_loads_and_shares_nothing() {
+    let text = "plugins:\n- type: local-syncer\n  name: sync\ndataLayer:\n  \
+                crossReplicaSyncerPluginRef: sync\n  crossReplicaSyncInterval: 1s\n";
+    let built = EndpointPickerConfig::parse(text, "llm-d.yaml")
+        .and_then(|c| c.build(&registry()))
+        .unwrap();
+    let replicas = built.replicas.unwrap();
+    assert_eq!(replicas.interval, Duration::from_secs(1));
+    let syncer = replicas.syncer.plugin().as_replica_syncer().unwrap();
+    assert_eq!(syncer.listen_address(), None);
+    for (text, field) in [
+        ("plugins:\n- type: udp-peer-syncer\n", "address"),
+        (
+            "plugins:\n- type: static-peer-discovery\n  parameters: {peers: []}\n",
+            "peers",
+        ),
+    ] {
+        let err = EndpointPickerConfig::parse(text, "f.yaml")
+            .and_then(|c| c.build(&registry()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    }
+}
