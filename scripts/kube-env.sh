@@ -170,6 +170,38 @@ make_pki() { # dir
 }
 
 # Runs a command detached from this shell: pid in DIR/NAME.pid, output in DIR/NAME.log.
+# etcd on two free ports; prints the client port once etcd answers. A port
+# free when picked can be taken by another test before etcd binds it: etcd
+# then exits with "address already in use", and new ports are tried.
+start_etcd() { # dir
+  local dir="$1" client peer attempt pid
+  for attempt in 1 2 3 4 5; do
+    client=$(free_port)
+    peer=$(free_port)
+    rm -rf "$dir/etcd-data"
+    spawn "$dir" etcd "$BIN_DIR/etcd" --name default --data-dir "$dir/etcd-data" \
+      --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+      --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+      --initial-cluster "default=http://127.0.0.1:$peer" --unsafe-no-fsync --log-level warn
+    pid=$(cat "$dir/etcd.pid")
+    for _ in $(seq 200); do
+      if curl -fsS "http://127.0.0.1:$client/health" >/dev/null 2>&1; then
+        echo "$client"
+        return 0
+      fi
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      die "etcd did not answer on 127.0.0.1:$client within 10 s (log: $dir/etcd.log)"
+    fi
+    grep -q "address already in use" "$dir/etcd.log" ||
+      die "etcd exited: $(tail -3 "$dir/etcd.log")"
+    log "etcd: port taken before it bound (attempt $attempt), trying others"
+  done
+  die "etcd: no free ports in 5 attempts"
+}
+
 spawn() { # dir name cmd...
   local dir="$1" name="$2"
   shift 2
@@ -271,9 +303,8 @@ cmd_start() { # dir
   dir=$(cd "$dir" && pwd)
   [ -f "$dir/apiserver.pid" ] && die "$dir already runs a control plane (stop it first)"
   make_pki "$dir/pki"
-  local etcd_port peer_port api_port server sa
-  etcd_port=$(free_port)
-  peer_port=$(free_port)
+  local etcd_port api_port server sa
+  etcd_port=$(start_etcd "$dir") || exit 1
   api_port=$(free_port)
   server="https://127.0.0.1:$api_port"
   echo "$server" >"$dir/server"
@@ -291,10 +322,6 @@ cmd_start() { # dir
     write_kubeconfig "$dir/kubeconfig-$sa" "$sa" "$(cat "$dir/sa-$sa.token")" "$server" "$dir/pki/ca.crt"
   done
 
-  spawn "$dir" etcd "$BIN_DIR/etcd" --name default --data-dir "$dir/etcd-data" \
-    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-    --initial-cluster "default=http://127.0.0.1:$peer_port" --unsafe-no-fsync --log-level warn
   cat >"$dir/apiserver.args" <<EOF
 --etcd-servers=http://127.0.0.1:$etcd_port
 --bind-address=127.0.0.1
