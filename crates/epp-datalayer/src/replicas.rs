@@ -730,23 +730,28 @@ impl Receiver {
         match d.message {
             Message::Load(loads) => {
                 self.metrics.message("received", "load");
-                let peer = self.peers.get_mut(&d.replica).expect("inserted above");
+                let Some(peer) = self.peers.get_mut(&d.replica) else {
+                    return;
+                };
                 // Loads are absolute: an older datagram than one applied
                 // would put a count back.
                 if d.seq <= peer.seq {
                     return self.metrics.dropped("stale");
                 }
                 peer.seq = d.seq;
+                // Departed endpoints' counts go; the sums that change are
+                // those of the endpoints this datagram names.
+                peer.loads.retain(|a, _| snapshot.by_addr(*a).is_some());
+                let mut changed = Vec::with_capacity(loads.len());
                 for (addr, sample) in loads {
                     if snapshot.by_addr(addr).is_none() {
                         self.metrics.dropped("unknown_endpoint");
                         continue;
                     }
                     peer.loads.insert(addr, sample);
+                    changed.push(addr);
                 }
-                peer.loads.retain(|a, _| snapshot.by_addr(*a).is_some());
-                let addrs: Vec<SocketAddr> = peer.loads.keys().copied().collect();
-                for addr in addrs {
+                for addr in changed {
                     self.apply_sum(&snapshot, addr);
                 }
             }

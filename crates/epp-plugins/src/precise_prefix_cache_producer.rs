@@ -565,7 +565,7 @@ impl PreRequest for PrecisePrefixCacheProducer {
             return;
         }
         if let Some(target) = result.primary() {
-            self.peer_picked(target, &prefix.hashes);
+            self.hold_speculatively(target, &prefix.hashes);
             if let Some(feed) = self.feed.get() {
                 feed.picked(&self.name, target, &prefix.hashes);
             }
@@ -581,6 +581,14 @@ impl SharesPicks for PrecisePrefixCacheProducer {
     /// Holds the blocks on `endpoint` until its engine reports them, as
     /// this replica's own pick would (`speculativeIndexing`).
     fn peer_picked(&self, endpoint: &Arc<Endpoint>, keys: &[u64]) {
+        self.hold_speculatively(endpoint, keys);
+    }
+}
+
+impl PrecisePrefixCacheProducer {
+    /// A pick's blocks, held on `endpoint` for `speculativeTTL` or until
+    /// its engine reports them.
+    fn hold_speculatively(&self, endpoint: &Endpoint, keys: &[u64]) {
         self.name_endpoint(endpoint);
         self.index.speculate(
             endpoint.id(),

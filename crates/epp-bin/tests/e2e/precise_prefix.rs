@@ -112,7 +112,7 @@ async fn wait_for_blocks(metrics_port: u16, endpoint: &str, kind: &str, above: f
 }
 
 /// epp's metrics page.
-async fn metrics(metrics_port: u16) -> String {
+pub(super) async fn metrics(metrics_port: u16) -> String {
     http::send(metrics_port, "GET", "/metrics", &[], "")
         .await
         .unwrap()
@@ -313,7 +313,7 @@ async fn salted_requests_follow_the_blocks_of_their_own_salt() {
 }
 
 /// `name{labels}` in `page` (0 when absent).
-fn series(page: &str, name_and_labels: &str) -> f64 {
+pub(super) fn series(page: &str, name_and_labels: &str) -> f64 {
     page.lines()
         .find_map(|l| l.strip_prefix(name_and_labels))
         .and_then(|v| v.trim().parse().ok())

@@ -144,8 +144,8 @@ async fn replicas_sharing_picks_route_a_tenant_where_the_other_sent_it() {
             assert_eq!(served, home, "tenant {tenant}, question {q} through B");
         }
     }
-    let page = metrics_page(b.metrics_port).await;
-    let value = |series: &str| series_value(&page, series);
+    let page = super::precise_prefix::metrics(b.metrics_port).await;
+    let value = |series: &str| super::precise_prefix::series(&page, series);
     assert!(
         value("epp_replica_sync_messages_total{direction=\"received\",kind=\"load\"}") >= 1.0,
         "{page}"
@@ -154,24 +154,10 @@ async fn replicas_sharing_picks_route_a_tenant_where_the_other_sent_it() {
     drop((a, b, envoy_a, envoy_b, sims));
 }
 
-async fn metrics_page(port: u16) -> String {
-    http::send(port, "GET", "/metrics", &[], "")
-        .await
-        .unwrap()
-        .text()
-}
-
-fn series_value(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Picks replica `port`'s syncer received from its peers.
 async fn pick_messages(port: u16) -> f64 {
-    series_value(
-        &metrics_page(port).await,
+    super::precise_prefix::series(
+        &super::precise_prefix::metrics(port).await,
         "epp_replica_sync_messages_total{direction=\"received\",kind=\"pick\"}",
     )
 }
