@@ -12,6 +12,9 @@
 //! EPP_BENCH_REFERENCE_ARGS=--v=1 cargo bench -p epp-bin --bench gateway_latency
 //! # and an older build side by side, alternating in the same run:
 //! EPP_BENCH_BASELINE=/tmp/old/epp cargo bench -p epp-bin --bench gateway_latency
+//! # and both pickers again with a config that only picks at random (the
+//! # floor: what the ext_proc hop costs when the decision costs nothing):
+//! EPP_BENCH_FLOOR=on cargo bench -p epp-bin --bench gateway_latency
 //! ```
 //!
 //! The fleet is 4 simulators (`EPP_BENCH_SIMS` to change) on 127.0.0.2,
@@ -57,6 +60,19 @@ use epp_test_support::{
     reference::{reference_version, start_reference},
     stats::{median, percentile},
 };
+
+/// With `EPP_BENCH_FLOOR=on`, epp and the reference also run this config: a
+/// random pick among the pool's endpoints, no filter, scorer or producer.
+const FLOOR_CONFIG: &str = "\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: random-picker
+";
 
 /// Rounds per scenario: odd, so that the side-by-side medians are a round's
 /// own figures, not the mean of two (one CPU stall moves a p99 by 100 ms here).
@@ -525,13 +541,14 @@ async fn main() {
         epp: start_epp_on(&dir, "epp", &workspace_bin("epp"), &fleet, &config),
         buffered: true,
     }];
+    // Extra flags for the reference, e.g. `--v=1` to drop its per-request
+    // log lines.
+    let reference_args: Vec<String> = std::env::var("EPP_BENCH_REFERENCE_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
     if let Some((cluster, ns)) = &fleet.kube {
-        // Extra flags, e.g. `--v=1` to drop its per-request log lines.
-        let reference_args: Vec<String> = std::env::var("EPP_BENCH_REFERENCE_ARGS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect();
         println!("reference: {} {reference_args:?}", reference_version());
         pickers.push(Picker {
             label: "reference",
@@ -552,6 +569,35 @@ async fn main() {
             epp: start_epp_on(&dir, "epp-baseline", Path::new(&bin), &fleet, &config),
             buffered: true,
         });
+    }
+    if std::env::var("EPP_BENCH_FLOOR").is_ok_and(|v| v == "on") {
+        // The same pickers deciding (almost) nothing: what is left of their
+        // added latency is the ext_proc hop itself (Envoy's side and the
+        // picker's protocol work), which no scoring change can remove.
+        let floor = dir.join("floor-config.yaml");
+        std::fs::write(&floor, FLOOR_CONFIG).unwrap();
+        pickers.push(Picker {
+            label: "epp floor",
+            epp: start_epp_on(&dir, "epp-floor", &workspace_bin("epp"), &fleet, &floor),
+            buffered: true,
+        });
+        if let Some((cluster, ns)) = &fleet.kube {
+            // A directory of its own: the log file is named after the binary.
+            let own = dir.join("reference-floor");
+            std::fs::create_dir_all(&own).unwrap();
+            pickers.push(Picker {
+                label: "reference floor",
+                epp: start_reference(
+                    &own,
+                    &cluster.kubeconfig,
+                    &ns.name,
+                    "pool",
+                    &floor,
+                    &reference_args,
+                ),
+                buffered: false,
+            });
+        }
     }
     let mut routes = vec![Route {
         name: "Envoy direct (RR)".to_owned(),
