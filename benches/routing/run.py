@@ -20,7 +20,10 @@ binaries). Direct use:
 
 epp logs at RUST_LOG=warn into each run's epp.log; EPP_BENCH_RUST_LOG overrides it
 (e.g. `warn,epp_plugins::predicted_latency_producer=debug`: every candidate's
-predicted latencies and the load they were predicted for).
+predicted latencies and the load they were predicted for). EPP_BENCH_DECISIONS=N
+has every epp replica keep its last N decisions (every request, every candidate's
+scores: the decision view) and writes them, when the contender stops, to the run's
+decisions-<replica>.json.
 
 An epp contender named with a suffix -x2 or -x3 (`epp-x2`, `epp-precise-x3`)
 runs as that many epp replicas behind one Envoy (its ext_proc cluster round-robins);
@@ -712,6 +715,10 @@ class Fleet:
             (self.dir / "epp-config.yaml").write_text(text)
             config = ["--config-file", str(self.dir / "epp-config.yaml")]
             sync_ports = [free_udp_port() for _ in range(replicas)] if shares_state(contender) else []
+            kept = os.environ.get("EPP_BENCH_DECISIONS")
+            decisions = (["--decision-log-size", kept, "--decision-log-interval", "0"]
+                         if kept else [])
+            self.epp_metrics_ports = []
             # Several replicas: Envoy's ext_proc cluster round-robins over them,
             # as a user running two or three epp replicas for availability does.
             grpcs = []
@@ -729,12 +736,13 @@ class Fleet:
                 metrics = free_port()
                 if r == 0:
                     self.epp_metrics_port = metrics
+                self.epp_metrics_ports.append(metrics)
                 name = "epp" if r == 0 else f"epp-{r}"
                 p = self._spawn(name, [
                     str(self.args.bin_dir / "epp"), "--grpc-port", str(grpc), "--grpc-health-port",
                     str(free_port()), "--metrics-port", str(metrics), "--bind-address", "127.0.0.1",
                     "--secure-serving=false", "--drain-timeout", "0s", "--endpoints",
-                    ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config,
+                    ",".join(f"127.0.0.1:{p}" for p in self.sim_ports), *config, *decisions,
                 ], env={"RUST_LOG": os.environ.get("EPP_BENCH_RUST_LOG", "warn")})
                 wait_until(name, lambda: "epp listening" in p.log.read_text(errors="replace"), proc=p)
             config = (ROOT / "examples/envoy/envoy-streamed.yaml").read_text()
@@ -1052,9 +1060,22 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
             side.join()
             log(f"  side load: {len(side.sent_at)} requests straight to the simulators, {side.failed} failed")
         record_predictions(args, fleet, workload, contender, repeat)
+        if os.environ.get("EPP_BENCH_DECISIONS"):
+            save_decisions(fleet)
         if epp_replicas(contender)[0] == "epp-precise-redis":
             log_shared_index(fleet)
         fleet.stop()
+
+
+def save_decisions(fleet) -> None:
+    """Each epp replica's kept decisions (EPP_BENCH_DECISIONS) into the run's
+    directory, as its decision view serves them."""
+    for r, port in enumerate(getattr(fleet, "epp_metrics_ports", [])):
+        status, body = http_get(f"http://127.0.0.1:{port}/debug/decisions.json", timeout=10.0)
+        if status != 200:
+            log(f"  decisions of replica {r}: status {status}")
+            continue
+        (fleet.dir / f"decisions-{r}.json").write_bytes(body)
 
 
 def log_shared_index(fleet) -> None:
