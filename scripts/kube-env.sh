@@ -169,7 +169,6 @@ make_pki() { # dir
   openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
 }
 
-# Runs a command detached from this shell: pid in DIR/NAME.pid, output in DIR/NAME.log.
 # etcd on two free ports; prints the client port once etcd answers. A port
 # free when picked can be taken by another test before etcd binds it: etcd
 # then exits with "address already in use", and new ports are tried.
@@ -202,6 +201,7 @@ start_etcd() { # dir
   die "etcd: no free ports in 5 attempts"
 }
 
+# Runs a command detached from this shell: pid in DIR/NAME.pid, output in DIR/NAME.log.
 spawn() { # dir name cmd...
   local dir="$1" name="$2"
   shift 2
