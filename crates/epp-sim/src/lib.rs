@@ -96,5 +96,13 @@ pub async fn serve(cfg: config::SimConfig, on_bound: impl FnOnce(&Bound)) -> err
         kv_events: publisher.map(|p| p.sink),
     };
     let sim = engine::Sim::with(cfg, attachments);
+    // Every write goes out at once, as vLLM's server (asyncio sets
+    // TCP_NODELAY on every accepted socket) sends them: with Nagle's
+    // algorithm on, a streamed token written while the response's headers
+    // were not yet acknowledged waited for the peer's delayed ACK, ~40 ms
+    // on Linux, which a busy client or proxy (Envoy) sends late.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     Ok(axum::serve(listener, server::router(sim)).await?)
 }

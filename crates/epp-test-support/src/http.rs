@@ -74,6 +74,9 @@ pub async fn send_at(
 ) -> std::io::Result<Response> {
     let start = Instant::now();
     let stream = tokio::net::TcpStream::connect((host, port)).await?;
+    // A request body written apart from its headers must not wait for the
+    // server's delayed ACK (Nagle's algorithm).
+    stream.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(std::io::Error::other)?;
