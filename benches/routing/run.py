@@ -1172,7 +1172,7 @@ def run_rust_client(args, workload: Workload, url: str, run_dir: Path, rates: li
         str(args.rust_client), "--url", url, "--workload", workload.shape or workload.name,
         "--rates", ",".join(f"{r:g}" for r in rates), "--secs", str(secs),
         "--warmup-rate", str(WARMUP_RATE), "--warmup-secs", str(WARMUP_SECS), "--seed", "1",
-        "--timeout", "30", "--out", str(out), *words,
+        "--timeout", "30", "--out", str(out), "--requests-out", str(run_dir / "requests.jsonl"), *words,
     ], run_dir / "rust-client.log")
     try:
         p.popen.wait(timeout=60 + WARMUP_SECS + len(rates) * (secs + 40))

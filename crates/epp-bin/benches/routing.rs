@@ -17,6 +17,9 @@
 //! waits for its requests (at most `--timeout` seconds each) and writes one
 //! JSON line: wall-clock start and end, TTFT p50/p90/p99, time per output token
 //! p50/p90, output tokens/s, requests sent/ok/failed and the rate actually sent.
+//! `--requests-out FILE` also writes a line per request (stage, send time,
+//! tenant, answering server, TTFT, total time; nulls for a failed one), so
+//! that two contenders, which get the same arrivals, compare request by request.
 //! Prompts are words of exactly 4 bytes (3 letters and a space), so the
 //! simulator's 4-byte token rule counts what the workload asks for; with
 //! `--words FILE` (one word a line) they are drawn from that vocabulary, whose
@@ -104,6 +107,8 @@ struct Req {
     model: String,
     prompt: String,
     max_tokens: u64,
+    /// The tenant whose system prompt leads the prompt, if any.
+    tenant: Option<usize>,
 }
 
 struct Gen {
@@ -152,6 +157,7 @@ impl Gen {
                         self.words.draw(&mut self.rng, 32)
                     ),
                     max_tokens,
+                    tenant: Some(tenant),
                 }
             }
             Workload::NoSharing | Workload::LoraMix => {
@@ -166,6 +172,7 @@ impl Gen {
                     model,
                     prompt: self.words.draw(&mut self.rng, prompt_tokens),
                     max_tokens,
+                    tenant: None,
                 }
             }
         }
@@ -177,6 +184,8 @@ struct Obs {
     ttft: Duration,
     total: Duration,
     tokens: u64,
+    /// The server that answered (its `x-inference-pod` header), if it said.
+    pod: Option<String>,
 }
 
 async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<Obs> {
@@ -214,10 +223,16 @@ async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<O
             }
         }
     }
+    let pod = r
+        .headers
+        .iter()
+        .find(|(k, _)| k == "x-inference-pod")
+        .map(|(_, v)| v.clone());
     Some(Obs {
         ttft: ttft?,
         total: r.total,
         tokens,
+        pod,
     })
 }
 
@@ -238,6 +253,9 @@ struct Args {
     seed: u64,
     timeout: Duration,
     out: Option<String>,
+    /// One line per request (stage, send time, tenant, server, TTFT), to
+    /// compare contenders request by request: they get the same arrivals.
+    requests_out: Option<String>,
     words: Words,
 }
 
@@ -306,6 +324,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         seed: num("--seed", 1.0)? as u64,
         timeout: Duration::from_secs_f64(num("--timeout", 30.0)?),
         out: get("--out"),
+        requests_out: get("--requests-out"),
         words: Words(words),
     }))
 }
@@ -331,6 +350,11 @@ async fn main() {
         Some(p) => Box::new(std::fs::File::create(p).expect("cannot create --out file")),
         None => Box::new(std::io::stdout()),
     };
+    let mut per_request: Option<Box<dyn Write>> = args.requests_out.as_ref().map(|p| {
+        Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).expect("cannot create --requests-out file"),
+        )) as Box<dyn Write>
+    });
     let path: Arc<str> = Arc::from(args.path.as_str());
     let mut requests = Gen::new(args.workload, args.seed, args.words);
     let mut arrivals = Rng::new(args.seed ^ 0xA5A5);
@@ -351,19 +375,29 @@ async fn main() {
         for _ in 0..n {
             at += -(1.0 - arrivals.unit()).ln() / rate;
             let req = requests.next();
+            let tenant = req.tenant;
             tokio::time::sleep_until((start + Duration::from_secs_f64(at)).into()).await;
-            tasks.push(tokio::spawn(one(
-                args.port,
-                Arc::clone(&path),
-                req,
-                args.timeout,
-            )));
+            let task = tokio::spawn(one(args.port, Arc::clone(&path), req, args.timeout));
+            tasks.push((at, tenant, task));
         }
         let send_time = start.elapsed().as_secs_f64();
         let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
         let (mut errors, mut tokens) = (0u64, 0u64);
-        for t in tasks {
-            match t.await.ok().flatten() {
+        for (i, (at, tenant, t)) in tasks.into_iter().enumerate() {
+            let o = t.await.ok().flatten();
+            if let Some(w) = per_request.as_mut() {
+                let line = serde_json::json!({
+                    "stage": index,
+                    "i": i,
+                    "at_ms": at * 1000.0,
+                    "tenant": tenant,
+                    "pod": o.as_ref().and_then(|o| o.pod.as_deref()),
+                    "ttft_ms": o.as_ref().map(|o| o.ttft.as_secs_f64() * 1000.0),
+                    "total_ms": o.as_ref().map(|o| o.total.as_secs_f64() * 1000.0),
+                });
+                writeln!(w, "{line}").expect("cannot write --requests-out");
+            }
+            match o {
                 Some(o) => {
                     ttft.push(o.ttft.as_secs_f64() * 1000.0);
                     if o.tokens > 1 {
@@ -398,5 +432,8 @@ async fn main() {
         });
         writeln!(out, "{line}").expect("cannot write results");
         out.flush().expect("cannot write results");
+        if let Some(w) = per_request.as_mut() {
+            w.flush().expect("cannot write --requests-out");
+        }
     }
 }
