@@ -22,12 +22,13 @@
 //! 5. one light tenant at 0.1× capacity alone, then with a heavy tenant at
 //!    10× its rate in the same band, flow control on with
 //!    `round-robin-fairness-policy`, the same with the band's
-//!    `busiestFlowCeiling` 0.75 and 0.875 (the heavy tenant waits once 6,
-//!    or 7, of the 8 slots are taken while the light one is active), and
-//!    with `global-strict-fairness-policy`; and, as the floor no queueing
-//!    policy can go below, with the heavy tenant at 8× its rate (0.9×
-//!    capacity in all: the fleet busy, requests not queued), where the light
-//!    tenant's requests still prefill into running batches.
+//!    `busiestFlowCeiling` 0.875, 0.75, 0.5, 0.25 and 0.125 (the heavy
+//!    tenant waits once 7, 6, 4, 2 or 1 of the 8 slots are taken while the
+//!    light one is active), and with `global-strict-fairness-policy`; and,
+//!    as the floor no queueing policy can go below, with the heavy tenant
+//!    at 1×, 2×, 4× and 8× its rate (0.2× to 0.9× capacity in all: nothing
+//!    queued), where the light tenant's requests prefill into running
+//!    batches.
 //!
 //! Saturation is `concurrency-detector` with `maxConcurrency` = the batch
 //! size, so "saturated" means every batch slot is taken by epp's requests.
@@ -167,6 +168,35 @@ fn report(name: &str, results: &[Outcome]) -> f64 {
     p90
 }
 
+/// A flow's dispatched requests so far and their total time queued in epp
+/// (from its `flow_control_request_queue_duration_seconds`).
+async fn queued(metrics_port: u16, flow: &str) -> (f64, f64) {
+    let Ok(r) = http::send(metrics_port, "GET", "/metrics", &[], "").await else {
+        return (0.0, 0.0);
+    };
+    let (mut n, mut secs) = (0.0, 0.0);
+    let want = format!("fairness_id=\"{flow}\"");
+    for line in r.text().lines() {
+        if !line.contains("flow_control_request_queue_duration_seconds_")
+            || !line.contains(&want)
+            || !line.contains("outcome=\"Dispatched\"")
+        {
+            continue;
+        }
+        let v: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        if line.contains("_count{") {
+            n += v;
+        } else if line.contains("_sum{") {
+            secs += v;
+        }
+    }
+    (n, secs)
+}
+
 fn header(name: &'static str, value: &str) -> (&'static str, String) {
     (name, value.to_owned())
 }
@@ -274,10 +304,16 @@ async fn main() {
     println!("two tenants in one band, 10:1:");
     let light = || vec![header("x-gateway-inference-fairness-id", "light")];
     let heavy = || vec![header("x-gateway-inference-fairness-id", "heavy")];
+    // `busiestFlowCeiling` from none (llm-d) down to one slot in eight:
+    // the light tenant's p90 against how much of the fleet the heavy one
+    // keeps (its 200s in the report).
     for (fairness, busiest) in [
         ("round-robin-fairness-policy", None),
-        ("round-robin-fairness-policy", Some(0.75)),
         ("round-robin-fairness-policy", Some(0.875)),
+        ("round-robin-fairness-policy", Some(0.75)),
+        ("round-robin-fairness-policy", Some(0.5)),
+        ("round-robin-fairness-policy", Some(0.25)),
+        ("round-robin-fairness-policy", Some(0.125)),
         ("global-strict-fairness-policy", None),
     ] {
         let s = stack("flow-tenants", true, fairness, None, busiest);
@@ -288,22 +324,39 @@ async fn main() {
         let port = s.envoy.port;
         let alone = open_loop(port, cap * 0.1, SECONDS, light()).await;
         let base = report(&format!("light alone ({policy})"), &alone);
+        let before = queued(s.epp.metrics_port, "light").await;
         let h = tokio::spawn(open_loop(port, cap, SECONDS, heavy()));
         let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
         let h = h.await.unwrap();
+        let after = queued(s.epp.metrics_port, "light").await;
         let with = report(&format!("light, with heavy at 10x ({policy})"), &l);
         report(&format!("heavy ({policy})"), &h);
+        println!(
+            "  light: {:.0} dispatched, {:.2} ms queued in epp on average",
+            after.0 - before.0,
+            1000.0 * (after.1 - before.1) / (after.0 - before.0).max(1.0)
+        );
         println!("  light TTFT p90 / alone ({policy}): {:.2}x", with / base);
         if fairness == "round-robin-fairness-policy" && busiest.is_none() {
-            let h = tokio::spawn(open_loop(port, cap * 0.8, SECONDS, heavy()));
-            let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
-            let h = h.await.unwrap();
-            let busy = report("light, with heavy at 8x (fleet busy, not overloaded)", &l);
-            report("heavy at 8x", &h);
-            println!(
-                "  light TTFT p90 on a busy fleet / alone: {:.2}x (the floor without idle servers)",
-                busy / base
-            );
+            // No request queued at any of these loads: what the light
+            // tenant meets on a fleet that busy, whatever the policy.
+            for k in [1.0, 2.0, 4.0, 8.0] {
+                let h = tokio::spawn(open_loop(port, cap * 0.1 * k, SECONDS, heavy()));
+                let l = open_loop(port, cap * 0.1, SECONDS, light()).await;
+                let h = h.await.unwrap();
+                let busy = report(
+                    &format!(
+                        "light, with heavy at {k}x ({:.1}x capacity in all)",
+                        0.1 * (k + 1.0)
+                    ),
+                    &l,
+                );
+                report(&format!("heavy at {k}x"), &h);
+                println!(
+                    "  light TTFT p90 with heavy at {k}x, not queued / alone: {:.2}x",
+                    busy / base
+                );
+            }
         }
         drop(s);
     }
