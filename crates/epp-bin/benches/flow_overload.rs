@@ -176,11 +176,16 @@ async fn queued(metrics_port: u16, flow: &str) -> (f64, f64) {
     };
     let (mut n, mut secs) = (0.0, 0.0);
     let want = format!("fairness_id=\"{flow}\"");
+    // epp exports the series under more than one prefix: read the first.
+    let mut prefix: Option<String> = None;
     for line in r.text().lines() {
-        if !line.contains("flow_control_request_queue_duration_seconds_")
-            || !line.contains(&want)
-            || !line.contains("outcome=\"Dispatched\"")
-        {
+        let Some(at) = line.find("flow_control_request_queue_duration_seconds_") else {
+            continue;
+        };
+        if !line.contains(&want) || !line.contains("outcome=\"Dispatched\"") {
+            continue;
+        }
+        if *prefix.get_or_insert_with(|| line[..at].to_owned()) != line[..at] {
             continue;
         }
         let v: f64 = line
