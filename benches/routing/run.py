@@ -632,6 +632,8 @@ class Fleet:
         self.procs: list[Proc] = []
         self.sim_ports: list[int] = []
         self.sim_hosts: list[str] = []
+        # Each epp replica's metrics port (none for other contenders).
+        self.epp_metrics_ports: list[int] = []
         try:
             # The reference finds its endpoints only as pods, by IP with the pool's one target
             # port: its simulators listen on distinct loopback addresses and one shared port.
@@ -640,6 +642,11 @@ class Fleet:
         except BaseException:
             self.stop()
             raise
+
+    @property
+    def epp_metrics_port(self) -> int | None:
+        """The first epp replica's metrics port."""
+        return self.epp_metrics_ports[0] if self.epp_metrics_ports else None
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -718,7 +725,6 @@ class Fleet:
             kept = os.environ.get("EPP_BENCH_DECISIONS")
             decisions = (["--decision-log-size", kept, "--decision-log-interval", "0"]
                          if kept else [])
-            self.epp_metrics_ports = []
             # Several replicas: Envoy's ext_proc cluster round-robins over them,
             # as a user running two or three epp replicas for availability does.
             grpcs = []
@@ -734,8 +740,6 @@ class Fleet:
                 grpc = free_port()
                 grpcs.append(grpc)
                 metrics = free_port()
-                if r == 0:
-                    self.epp_metrics_port = metrics
                 self.epp_metrics_ports.append(metrics)
                 name = "epp" if r == 0 else f"epp-{r}"
                 p = self._spawn(name, [
@@ -1070,7 +1074,7 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
 def save_decisions(fleet) -> None:
     """Each epp replica's kept decisions (EPP_BENCH_DECISIONS) into the run's
     directory, as its decision view serves them."""
-    for r, port in enumerate(getattr(fleet, "epp_metrics_ports", [])):
+    for r, port in enumerate(fleet.epp_metrics_ports):
         status, body = http_get(f"http://127.0.0.1:{port}/debug/decisions.json", timeout=10.0)
         if status != 200:
             log(f"  decisions of replica {r}: status {status}")
@@ -1081,7 +1085,7 @@ def save_decisions(fleet) -> None:
 def log_shared_index(fleet) -> None:
     """How the first replica's lookups in the shared index went: a lookup the
     server did not answer in time fell back to the replica's own view."""
-    port = getattr(fleet, "epp_metrics_port", None)
+    port = fleet.epp_metrics_port
     status, body = http_get(f"http://127.0.0.1:{port}/metrics") if port else (0, b"")
     counts = {}
     for line in body.decode(errors="replace").splitlines():
@@ -1096,7 +1100,7 @@ def record_predictions(args, fleet, workload: Workload, contender: str, repeat: 
     of its TTFT predictions over the run (every sample predicted before it
     was learned, by the endpoint's own model once warm), from epp's
     epp_latency_prediction_relative_error histogram, to predictions.jsonl."""
-    port = getattr(fleet, "epp_metrics_port", None)
+    port = fleet.epp_metrics_port
     if port is None:
         return
     try:
