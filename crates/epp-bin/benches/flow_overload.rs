@@ -168,38 +168,18 @@ fn report(name: &str, results: &[Outcome]) -> f64 {
     p90
 }
 
-/// A flow's dispatched requests so far and their total time queued in epp
-/// (from its `flow_control_request_queue_duration_seconds`).
+/// A flow's requests dispatched so far and their total time queued in epp,
+/// seconds (its `flow_control_request_queue_duration_seconds`).
 async fn queued(metrics_port: u16, flow: &str) -> (f64, f64) {
-    let Ok(r) = http::send(metrics_port, "GET", "/metrics", &[], "").await else {
-        return (0.0, 0.0);
-    };
-    let (mut n, mut secs) = (0.0, 0.0);
-    let want = format!("fairness_id=\"{flow}\"");
-    // epp exports the series under more than one prefix: read the first.
-    let mut prefix: Option<String> = None;
-    for line in r.text().lines() {
-        let Some(at) = line.find("flow_control_request_queue_duration_seconds_") else {
-            continue;
-        };
-        if !line.contains(&want) || !line.contains("outcome=\"Dispatched\"") {
-            continue;
-        }
-        if *prefix.get_or_insert_with(|| line[..at].to_owned()) != line[..at] {
-            continue;
-        }
-        let v: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        if line.contains("_count{") {
-            n += v;
-        } else if line.contains("_sum{") {
-            secs += v;
-        }
-    }
-    (n, secs)
+    const WAITED: &str = "inference_extension_flow_control_request_queue_duration_seconds";
+    let labels = [
+        &format!("fairness_id=\"{flow}\"") as &str,
+        "outcome=\"Dispatched\"",
+    ];
+    (
+        http::metric_sum(metrics_port, &format!("{WAITED}_count"), &labels).await,
+        http::metric_sum(metrics_port, &format!("{WAITED}_sum"), &labels).await,
+    )
 }
 
 fn header(name: &'static str, value: &str) -> (&'static str, String) {

@@ -223,11 +223,7 @@ async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<O
             }
         }
     }
-    let pod = r
-        .headers
-        .iter()
-        .find(|(k, _)| k == "x-inference-pod")
-        .map(|(_, v)| v.clone());
+    let pod = r.header("x-inference-pod").map(str::to_owned);
     Some(Obs {
         ttft: ttft?,
         total: r.total,

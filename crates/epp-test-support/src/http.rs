@@ -63,6 +63,21 @@ pub async fn send(
     send_at("127.0.0.1", port, method, path, headers, body).await
 }
 
+/// The sum of the samples of metric `name` on the Prometheus page at
+/// 127.0.0.1:`metrics_port` whose labels contain every one of `labels`
+/// (`key="value"`); 0 when none does.
+pub async fn metric_sum(metrics_port: u16, name: &str, labels: &[&str]) -> f64 {
+    let page = send(metrics_port, "GET", "/metrics", &[], "")
+        .await
+        .expect("metrics page")
+        .text();
+    page.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Sends one request to `host:port` (another loopback address, e.g.).
 pub async fn send_at(
     host: &str,

@@ -19,20 +19,6 @@ fn config(flow: &str) -> String {
     )
 }
 
-/// The sum of the samples of `name` whose labels contain every one of
-/// `labels` (`key="value"`).
-async fn metric(stack: &Stack, name: &str, labels: &[&str]) -> f64 {
-    let r = http::send(stack.epp.metrics_port, "GET", "/metrics", &[], "")
-        .await
-        .unwrap();
-    r.text()
-        .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Sets every simulator's waiting queue and waits until epp has scraped it
 /// (40 is far above the utilization detector's threshold of 5: saturated).
 async fn saturate(stack: &Stack, waiting: u64) {
@@ -41,7 +27,12 @@ async fn saturate(stack: &Stack, waiting: u64) {
     }
     let want = waiting as f64;
     poll("epp scraped the new queue lengths", 200, || async {
-        let avg = metric(stack, "inference_pool_average_queue_size", &[]).await;
+        let avg = http::metric_sum(
+            stack.epp.metrics_port,
+            "inference_pool_average_queue_size",
+            &[],
+        )
+        .await;
         ((avg - want).abs() < 0.5).then_some(())
     })
     .await;
@@ -85,7 +76,9 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
             .unwrap()
     });
     poll("the request queued in epp", 200, || async {
-        (metric(&stack, QUEUE, &["fairness_id=\"tenant-a\""]).await == 1.0).then_some(())
+        (http::metric_sum(stack.epp.metrics_port, QUEUE, &["fairness_id=\"tenant-a\""]).await
+            == 1.0)
+            .then_some(())
     })
     .await;
     // Several seconds in the queue: still waiting, still held by Envoy.
@@ -95,15 +88,15 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
         "answered while the pool was saturated"
     );
     assert_eq!(
-        metric(&stack, QUEUE, &["fairness_id=\"tenant-a\""]).await,
+        http::metric_sum(stack.epp.metrics_port, QUEUE, &["fairness_id=\"tenant-a\""]).await,
         1.0
     );
     // What dispatch is gated by, read while the request waits: the pool is
     // saturated (40 waiting against a threshold of 5), and the default band
     // holds one request of its 5,000.
     for prefix in ["inference_extension", "llm_d_epp"] {
-        let saturation = metric(
-            &stack,
+        let saturation = http::metric_sum(
+            stack.epp.metrics_port,
             &format!("{prefix}_flow_control_pool_saturation"),
             &["inference_pool=\"epp-pool\"", "stage=\"effective\""],
         )
@@ -111,8 +104,8 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
         assert!(saturation >= 1.0, "{prefix}: saturation {saturation}");
     }
     assert_eq!(
-        metric(
-            &stack,
+        http::metric_sum(
+            stack.epp.metrics_port,
             "llm_d_epp_flow_control_capacity_utilization_requests",
             &["priority=\"0\""]
         )
@@ -139,10 +132,13 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
     saturate(&stack, 0).await;
     let r = queued.await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(metric(&stack, QUEUE, &[]).await, 0.0);
     assert_eq!(
-        metric(
-            &stack,
+        http::metric_sum(stack.epp.metrics_port, QUEUE, &[]).await,
+        0.0
+    );
+    assert_eq!(
+        http::metric_sum(
+            stack.epp.metrics_port,
             WAITED,
             &["fairness_id=\"tenant-a\"", "outcome=\"Dispatched\""]
         )
@@ -152,15 +148,15 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
     // Both were enqueued (and not refused), both dispatched, each through
     // dispatch cycles.
     for prefix in ["inference_extension", "llm_d_epp"] {
-        let enqueued = metric(
-            &stack,
+        let enqueued = http::metric_sum(
+            stack.epp.metrics_port,
             &format!("{prefix}_flow_control_request_enqueue_duration_seconds_count"),
             &["fairness_id=\"tenant-a\"", "outcome=\"NotYetFinalized\""],
         )
         .await;
         assert_eq!(enqueued, 2.0, "{prefix}");
-        let cycles = metric(
-            &stack,
+        let cycles = http::metric_sum(
+            stack.epp.metrics_port,
             &format!("{prefix}_flow_control_dispatch_cycle_duration_seconds_count"),
             &[],
         )
@@ -168,8 +164,8 @@ async fn a_queued_request_is_served_when_the_pool_frees(mode: BodyMode) {
         assert!(cycles >= 2.0, "{prefix}: {cycles} dispatch cycles");
     }
     assert_eq!(
-        metric(
-            &stack,
+        http::metric_sum(
+            stack.epp.metrics_port,
             REQUESTS,
             &[
                 "outcome=\"Dispatched\"",
@@ -214,8 +210,13 @@ async fn a_request_past_its_ttl_gets_503() {
         body["error"]["message"],
         "flow control: the request timed out waiting in the queue"
     );
-    assert!(metric(&stack, WAITED, &["outcome=\"EvictedTTL\""]).await >= 1.0);
-    assert_eq!(metric(&stack, QUEUE, &[]).await, 0.0);
+    assert!(
+        http::metric_sum(stack.epp.metrics_port, WAITED, &["outcome=\"EvictedTTL\""]).await >= 1.0
+    );
+    assert_eq!(
+        http::metric_sum(stack.epp.metrics_port, QUEUE, &[]).await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,7 +236,8 @@ async fn a_full_band_answers_429_and_the_others_still_queue() {
     let batch = ("x-gateway-inference-objective", "batch");
     let first = tokio::spawn(async move { http::post_hello(port, Some(batch)).await.unwrap() });
     poll("the first batch request queued", 200, || async {
-        (metric(&stack, QUEUE, &["priority=\"-1\""]).await == 1.0).then_some(())
+        (http::metric_sum(stack.epp.metrics_port, QUEUE, &["priority=\"-1\""]).await == 1.0)
+            .then_some(())
     })
     .await;
     let r = http::post_hello(port, Some(batch)).await.unwrap();
@@ -246,8 +248,8 @@ async fn a_full_band_answers_429_and_the_others_still_queue() {
         "flow control: the request queue is full"
     );
     assert_eq!(
-        metric(
-            &stack,
+        http::metric_sum(
+            stack.epp.metrics_port,
             WAITED,
             &["priority=\"-1\"", "outcome=\"RejectedCapacity\""]
         )
@@ -269,12 +271,17 @@ async fn a_full_band_answers_429_and_the_others_still_queue() {
             ["priority=\"-1\"", "inference_pool=\"epp-pool\""],
         ),
     ] {
-        assert_eq!(metric(&stack, name, &labels).await, 1.0, "{name}");
+        assert_eq!(
+            http::metric_sum(stack.epp.metrics_port, name, &labels).await,
+            1.0,
+            "{name}"
+        );
     }
     // Priority 0 has room: it queues (not refused) and both are served.
     let other = tokio::spawn(async move { http::post_hello(port, None).await.unwrap() });
     poll("the default-band request queued", 200, || async {
-        (metric(&stack, QUEUE, &["priority=\"0\""]).await == 1.0).then_some(())
+        (http::metric_sum(stack.epp.metrics_port, QUEUE, &["priority=\"0\""]).await == 1.0)
+            .then_some(())
     })
     .await;
     saturate(&stack, 0).await;
@@ -298,7 +305,8 @@ async fn a_client_that_gives_up_leaves_the_queue() {
         http::post_hello(port, Some(("x-gateway-inference-fairness-id", "quitter"))).await
     });
     poll("the request queued", 200, || async {
-        (metric(&stack, QUEUE, &["fairness_id=\"quitter\""]).await == 1.0).then_some(())
+        (http::metric_sum(stack.epp.metrics_port, QUEUE, &["fairness_id=\"quitter\""]).await == 1.0)
+            .then_some(())
     })
     .await;
     // The client goes away: its connection closes, Envoy resets the stream.
@@ -307,8 +315,8 @@ async fn a_client_that_gives_up_leaves_the_queue() {
         "the request left the queue, counted as cancelled",
         200,
         || async {
-            let cancelled = metric(
-                &stack,
+            let cancelled = http::metric_sum(
+                stack.epp.metrics_port,
                 WAITED,
                 &[
                     "fairness_id=\"quitter\"",
@@ -316,18 +324,24 @@ async fn a_client_that_gives_up_leaves_the_queue() {
                 ],
             )
             .await;
-            (cancelled == 1.0 && metric(&stack, QUEUE, &[]).await == 0.0).then_some(())
+            (cancelled == 1.0 && http::metric_sum(stack.epp.metrics_port, QUEUE, &[]).await == 0.0)
+                .then_some(())
         },
     )
     .await;
     assert_eq!(
-        metric(&stack, REQUESTS, &["outcome=\"EvictedContextCancelled\""]).await,
+        http::metric_sum(
+            stack.epp.metrics_port,
+            REQUESTS,
+            &["outcome=\"EvictedContextCancelled\""]
+        )
+        .await,
         1.0
     );
     // Its processing ended when it was given up (no decision was answered).
     assert_eq!(
-        metric(
-            &stack,
+        http::metric_sum(
+            stack.epp.metrics_port,
             "llm_d_epp_request_processing_duration_seconds_count",
             &[]
         )
@@ -338,8 +352,8 @@ async fn a_client_that_gives_up_leaves_the_queue() {
     saturate(&stack, 0).await;
     assert_eq!(hello(&stack, "other").await.status, 200);
     assert_eq!(
-        metric(
-            &stack,
+        http::metric_sum(
+            stack.epp.metrics_port,
             WAITED,
             &["fairness_id=\"quitter\"", "outcome=\"Dispatched\""]
         )
@@ -384,7 +398,7 @@ async fn a_long_rewritten_body_survives_the_queue(mode: BodyMode) {
         .unwrap()
     });
     poll("the long request queued", 200, || async {
-        (metric(&stack, QUEUE, &[]).await == 1.0).then_some(())
+        (http::metric_sum(stack.epp.metrics_port, QUEUE, &[]).await == 1.0).then_some(())
     })
     .await;
     saturate(&stack, 0).await;
