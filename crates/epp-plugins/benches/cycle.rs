@@ -12,15 +12,17 @@
 //! prefill pick for each prompt whose uncached part is long enough: here
 //! every prompt's unique quarter) on a fleet of 32 prefill and 32 decode
 //! servers; `cycle-decode-only` the same fleet and decode profile alone.
-//! `cycle-pd-background` and `cycle-decode-only-background` are the same
-//! with `recordInBackground: true`, the prefix index's records applied off
-//! the decision: after each timed cycle the bench waits, untimed, until the
-//! records are applied (helping the writer), as in a server whose requests
-//! arrive slower than the writer applies their records; the cycle still pays
-//! queueing them and waking the writer. `…-background-closed-loop` does not
-//! wait: back-to-back decisions outrun the writer (the more so when other
-//! work holds the second core), and the figure includes waiting for the
-//! index's lock and the records applied in the cycle when the queue is full.
+//! Every group but the `…-background` ones records in the decision
+//! (`recordInBackground: false`). `cycle-pd-background` and
+//! `cycle-decode-only-background` are the same with `recordInBackground:
+//! true` (the default), the prefix index's records applied off the
+//! decision: after each timed cycle the bench applies them, untimed (helping
+//! the writer), as in a server whose requests arrive slower than the writer
+//! applies their records; the cycle still pays queueing them and waking the
+//! writer. `…-background-closed-loop` does not wait: each decision's match
+//! applies the previous decision's record unless the writer took it first
+//! (then it waits for the writer's). `benches/record_modes.rs` has the paced
+//! figure in which the writer, on the other core, applies every record.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench cycle
@@ -44,7 +46,7 @@ fn bench_profile(c: &mut Criterion, group: &str, endpoints: usize, kib: usize, p
 /// How the prefix scorer's index records.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Recording {
-    /// Within the cycle (the default).
+    /// Within the cycle (`recordInBackground: false`).
     InPlace,
     /// In the background, the records applied after each cycle, untimed.
     Background,

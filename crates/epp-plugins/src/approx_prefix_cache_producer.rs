@@ -53,10 +53,10 @@ pub struct PrefixCacheParams {
     pub block_size: usize,
     /// Apply each decision's record on a writer thread instead of in the
     /// decision (see [`PrefixIndex::in_background`]): the decision returns
-    /// without the record's time, and a request scheduled within
-    /// microseconds of another may not see the other's blocks yet. Default
-    /// false.
-    #[serde(default)]
+    /// without the record's time, and the next read of the index applies
+    /// whatever the writer has not yet, so every decision still sees every
+    /// earlier one. Default true; false records in the decision.
+    #[serde(default = "default_true")]
     pub record_in_background: bool,
 }
 
@@ -90,7 +90,7 @@ impl Default for PrefixCacheParams {
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
             block_size: 0,
-            record_in_background: false,
+            record_in_background: true,
         }
     }
 }

@@ -35,13 +35,14 @@
 //! nothing.
 //!
 //! An index made with [`PrefixIndex::in_background`] applies records on a
-//! writer thread of its own (see [`background`]).
+//! writer thread of its own (see [`background`]); every read still sees
+//! every record made before it.
 
 use std::sync::{Arc, Weak};
 
 use bytemuck::{Pod, Zeroable};
 use epp_core::{Endpoint, EndpointId, PrefixMatch};
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 
 use self::{
     background::Background,
@@ -218,13 +219,16 @@ impl PrefixIndex {
     /// one) and applied, in the order queued, by a writer thread the index
     /// starts on its first record and stops when dropped.
     ///
-    /// A match may therefore not see records made just before it (the
-    /// writer's lag: one record's application, microseconds, when it keeps
-    /// up). When the queue is full, the recording caller applies the oldest
-    /// queued record itself before queueing its own, so nothing is lost and
-    /// the order holds; [`Self::applied_by_callers`] counts those. If the
-    /// thread cannot be started, every record is applied by its caller.
-    /// [`Self::flush`] waits until everything queued is applied.
+    /// Every read (a match, or one of the inspection methods) first applies
+    /// the records still queued, helping the writer, so it sees every record
+    /// made before it, as with an index that records in place. A caller
+    /// gains a record's time when the writer has applied it before the next
+    /// read: requests further apart than the writer's lag (one record's
+    /// application when it is awake, up to 200 µs while it polls). When the
+    /// queue is full, the recording caller applies the oldest queued record
+    /// itself before queueing its own, so nothing is lost and the order
+    /// holds; [`Self::applied_by_callers`] counts those. If the thread cannot
+    /// be started, every record is applied by its caller.
     #[must_use]
     pub fn in_background(queue: usize) -> Self {
         let index = Self::default();
@@ -242,12 +246,28 @@ impl PrefixIndex {
     }
 
     /// Applies every record queued before the call (helping the writer
-    /// with them), so that matches made after it see them. Immediate for an
-    /// index that records in place.
+    /// with them). Reads do this themselves; it is for a caller that wants
+    /// the records' cost paid now rather than by the next read. Immediate
+    /// for an index that records in place.
     pub fn flush(&self) {
         if let Some(b) = &self.background {
             b.flush();
         }
+    }
+
+    /// Records queued for the writer thread and not yet applied (0 for an
+    /// index that records in place).
+    #[must_use]
+    pub fn queued_records(&self) -> usize {
+        self.background.as_ref().map_or(0, Background::unapplied)
+    }
+
+    /// The index to read, once the records queued before are applied.
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        if let Some(b) = &self.background {
+            b.settle();
+        }
+        self.inner.read()
     }
 
     /// Records queued for the writer thread that a recording caller applied
@@ -424,7 +444,7 @@ impl PrefixIndex {
     /// found by binary search: about `log2(blocks)` lookups per distinct match
     /// length instead of one per block.
     pub fn match_prefix(&self, hashes: &[u64], m: &mut PrefixMatch) {
-        let inner = self.inner.read();
+        let inner = self.read();
         // Whether more than `n` endpoints hold block `i`: the slot's count
         // answers without reading the chain, unless both are [`MANY`] or more.
         let held_by_more = |i: usize, n: usize| -> bool {
@@ -512,8 +532,7 @@ impl PrefixIndex {
     /// Blocks remembered for `id`.
     #[must_use]
     pub fn len_for(&self, id: EndpointId) -> usize {
-        self.inner
-            .read()
+        self.read()
             .lrus
             .get(id.index())
             .map_or(0, |l| l.len as usize)
@@ -522,13 +541,13 @@ impl PrefixIndex {
     /// Endpoints with any block remembered.
     #[must_use]
     pub fn endpoint_count(&self) -> usize {
-        self.inner.read().lrus.iter().filter(|l| l.len > 0).count()
+        self.read().lrus.iter().filter(|l| l.len > 0).count()
     }
 
     /// (block, endpoint) entries held.
     #[must_use]
     pub fn entries(&self) -> usize {
-        self.inner.read().lrus.iter().map(|l| l.len as usize).sum()
+        self.read().lrus.iter().map(|l| l.len as usize).sum()
     }
 
     /// How many times the index has taken more memory (a slab chunk or a
@@ -536,14 +555,14 @@ impl PrefixIndex {
     /// each new block reuses an evicted one's entry and slot.
     #[must_use]
     pub fn growths(&self) -> u64 {
-        self.inner.read().growths
+        self.read().growths
     }
 
     /// Bytes the index holds (slab chunks, table — on the heap or in its own
     /// mapping —, shared blocks' holders records and per-endpoint lists).
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
-        let inner = self.inner.read();
+        let inner = self.read();
         inner.entries.bytes()
             + inner.table.bytes()
             + inner.holders.bytes()

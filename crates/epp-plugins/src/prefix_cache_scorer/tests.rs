@@ -65,22 +65,20 @@ fn a_scheduled_prefix_sticks_to_its_endpoint() {
 }
 
 #[test]
-fn recorded_in_background_a_prefix_sticks_once_applied() {
-    let params: PrefixCacheScorerParams =
-        serde_yaml_ng::from_str("{recordInBackground: true}").unwrap();
+fn recorded_in_background_the_next_decision_still_sees_the_last() {
+    // The default: records applied by the index's writer thread.
+    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
     let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     assert!(scorer.index().is_background());
     let scheduler = scheduler(&scorer, None);
     let snapshot = snapshot(8);
     let system = "You are a helpful assistant. ".repeat(40);
+    // No flush between decisions: a read applies what the writer has not.
     let ask = |q: &str| {
         let req = InferenceRequest::builder("m")
             .prompt(format!("{system} {q}"))
             .build();
-        let r = scheduler.schedule(&req, &snapshot).unwrap();
-        // The next decision sees this one's blocks once the writer applied them.
-        scorer.index().flush();
-        r
+        scheduler.schedule(&req, &snapshot).unwrap()
     };
     let home = ask("Q1").primary().unwrap().id();
     assert_eq!(
@@ -93,9 +91,13 @@ fn recorded_in_background_a_prefix_sticks_once_applied() {
         assert_eq!(r.primary().unwrap().id(), home);
         assert!(r.primary_run().unwrap().scores[0] > 0.9);
     }
-    let off: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    // The last decision's record waits for the writer or the next read.
+    assert!(scorer.index().len_for(home) >= 18);
+    assert_eq!(scorer.index().queued_records(), 0, "the read applied it");
+    let in_place: PrefixCacheScorerParams =
+        serde_yaml_ng::from_str("{recordInBackground: false}").unwrap();
     assert!(
-        !PrefixCacheScorer::build("p", off)
+        !PrefixCacheScorer::build("p", in_place)
             .unwrap()
             .index()
             .is_background()

@@ -3,6 +3,16 @@
 //! bounded queue and returns; one writer thread per index applies the queued
 //! records in order.
 //!
+//! Unlike llm-d's, no read sees a stale index: every read of the index
+//! (a match, an inspection) first applies, helping the writer, the records
+//! still queued (see [`Background::settle`]; nothing queued costs one atomic
+//! load). A decision therefore sees every record made before it, as when
+//! recording in place; what it saves is the records the writer has applied
+//! since the last decision: all of them when requests arrive further apart
+//! than the writer's lag, none when they come back to back (a decision
+//! then applies its predecessor's record, as it would have waited for it in
+//! place).
+//!
 //! This moves the work, it does not remove it: a record costs the writer
 //! what it cost the caller, plus the copy and, when the writer sleeps, a
 //! wake-up. What the request path gains is the record's time. Readers
@@ -34,7 +44,7 @@ use std::{
     fmt,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -72,6 +82,10 @@ struct Shared {
     bound: usize,
     /// Records applied by a caller because the queue was full.
     by_callers: AtomicU64,
+    /// Records queued and not yet applied ([`Queue::queued`] less
+    /// [`Queue::applied`], kept apart so that a read finds "none" without
+    /// the queue's lock).
+    unapplied: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -133,6 +147,7 @@ impl Background {
                 apply: Mutex::new(()),
                 bound,
                 by_callers: AtomicU64::new(0),
+                unapplied: AtomicUsize::new(0),
             }),
             writer: OnceLock::new(),
         }
@@ -160,8 +175,22 @@ impl Background {
         self.shared.submit(hashes, targets);
     }
 
+    /// Applies, helping the writer, every record queued before the call.
     pub(super) fn flush(&self) {
         self.shared.flush();
+    }
+
+    /// [`Self::flush`], for a read: costs one atomic load when nothing is
+    /// queued (the writer keeping up, or recording in the caller's thread).
+    pub(super) fn settle(&self) {
+        if self.unapplied() > 0 {
+            self.shared.flush();
+        }
+    }
+
+    /// Records queued and not yet applied.
+    pub(super) fn unapplied(&self) -> usize {
+        self.shared.unapplied.load(Ordering::Acquire)
     }
 
     pub(super) fn applied_by_callers(&self) -> u64 {
@@ -237,6 +266,7 @@ impl Shared {
         }));
         q.pending.push_back(p);
         q.queued += 1;
+        self.unapplied.fetch_add(1, Ordering::Release);
         // The flag is read under the lock the writer set it under, before
         // waiting: a writer that is asleep is waiting by now.
         let asleep = q.asleep;
@@ -271,6 +301,9 @@ impl Shared {
         p.targets.clear();
         let mut q = self.queue.lock();
         q.applied += 1;
+        // After the record's write lock was let go: a read that sees the
+        // count fall sees the record.
+        self.unapplied.fetch_sub(1, Ordering::Release);
         if q.spare.len() < self.bound {
             q.spare.push(p);
         }
@@ -307,6 +340,7 @@ mod tests {
             apply: Mutex::new(()),
             bound,
             by_callers: AtomicU64::new(0),
+            unapplied: AtomicUsize::new(0),
         };
         (inner, shared)
     }
