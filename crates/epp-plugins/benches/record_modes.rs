@@ -17,6 +17,10 @@
 //!   same pauses.
 //! - **closed loop**: back to back, never waiting: each decision's reads
 //!   apply the previous decision's record, unless the writer took it first.
+//! - **CPU at 200/s**: one decision every 5 ms (the thread sleeps between
+//!   them), 2,000 decisions: the CPU time of every thread of the process
+//!   (Linux's per-thread scheduler statistics) per decision, the writer's
+//!   polls and wake-ups included.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench record_modes
@@ -42,13 +46,51 @@ fn quantiles(mut t: Vec<Duration>) -> (f64, f64) {
     (at(0.5), at(0.9))
 }
 
-fn run(profile: Profile, background: bool, paced: bool) -> (f64, f64) {
+fn workload(profile: Profile, background: bool) -> Workload<PrefixCacheScorer> {
     let mut params = PrefixCacheScorerParams::default();
     params.index.record_in_background = background;
     let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params).expect("valid");
     let mut w = Workload::with_profile(64, 16, &builtin_registry(), Arc::new(prefix), profile);
     w.warm(10_000);
     w.prefix.index().flush();
+    w
+}
+
+/// CPU time of every thread of this process so far (Linux), or `None`.
+fn process_cpu() -> Option<Duration> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// CPU µs per decision, all threads, at one decision every 5 ms; and the
+/// median decision, µs.
+fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
+    const N: usize = 2_000;
+    let mut w = workload(profile, background);
+    // Let a writer that was busy warming the index settle into its pace.
+    std::thread::sleep(Duration::from_millis(50));
+    let before = process_cpu();
+    let mut times = Vec::with_capacity(N);
+    for _ in 0..N {
+        std::thread::sleep(Duration::from_millis(5));
+        w.next();
+        let t = Instant::now();
+        w.cycle();
+        times.push(t.elapsed());
+        black_box(&w.result);
+    }
+    let cpu = before
+        .zip(process_cpu())
+        .map(|(a, b)| (b - a).as_secs_f64() * 1e6 / N as f64);
+    (cpu, quantiles(times).0)
+}
+
+fn run(profile: Profile, background: bool, paced: bool) -> (f64, f64) {
+    let mut w = workload(profile, background);
     let mut times = Vec::with_capacity(CYCLES);
     for _ in 0..CYCLES {
         w.next();
@@ -89,5 +131,26 @@ fn main() {
                 pd.0 / single.0
             );
         }
+    }
+    println!(
+        "\nCPU at 200 decisions/s (all threads, µs per decision; the load change and prompt assembly included)"
+    );
+    println!(
+        "{:<10} {:>30} {:>30}",
+        "record", "decode only: CPU / p50 cycle", "P/D: CPU / p50 cycle"
+    );
+    for background in [false, true] {
+        let show = |(cpu, p50): (Option<f64>, f64)| {
+            cpu.map_or_else(
+                || format!("n/a / {p50:.2}"),
+                |c| format!("{c:.1} / {p50:.2}"),
+            )
+        };
+        println!(
+            "{:<10} {:>30} {:>30}",
+            if background { "writer" } else { "in place" },
+            show(cpu_at_200(Profile::DecodeOnly, background)),
+            show(cpu_at_200(Profile::Disaggregated, background)),
+        );
     }
 }
