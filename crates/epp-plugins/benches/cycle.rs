@@ -13,9 +13,9 @@
 //! every prompt's unique quarter) on a fleet of 32 prefill and 32 decode
 //! servers; `cycle-decode-only` the same fleet and decode profile alone.
 //! Every group but the `…-background` ones records in the decision
-//! (`recordInBackground: false`). `cycle-pd-background` and
+//! (`recordInBackground: false`, the default). `cycle-pd-background` and
 //! `cycle-decode-only-background` are the same with `recordInBackground:
-//! true` (the default), the prefix index's records applied off the
+//! true`, the prefix index's records applied off the
 //! decision: after each timed cycle the bench applies them, untimed (helping
 //! the writer), as in a server whose requests arrive slower than the writer
 //! applies their records; the cycle still pays queueing them and waking the
@@ -46,7 +46,7 @@ fn bench_profile(c: &mut Criterion, group: &str, endpoints: usize, kib: usize, p
 /// How the prefix scorer's index records.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Recording {
-    /// Within the cycle (`recordInBackground: false`).
+    /// Within the cycle (`recordInBackground: false`, the default).
     InPlace,
     /// In the background, the records applied after each cycle, untimed.
     Background,

@@ -55,8 +55,9 @@ pub struct PrefixCacheParams {
     /// decision (see [`PrefixIndex::in_background`]): the decision returns
     /// without the record's time, and the next read of the index applies
     /// whatever the writer has not yet, so every decision still sees every
-    /// earlier one. Default true; false records in the decision.
-    #[serde(default = "default_true")]
+    /// earlier one. Default false: through Envoy on a machine the picker
+    /// shares, the writer's wake-ups cost more CPU than it saves.
+    #[serde(default)]
     pub record_in_background: bool,
 }
 
@@ -90,7 +91,7 @@ impl Default for PrefixCacheParams {
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
             block_size: 0,
-            record_in_background: true,
+            record_in_background: false,
         }
     }
 }

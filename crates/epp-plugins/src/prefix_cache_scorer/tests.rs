@@ -66,8 +66,8 @@ fn a_scheduled_prefix_sticks_to_its_endpoint() {
 
 #[test]
 fn recorded_in_background_the_next_decision_still_sees_the_last() {
-    // The default: records applied by the index's writer thread.
-    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    let params: PrefixCacheScorerParams =
+        serde_yaml_ng::from_str("{recordInBackground: true}").unwrap();
     let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     assert!(scorer.index().is_background());
     let scheduler = scheduler(&scorer, None);
@@ -94,8 +94,8 @@ fn recorded_in_background_the_next_decision_still_sees_the_last() {
     // The last decision's record waits for the writer or the next read.
     assert!(scorer.index().len_for(home) >= 18);
     assert_eq!(scorer.index().queued_records(), 0, "the read applied it");
-    let in_place: PrefixCacheScorerParams =
-        serde_yaml_ng::from_str("{recordInBackground: false}").unwrap();
+    // The default records in the decision.
+    let in_place: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
     assert!(
         !PrefixCacheScorer::build("p", in_place)
             .unwrap()
