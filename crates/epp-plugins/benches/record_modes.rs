@@ -18,9 +18,9 @@
 //! - **closed loop**: back to back, never waiting: each decision's reads
 //!   apply the previous decision's record, unless the writer took it first.
 //! - **CPU at 200/s**: one decision every 5 ms (the thread sleeps between
-//!   them), 2,000 decisions: the CPU time of every thread of the process
-//!   (Linux's per-thread scheduler statistics) per decision, the writer's
-//!   polls and wake-ups included.
+//!   them), 2,000 decisions: the process's CPU time (every thread's,
+//!   `/proc/<pid>/stat`) per decision, the writer's polls and wake-ups
+//!   included.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench record_modes
@@ -34,7 +34,11 @@ use std::{
 };
 
 use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
-use epp_test_support::workload::{Profile, Workload};
+use epp_test_support::{
+    process::cpu_seconds,
+    stats::percentile,
+    workload::{Profile, Workload},
+};
 
 const CYCLES: usize = 20_000;
 const PACE: Duration = Duration::from_micros(300);
@@ -42,8 +46,8 @@ const PACE: Duration = Duration::from_micros(300);
 /// Median and 90th percentile of a cycle, µs.
 fn quantiles(mut t: Vec<Duration>) -> (f64, f64) {
     t.sort_unstable();
-    let at = |q: f64| t[((t.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-    (at(0.5), at(0.9))
+    let at = |p: f64| percentile(&t, p).unwrap_or_default().as_secs_f64() * 1e6;
+    (at(50.0), at(90.0))
 }
 
 fn workload(profile: Profile, background: bool) -> Workload<PrefixCacheScorer> {
@@ -56,16 +60,6 @@ fn workload(profile: Profile, background: bool) -> Workload<PrefixCacheScorer> {
     w
 }
 
-/// CPU time of every thread of this process so far (Linux), or `None`.
-fn process_cpu() -> Option<Duration> {
-    let mut ns = 0u64;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(Duration::from_nanos(ns))
-}
-
 /// CPU µs per decision, all threads, at one decision every 5 ms; and the
 /// median decision, µs.
 fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
@@ -73,7 +67,7 @@ fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
     let mut w = workload(profile, background);
     // Let a writer that was busy warming the index settle into its pace.
     std::thread::sleep(Duration::from_millis(50));
-    let before = process_cpu();
+    let before = cpu_seconds(std::process::id());
     let mut times = Vec::with_capacity(N);
     for _ in 0..N {
         std::thread::sleep(Duration::from_millis(5));
@@ -83,9 +77,9 @@ fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
         times.push(t.elapsed());
         black_box(&w.result);
     }
-    let cpu = before
-        .zip(process_cpu())
-        .map(|(a, b)| (b - a).as_secs_f64() * 1e6 / N as f64);
+    // 0 when `/proc` cannot be read (not Linux).
+    let spent = cpu_seconds(std::process::id()) - before;
+    let cpu = (spent > 0.0).then(|| spent * 1e6 / N as f64);
     (cpu, quantiles(times).0)
 }
 

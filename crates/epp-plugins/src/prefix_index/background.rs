@@ -5,8 +5,8 @@
 //!
 //! Unlike llm-d's, no read sees a stale index: every read of the index
 //! (a match, an inspection) first applies, helping the writer, the records
-//! still queued (see [`Background::settle`]; nothing queued costs one atomic
-//! load). A decision therefore sees every record made before it, as when
+//! still queued (see [`Background::settle`]; nothing queued costs two atomic
+//! loads). A decision therefore sees every record made before it, as when
 //! recording in place; what it saves is the records the writer has applied
 //! since the last decision: all of them when requests arrive further apart
 //! than the writer's lag, none when they come back to back (a decision
@@ -49,7 +49,7 @@ use std::{
     fmt,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -87,10 +87,13 @@ struct Shared {
     bound: usize,
     /// Records applied by a caller because the queue was full.
     by_callers: AtomicU64,
-    /// Records queued and not yet applied ([`Queue::queued`] less
-    /// [`Queue::applied`], kept apart so that a read finds "none" without
-    /// the queue's lock).
-    unapplied: AtomicUsize,
+    /// Records queued since the start (changed under the queue's lock,
+    /// read without it: a read finds "nothing queued" in two loads).
+    queued: AtomicU64,
+    /// Records applied since the start (by the writer or a caller); raised
+    /// under the queue's lock after the record's write lock was let go, so
+    /// a read that sees it raised sees the record.
+    applied: AtomicU64,
 }
 
 #[derive(Default)]
@@ -99,10 +102,6 @@ struct Queue {
     /// Emptied buffers of applied records, reused so that queueing
     /// allocates nothing once the queue has been full once.
     spare: Vec<Pending>,
-    /// Records queued since the start.
-    queued: u64,
-    /// Records applied since the start (by the writer or a caller).
-    applied: u64,
     /// The index is being dropped: the writer stops.
     closed: bool,
     /// The writer sleeps until woken (it stopped looking after [`LINGER`]).
@@ -127,12 +126,12 @@ struct Target {
 
 impl fmt::Debug for Background {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let q = self.shared.queue.lock();
+        let pending = self.shared.queue.lock().pending.len();
         f.debug_struct("Background")
             .field("bound", &self.shared.bound)
-            .field("pending", &q.pending.len())
-            .field("queued", &q.queued)
-            .field("applied", &q.applied)
+            .field("pending", &pending)
+            .field("queued", &self.shared.queued.load(Ordering::Relaxed))
+            .field("applied", &self.shared.applied.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -152,7 +151,8 @@ impl Background {
                 apply: Mutex::new(()),
                 bound,
                 by_callers: AtomicU64::new(0),
-                unapplied: AtomicUsize::new(0),
+                queued: AtomicU64::new(0),
+                applied: AtomicU64::new(0),
             }),
             writer: OnceLock::new(),
         }
@@ -185,7 +185,7 @@ impl Background {
         self.shared.flush();
     }
 
-    /// [`Self::flush`], for a read: costs one atomic load when nothing is
+    /// [`Self::flush`], for a read: costs two atomic loads when nothing is
     /// queued (the writer keeping up, or recording in the caller's thread).
     pub(super) fn settle(&self) {
         if self.unapplied() > 0 {
@@ -195,7 +195,11 @@ impl Background {
 
     /// Records queued and not yet applied.
     pub(super) fn unapplied(&self) -> usize {
-        self.shared.unapplied.load(Ordering::Acquire)
+        // Queued first: records are applied in queue order, so `applied`
+        // read after it reaching it means all of those are applied.
+        let queued = self.shared.queued.load(Ordering::Acquire);
+        let applied = self.shared.applied.load(Ordering::Acquire);
+        usize::try_from(queued.saturating_sub(applied)).unwrap_or(usize::MAX)
     }
 
     pub(super) fn applied_by_callers(&self) -> u64 {
@@ -228,8 +232,9 @@ impl Shared {
             {
                 let mut q = self.queue.lock();
                 while q.pending.is_empty() && !q.closed {
-                    if q.queued != seen {
-                        (last, seen) = (Instant::now(), q.queued);
+                    let queued = self.queued.load(Ordering::Relaxed);
+                    if queued != seen {
+                        (last, seen) = (Instant::now(), queued);
                     }
                     if last.elapsed() < LINGER {
                         self.work.wait_for(&mut q, POLL);
@@ -270,8 +275,7 @@ impl Shared {
             matched: t.matched,
         }));
         q.pending.push_back(p);
-        q.queued += 1;
-        self.unapplied.fetch_add(1, Ordering::Release);
+        self.queued.fetch_add(1, Ordering::Release);
         // The flag is read under the lock the writer set it under, before
         // waiting: a writer that is asleep is waiting by now.
         let asleep = q.asleep;
@@ -305,10 +309,7 @@ impl Shared {
         p.hashes.clear();
         p.targets.clear();
         let mut q = self.queue.lock();
-        q.applied += 1;
-        // After the record's write lock was let go: a read that sees the
-        // count fall sees the record.
-        self.unapplied.fetch_sub(1, Ordering::Release);
+        self.applied.fetch_add(1, Ordering::Release);
         if q.spare.len() < self.bound {
             q.spare.push(p);
         }
@@ -321,8 +322,8 @@ impl Shared {
     /// Applies, helping the writer, until every record queued before the
     /// call is applied.
     fn flush(&self) {
-        let target = self.queue.lock().queued;
-        while self.queue.lock().applied < target {
+        let target = self.queued.load(Ordering::Acquire);
+        while self.applied.load(Ordering::Acquire) < target {
             self.apply_next();
         }
     }
@@ -345,7 +346,8 @@ mod tests {
             apply: Mutex::new(()),
             bound,
             by_callers: AtomicU64::new(0),
-            unapplied: AtomicUsize::new(0),
+            queued: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
         };
         (inner, shared)
     }
@@ -389,18 +391,23 @@ mod tests {
         );
         record(3);
         assert_eq!((len(&inner, 1), len(&inner, 2), len(&inner, 3)), (2, 0, 0));
+        let counts = |s: &Shared| {
+            (
+                s.queued.load(Ordering::Relaxed),
+                s.applied.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(counts(&shared), (4, 2));
         let q = shared.queue.lock();
-        assert_eq!((q.queued, q.applied, q.pending.len()), (4, 2, 2));
+        assert_eq!(q.pending.len(), 2);
         // The applied records' buffers are kept for the next ones.
         assert_eq!(q.spare.len(), 0, "both spares reused by records 2 and 3");
         drop(q);
         shared.flush();
         assert_eq!((len(&inner, 2), len(&inner, 3)), (3, 4));
+        assert_eq!(counts(&shared), (4, 4));
         let q = shared.queue.lock();
-        assert_eq!(
-            (q.queued, q.applied, q.pending.len(), q.spare.len()),
-            (4, 4, 0, 2)
-        );
+        assert_eq!((q.pending.len(), q.spare.len()), (0, 2));
     }
 
     #[test]
