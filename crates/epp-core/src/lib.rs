@@ -102,9 +102,10 @@ pub use observe::{
     SchedulerObserver,
 };
 pub use plugin::{
-    Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, Filter, Picker, Plugin, PluginRef,
-    PreRequest, ProfileHandler, RequestHold, RequestOutcome, RequestParser, ResponseHeaderSink,
-    ResponseHooks, RouteEdits, SaturationDetector, Scorer, Topology, TopologyLevel,
+    Admitter, DEFAULT_PREFIX_PRODUCER, DataProducer, Decider, DeferredWork, Filter, Picker, Plugin,
+    PluginRef, PreRequest, ProfileHandler, RequestHold, RequestOutcome, RequestParser,
+    ResponseHeaderSink, ResponseHooks, RouteEdits, SaturationDetector, Scorer, Topology,
+    TopologyLevel,
 };
 pub use registry::{BuildError, Factory, PluginSpec, Registry, Role};
 pub use request::{

@@ -48,6 +48,11 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_response_hooks(&self) -> Option<&dyn ResponseHooks> {
         None
     }
+    /// This plugin as the holder of work left from decisions for after
+    /// their replies went out.
+    fn as_deferred_work(&self) -> Option<&dyn DeferredWork> {
+        None
+    }
     /// This plugin as a request hold (waits before scheduling).
     fn as_request_hold(&self) -> Option<&dyn RequestHold> {
         None
@@ -419,6 +424,19 @@ pub trait Decider: Plugin {
 pub trait PreRequest: Plugin {
     /// Observes the decision.
     fn pre_request(&self, cx: &CycleContext<'_>, result: &SchedulingResult);
+}
+
+/// Work a plugin leaves from its decisions for after their replies are sent
+/// (the prefix index's records, when it records after the reply): the
+/// decision returns sooner, and the work runs when
+/// [`crate::Scheduler::run_deferred`] is called, which a server does once it
+/// has written the replies it had. A host that never calls it loses
+/// nothing: the plugin does what is left itself, at the latest when its
+/// next decision needs the result.
+pub trait DeferredWork: Plugin {
+    /// Does the work left so far. Cheap (no lock, no system call) when
+    /// there is none; may be called from any thread, concurrently.
+    fn run_deferred(&self);
 }
 
 /// Decides, once the data producers ran and before any profile, whether a

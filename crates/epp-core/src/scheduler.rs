@@ -309,6 +309,7 @@ pub struct Scheduler {
     producers: Vec<PluginRef>,
     admitters: Vec<PluginRef>,
     pre_request: Vec<PluginRef>,
+    deferred: Vec<PluginRef>,
     holds: Vec<PluginRef>,
     response: Vec<PluginRef>,
     saturation: Option<PluginRef>,
@@ -344,6 +345,7 @@ impl Scheduler {
             producers: Vec::new(),
             admitters: Vec::new(),
             pre_request: Vec::new(),
+            deferred: Vec::new(),
             holds: Vec::new(),
             response: Vec::new(),
             saturation: None,
@@ -355,9 +357,10 @@ impl Scheduler {
 
     /// Adds plugins whose hooks run around each cycle: data producers run
     /// before the profiles, then admitters (any may refuse the request),
-    /// pre-request hooks after a decision, response hooks
-    /// when the edge reports the response (see [`Self::response_hooks`]). A
-    /// plugin that plays none of these roles is ignored.
+    /// pre-request hooks after a decision, deferred work when the host asks
+    /// for it ([`Self::run_deferred`]), response hooks when the edge reports
+    /// the response (see [`Self::response_hooks`]). A plugin that plays none
+    /// of these roles is ignored.
     ///
     /// Producers run in the order given, except that pure producers (not also
     /// scorers) run before scorers that produce their own data: a declared
@@ -379,6 +382,9 @@ impl Scheduler {
             }
             if p.plugin().as_pre_request().is_some() {
                 self.pre_request.push(p.clone());
+            }
+            if p.plugin().as_deferred_work().is_some() {
+                self.deferred.push(p.clone());
             }
             if p.plugin().as_response_hooks().is_some() {
                 self.response.push(p);
@@ -708,6 +714,26 @@ impl Scheduler {
         let det = plugin.as_saturation_detector()?;
         let stale = over_pool(snapshot, |cx, pool| det.stale_endpoints(cx, pool))?;
         Some((plugin.name(), stale))
+    }
+
+    /// Runs the work plugins left from decisions already made for after
+    /// their replies ([`crate::DeferredWork`]). A server calls it once it has
+    /// written the replies it had, so that the work follows the replies
+    /// instead of delaying them; without the call nothing is lost (each
+    /// plugin does what is left when it next needs it). Costs an atomic load
+    /// or two per such plugin when there is nothing to do.
+    pub fn run_deferred(&self) {
+        for p in &self.deferred {
+            if let Some(work) = p.plugin().as_deferred_work() {
+                work.run_deferred();
+            }
+        }
+    }
+
+    /// Whether any plugin leaves work for [`Self::run_deferred`].
+    #[must_use]
+    pub fn has_deferred_work(&self) -> bool {
+        !self.deferred.is_empty()
     }
 
     /// Schedules `request` with caller-owned buffers, writing into `result`

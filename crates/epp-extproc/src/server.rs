@@ -300,7 +300,14 @@ where
         }
         // What the streams wrote goes out now, in one write; a stream
         // accepted meanwhile is polled on the next turn.
-        match self.conn.poll_accept(cx) {
+        let accepted = self.conn.poll_accept(cx);
+        // Then the work the decisions left for after their replies (the
+        // prefix index's records): the replies did not wait for it.
+        let scheduler = self.decider.scheduler.load();
+        if scheduler.has_deferred_work() {
+            scheduler.run_deferred();
+        }
+        match accepted {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(r)) => {
                 let (request, respond) = r?;

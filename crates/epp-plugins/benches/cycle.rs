@@ -12,17 +12,22 @@
 //! prefill pick for each prompt whose uncached part is long enough: here
 //! every prompt's unique quarter) on a fleet of 32 prefill and 32 decode
 //! servers; `cycle-decode-only` the same fleet and decode profile alone.
-//! Every group but the `…-background` ones records in the decision
-//! (`recordInBackground: false`, the default). `cycle-pd-background` and
-//! `cycle-decode-only-background` are the same with `recordInBackground:
-//! true`, the prefix index's records applied off the
-//! decision: after each timed cycle the bench applies them, untimed (helping
-//! the writer), as in a server whose requests arrive slower than the writer
-//! applies their records; the cycle still pays queueing them and waking the
-//! writer. `…-background-closed-loop` does not wait: each decision's match
-//! applies the previous decision's record unless the writer took it first
-//! (then it waits for the writer's). `benches/record_modes.rs` has the paced
-//! figure in which the writer, on the other core, applies every record.
+//!
+//! Every group without a suffix records in the decision (`recordMode:
+//! inPlace`): the whole cycle's work, the figure compared with the
+//! reference's. `…-after-reply` is the default, `recordMode: afterReply`:
+//! the decision queues its record, and after each timed cycle the bench runs
+//! the scheduler's deferred work, untimed, as the server does once its reply
+//! is written: the time a request waits for its decision. `…-background`
+//! is `recordMode: writer`, the records applied off the decision by the
+//! index's writer thread: after each timed cycle the bench applies them,
+//! untimed (helping the writer), as in a server whose requests arrive
+//! slower than the writer applies their records; the cycle still pays
+//! queueing them and waking the writer. `…-background-closed-loop` does not
+//! wait: each decision's match applies the previous decision's record
+//! unless the writer took it first (then it waits for the writer's).
+//! `benches/record_modes.rs` has the paced figures in which the writer, on
+//! the other core, applies every record.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench cycle
@@ -32,7 +37,9 @@
 use std::{sync::Arc, time::Duration};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
+use epp_plugins::{
+    Builtin, PrefixCacheScorer, PrefixCacheScorerParams, RecordMode, builtin_registry,
+};
 use epp_test_support::workload::{Profile, Workload};
 
 fn bench(c: &mut Criterion, group: &str, endpoints: usize, kib: usize) {
@@ -46,8 +53,11 @@ fn bench_profile(c: &mut Criterion, group: &str, endpoints: usize, kib: usize, p
 /// How the prefix scorer's index records.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Recording {
-    /// Within the cycle (`recordInBackground: false`, the default).
+    /// Within the cycle (`recordMode: inPlace`).
     InPlace,
+    /// Queued, applied after each cycle, untimed, by the scheduler's
+    /// deferred work (`recordMode: afterReply`, the default).
+    AfterReply,
     /// In the background, the records applied after each cycle, untimed.
     Background,
     /// In the background, never waited for.
@@ -68,7 +78,11 @@ fn bench_recording(
     g.bench_function(BenchmarkId::new(format!("{endpoints}ep"), format!("{kib}KiB")), |b| {
         let w = setup.get_or_insert_with(|| {
             let mut params = PrefixCacheScorerParams::default();
-            params.index.record_in_background = recording != Recording::InPlace;
+            params.index.record_mode = match recording {
+                Recording::InPlace => RecordMode::InPlace,
+                Recording::AfterReply => RecordMode::AfterReply,
+                Recording::Background | Recording::BackgroundClosedLoop => RecordMode::Writer,
+            };
             let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params)
                 .expect("default parameters are valid");
             let mut w =
@@ -83,7 +97,8 @@ fn bench_recording(
             w
         });
         b.iter_custom(|iters| match recording {
-            Recording::Background => w.time_cycles_then(iters, |p| p.index().flush()),
+            Recording::AfterReply => w.time_cycles_then(iters, |w| w.scheduler.run_deferred()),
+            Recording::Background => w.time_cycles_then(iters, |w| w.prefix.index().flush()),
             Recording::InPlace | Recording::BackgroundClosedLoop => w.time_cycles(iters),
         });
     });
@@ -110,7 +125,16 @@ fn cycle(c: &mut Criterion) {
     );
     bench_profile(c, "cycle-pd", 64, 16, Profile::Disaggregated);
     bench_profile(c, "cycle-decode-only", 64, 16, Profile::DecodeOnly);
+    bench_recording(
+        c,
+        "cycle-after-reply",
+        64,
+        16,
+        Profile::Default,
+        Recording::AfterReply,
+    );
     for (suffix, recording) in [
+        ("after-reply", Recording::AfterReply),
         ("background", Recording::Background),
         ("background-closed-loop", Recording::BackgroundClosedLoop),
     ] {

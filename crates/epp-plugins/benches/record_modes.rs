@@ -1,7 +1,8 @@
 //! Where a decision's prefix-index record is applied, and what a P/D
 //! decision (two picks, two records) costs against a single pick, with the
-//! record made in place and by the index's writer thread
-//! (`recordInBackground`), side by side in one run.
+//! record made in place (`recordMode: inPlace`), after the reply
+//! (`afterReply`, the default) and by the index's writer thread (`writer`),
+//! side by side in one run.
 //!
 //! The fleet and requests are the cycle benchmark's P/D setup (64 endpoints,
 //! 32 prefill and 32 decode, 16 KiB prompts ¾ shared within 256 groups, warm
@@ -9,18 +10,20 @@
 //! then the prefill pick. Each cycle is timed on its own; the figures are
 //! medians and 90th percentiles of 20,000 cycles.
 //!
-//! - **paced**: after each cycle the bench waits, untimed, until the writer
-//!   has applied the cycle's records (it does not help), then until 300 µs
-//!   have passed since the cycle began: requests that arrive further apart
-//!   than the writer's lag (3,300 decisions a second). The next decision
-//!   reads an index the writer changed on the other core. In place, the
-//!   same pauses.
-//! - **closed loop**: back to back, never waiting: each decision's reads
-//!   apply the previous decision's record, unless the writer took it first.
+//! - **paced**: after each cycle the bench runs, untimed, the scheduler's
+//!   deferred work (after the reply, the server applies the cycle's records
+//!   there) and waits until every record is applied (the writer's: the
+//!   bench does not help), then until 300 µs have passed since the cycle
+//!   began: requests that arrive further apart than the writer's lag (3,300
+//!   decisions a second). In place, the same pauses.
+//! - **closed loop**: back to back, never waiting and never running the
+//!   deferred work: each decision's reads apply the previous decision's
+//!   record, unless the writer took it first (a library user that never
+//!   calls `Scheduler::run_deferred` gets this).
 //! - **CPU at 200/s**: one decision every 5 ms (the thread sleeps between
-//!   them), 2,000 decisions: the process's CPU time (every thread's,
-//!   `/proc/<pid>/stat`) per decision, the writer's polls and wake-ups
-//!   included.
+//!   them), the deferred work run after each, 2,000 decisions: the process's
+//!   CPU time (every thread's, `/proc/<pid>/stat`) per decision, the
+//!   writer's polls and wake-ups included.
 //!
 //! ```sh
 //! cargo bench -p epp-plugins --bench record_modes
@@ -33,7 +36,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry};
+use epp_plugins::{
+    Builtin, PrefixCacheScorer, PrefixCacheScorerParams, RecordMode, builtin_registry,
+};
 use epp_test_support::{
     process::cpu_seconds,
     stats::percentile,
@@ -50,9 +55,23 @@ fn quantiles(mut t: Vec<Duration>) -> (f64, f64) {
     (at(50.0), at(90.0))
 }
 
-fn workload(profile: Profile, background: bool) -> Workload<PrefixCacheScorer> {
+const MODES: [RecordMode; 3] = [
+    RecordMode::InPlace,
+    RecordMode::AfterReply,
+    RecordMode::Writer,
+];
+
+fn label(mode: RecordMode) -> &'static str {
+    match mode {
+        RecordMode::InPlace => "in place",
+        RecordMode::AfterReply => "after reply",
+        RecordMode::Writer => "writer",
+    }
+}
+
+fn workload(profile: Profile, mode: RecordMode) -> Workload<PrefixCacheScorer> {
     let mut params = PrefixCacheScorerParams::default();
-    params.index.record_in_background = background;
+    params.index.record_mode = mode;
     let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params).expect("valid");
     let mut w = Workload::with_profile(64, 16, &builtin_registry(), Arc::new(prefix), profile);
     w.warm(10_000);
@@ -62,9 +81,9 @@ fn workload(profile: Profile, background: bool) -> Workload<PrefixCacheScorer> {
 
 /// CPU µs per decision, all threads, at one decision every 5 ms; and the
 /// median decision, µs.
-fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
+fn cpu_at_200(profile: Profile, mode: RecordMode) -> (Option<f64>, f64) {
     const N: usize = 2_000;
-    let mut w = workload(profile, background);
+    let mut w = workload(profile, mode);
     // Let a writer that was busy warming the index settle into its pace.
     std::thread::sleep(Duration::from_millis(50));
     let before = cpu_seconds(std::process::id());
@@ -76,6 +95,7 @@ fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
         w.cycle();
         times.push(t.elapsed());
         black_box(&w.result);
+        w.scheduler.run_deferred();
     }
     // 0 when `/proc` cannot be read (not Linux).
     let spent = cpu_seconds(std::process::id()) - before;
@@ -83,8 +103,8 @@ fn cpu_at_200(profile: Profile, background: bool) -> (Option<f64>, f64) {
     (cpu, quantiles(times).0)
 }
 
-fn run(profile: Profile, background: bool, paced: bool) -> (f64, f64) {
-    let mut w = workload(profile, background);
+fn run(profile: Profile, mode: RecordMode, paced: bool) -> (f64, f64) {
+    let mut w = workload(profile, mode);
     let mut times = Vec::with_capacity(CYCLES);
     for _ in 0..CYCLES {
         w.next();
@@ -93,6 +113,7 @@ fn run(profile: Profile, background: bool, paced: bool) -> (f64, f64) {
         times.push(t.elapsed());
         black_box(&w.result);
         if paced {
+            w.scheduler.run_deferred();
             while w.prefix.index().queued_records() > 0 {
                 std::hint::spin_loop();
             }
@@ -107,17 +128,17 @@ fn run(profile: Profile, background: bool, paced: bool) -> (f64, f64) {
 fn main() {
     // `cargo bench` passes `--bench`; a name filter, if any, is ignored.
     println!(
-        "{:<12} {:<10} {:>22} {:>22} {:>14}",
+        "{:<12} {:<11} {:>22} {:>22} {:>14}",
         "loop", "record", "decode only p50 / p90", "P/D p50 / p90", "ratio of p50s"
     );
     for paced in [true, false] {
-        for background in [false, true] {
-            let single = run(Profile::DecodeOnly, background, paced);
-            let pd = run(Profile::Disaggregated, background, paced);
+        for mode in MODES {
+            let single = run(Profile::DecodeOnly, mode, paced);
+            let pd = run(Profile::Disaggregated, mode, paced);
             println!(
-                "{:<12} {:<10} {:>13.2} / {:>6.2} {:>13.2} / {:>6.2} {:>14.2}",
+                "{:<12} {:<11} {:>13.2} / {:>6.2} {:>13.2} / {:>6.2} {:>14.2}",
                 if paced { "paced" } else { "closed loop" },
-                if background { "writer" } else { "in place" },
+                label(mode),
                 single.0,
                 single.1,
                 pd.0,
@@ -130,10 +151,10 @@ fn main() {
         "\nCPU at 200 decisions/s (all threads, µs per decision; the load change and prompt assembly included)"
     );
     println!(
-        "{:<10} {:>30} {:>30}",
+        "{:<11} {:>30} {:>30}",
         "record", "decode only: CPU / p50 cycle", "P/D: CPU / p50 cycle"
     );
-    for background in [false, true] {
+    for mode in MODES {
         let show = |(cpu, p50): (Option<f64>, f64)| {
             cpu.map_or_else(
                 || format!("n/a / {p50:.2}"),
@@ -141,10 +162,10 @@ fn main() {
             )
         };
         println!(
-            "{:<10} {:>30} {:>30}",
-            if background { "writer" } else { "in place" },
-            show(cpu_at_200(Profile::DecodeOnly, background)),
-            show(cpu_at_200(Profile::Disaggregated, background)),
+            "{:<11} {:>30} {:>30}",
+            label(mode),
+            show(cpu_at_200(Profile::DecodeOnly, mode)),
+            show(cpu_at_200(Profile::Disaggregated, mode)),
         );
     }
 }

@@ -16,8 +16,8 @@ use std::sync::{
 };
 
 use epp_core::{
-    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, Endpoint, MetricFamily,
-    MetricSink, Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
+    BuildError, CHARS_PER_TOKEN, Candidate, CycleContext, DataProducer, DeferredWork, Endpoint,
+    MetricFamily, MetricSink, Plugin, PluginMetrics, PreRequest, PrefixSlot, SchedulingResult,
     replicas::{ReplicaFeed, SharesPicks},
 };
 
@@ -51,18 +51,69 @@ pub struct PrefixCacheParams {
     /// meant characters). Default 0 = unset.
     #[serde(default)]
     pub block_size: usize,
-    /// Apply each decision's record on a writer thread instead of in the
-    /// decision (see [`PrefixIndex::in_background`]): the decision returns
-    /// without the record's time, and the next read of the index applies
-    /// whatever the writer has not yet, so every decision still sees every
-    /// earlier one. Default false: through Envoy on a machine the picker
-    /// shares, the writer's wake-ups cost more CPU than it saves.
-    #[serde(default)]
-    pub record_in_background: bool,
+    /// When each decision's record is applied to the index: `recordMode`
+    /// (`inPlace`, `afterReply`, `writer`; see [`RecordMode`]), or its older
+    /// spelling `recordInBackground` (`true` is `writer`, `false` is
+    /// `inPlace`). Default `afterReply`.
+    #[serde(default, alias = "recordInBackground")]
+    pub record_mode: RecordMode,
 }
 
-/// Records a background index queues at most before its recording callers
-/// apply them themselves.
+/// When a decision's prefix-index record is applied. Whichever it is, every
+/// decision sees every earlier decision's record: a read applies the records
+/// still queued before it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordMode {
+    /// In the decision, before it returns (the reference's order).
+    InPlace,
+    /// Queued by the decision and applied once the server has written the
+    /// decision's reply (`Scheduler::run_deferred`; see
+    /// [`PrefixIndex::after_reply`]), or else by the next decision: the reply
+    /// does not wait for the record, and no thread is woken. The default.
+    #[default]
+    AfterReply,
+    /// Queued and applied by a writer thread of the index (see
+    /// [`PrefixIndex::in_background`]): off the server's threads too, at the
+    /// cost of a thread to wake.
+    Writer,
+}
+
+impl RecordMode {
+    const NAMES: &'static [&'static str] = &["inPlace", "afterReply", "writer"];
+}
+
+impl<'de> serde::Deserialize<'de> for RecordMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RecordMode;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "one of inPlace, afterReply, writer (or, as recordInBackground, a boolean)",
+                )
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<RecordMode, E> {
+                Ok(if v {
+                    RecordMode::Writer
+                } else {
+                    RecordMode::InPlace
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RecordMode, E> {
+                match v {
+                    "inPlace" => Ok(RecordMode::InPlace),
+                    "afterReply" => Ok(RecordMode::AfterReply),
+                    "writer" => Ok(RecordMode::Writer),
+                    other => Err(E::unknown_variant(other, RecordMode::NAMES)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// Records a queued index holds at most before its recording callers apply
+/// them themselves.
 const BACKGROUND_QUEUE: usize = 64;
 
 /// llm-d's default `maxPrefixTokensToMatch` (128 Ki tokens), which applies
@@ -91,7 +142,7 @@ impl Default for PrefixCacheParams {
             lru_capacity_per_server: default_capacity(),
             auto_tune: true,
             block_size: 0,
-            record_in_background: false,
+            record_mode: RecordMode::default(),
         }
     }
 }
@@ -282,10 +333,10 @@ impl ApproxPrefixCacheProducer {
             name: name.into(),
             params,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            index: if params.record_in_background {
-                PrefixIndex::in_background(BACKGROUND_QUEUE)
-            } else {
-                PrefixIndex::default()
+            index: match params.record_mode {
+                RecordMode::InPlace => PrefixIndex::default(),
+                RecordMode::AfterReply => PrefixIndex::after_reply(BACKGROUND_QUEUE),
+                RecordMode::Writer => PrefixIndex::in_background(BACKGROUND_QUEUE),
             },
             slot: PrefixSlot::default(),
             feed: OnceLock::new(),
@@ -425,6 +476,18 @@ impl Plugin for ApproxPrefixCacheProducer {
     }
     fn as_shares_picks(&self) -> Option<&dyn SharesPicks> {
         Some(self)
+    }
+    fn as_deferred_work(&self) -> Option<&dyn DeferredWork> {
+        self.index
+            .records_after_reply()
+            .then_some(self as &dyn DeferredWork)
+    }
+}
+
+/// `recordMode: afterReply`: the records the decisions queued.
+impl DeferredWork for ApproxPrefixCacheProducer {
+    fn run_deferred(&self) {
+        self.index.flush();
     }
 }
 

@@ -121,7 +121,7 @@ pub use active_request_scorer::{ActiveRequestParams, ActiveRequestScorer};
 pub use always_disagg_multimodal_decider::AlwaysDisaggMultimodalDecider;
 pub use always_disagg_pd_decider::AlwaysDisaggPdDecider;
 pub use approx_prefix_cache_producer::{
-    ApproxPrefixCacheProducer, PrefixCacheParams, block_hashes,
+    ApproxPrefixCacheProducer, PrefixCacheParams, RecordMode, block_hashes,
 };
 pub use burst_prefix_cache_producer::{BurstPrefixCacheProducer, BurstPrefixParams};
 pub use concurrency_detector::{ConcurrencyDetector, ConcurrencyDetectorParams, ConcurrencyMode};

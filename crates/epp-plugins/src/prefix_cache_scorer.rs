@@ -15,12 +15,14 @@
 use std::sync::Arc;
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, Endpoint,
-    MetricSink, Plugin, PluginMetrics, PreRequest, SchedulingResult, Scorer,
+    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, DeferredWork,
+    Endpoint, MetricSink, Plugin, PluginMetrics, PreRequest, SchedulingResult, Scorer,
     replicas::{ReplicaFeed, SharesPicks},
 };
 
-use crate::{ApproxPrefixCacheProducer, Builtin, PrefixCacheParams, PrefixIndex, invalid};
+use crate::{
+    ApproxPrefixCacheProducer, Builtin, PrefixCacheParams, PrefixIndex, RecordMode, invalid,
+};
 
 /// Parameters of `prefix-cache-scorer`: llm-d's scoring parameters and the
 /// reference's index parameters (see [`PrefixCacheParams`]). The default is
@@ -66,7 +68,8 @@ struct RawScorerParams {
     max_prefix_tokens_to_match: Option<usize>,
     lru_capacity_per_server: Option<usize>,
     auto_tune: Option<bool>,
-    record_in_background: Option<bool>,
+    #[serde(alias = "recordInBackground")]
+    record_mode: Option<RecordMode>,
 }
 
 impl<'de> serde::Deserialize<'de> for PrefixCacheScorerParams {
@@ -98,8 +101,8 @@ impl<'de> serde::Deserialize<'de> for PrefixCacheScorerParams {
             index.auto_tune = a;
             given = true;
         }
-        if let Some(b) = r.record_in_background {
-            index.record_in_background = b;
+        if let Some(m) = r.record_mode {
+            index.record_mode = m;
             given = true;
         }
         Ok(Self {
@@ -206,6 +209,11 @@ impl Plugin for PrefixCacheScorer {
     }
     fn as_shares_picks(&self) -> Option<&dyn SharesPicks> {
         self.uses_own_index().then_some(self as &dyn SharesPicks)
+    }
+    fn as_deferred_work(&self) -> Option<&dyn DeferredWork> {
+        self.uses_own_index()
+            .then(|| self.own.as_deferred_work())
+            .flatten()
     }
 }
 

@@ -231,8 +231,25 @@ impl PrefixIndex {
     /// be started, every record is applied by its caller.
     #[must_use]
     pub fn in_background(queue: usize) -> Self {
+        Self::queued(queue, true)
+    }
+
+    /// An empty index whose records are queued, as with
+    /// [`Self::in_background`], but with no writer thread: they are applied
+    /// by [`Self::flush`], which a server calls once it has sent the
+    /// decision's reply, or else by the next read, which applies whatever is
+    /// still queued before it reads. A decision then returns without its
+    /// record's time and without waking any thread; the server pays the
+    /// record after its reply went. When the queue of at most `queue`
+    /// records is full, the recording caller applies the oldest first.
+    #[must_use]
+    pub fn after_reply(queue: usize) -> Self {
+        Self::queued(queue, false)
+    }
+
+    fn queued(queue: usize, threaded: bool) -> Self {
         let index = Self::default();
-        let background = Background::new(Arc::clone(&index.inner), queue);
+        let background = Background::new(Arc::clone(&index.inner), queue, threaded);
         Self {
             background: Some(background),
             ..index
@@ -242,21 +259,32 @@ impl PrefixIndex {
     /// Whether records are applied by a writer thread.
     #[must_use]
     pub fn is_background(&self) -> bool {
-        self.background.is_some()
+        self.background
+            .as_ref()
+            .is_some_and(Background::is_threaded)
+    }
+
+    /// Whether records are queued for [`Self::flush`] after the reply
+    /// ([`Self::after_reply`]).
+    #[must_use]
+    pub fn records_after_reply(&self) -> bool {
+        self.background.as_ref().is_some_and(|b| !b.is_threaded())
     }
 
     /// Applies every record queued before the call (helping the writer
-    /// with them). Reads do this themselves; it is for a caller that wants
-    /// the records' cost paid now rather than by the next read. Immediate
-    /// for an index that records in place.
+    /// with them, if there is one). Reads do this themselves; it is for a
+    /// caller that wants the records' cost paid now rather than by the next
+    /// read: a server after its reply, for an [`Self::after_reply`] index.
+    /// Costs two atomic loads when nothing is queued; immediate for an index
+    /// that records in place.
     pub fn flush(&self) {
         if let Some(b) = &self.background {
             b.flush();
         }
     }
 
-    /// Records queued for the writer thread and not yet applied (0 for an
-    /// index that records in place).
+    /// Records queued and not yet applied (0 for an index that records in
+    /// place).
     #[must_use]
     pub fn queued_records(&self) -> usize {
         self.background.as_ref().map_or(0, Background::unapplied)

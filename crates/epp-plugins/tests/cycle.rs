@@ -7,22 +7,24 @@
 use std::sync::Arc;
 
 use epp_plugins::{
-    Builtin, PrefixCacheParams, PrefixCacheScorer, PrefixCacheScorerParams, builtin_registry,
+    Builtin, PrefixCacheParams, PrefixCacheScorer, PrefixCacheScorerParams, RecordMode,
+    builtin_registry,
 };
 use epp_test_support::workload::Workload;
 
 /// The benchmark's workload: 64 endpoints, 16 KiB prompts, the prefix index
-/// remembering `capacity` blocks per endpoint.
+/// remembering `capacity` blocks per endpoint, its records applied after
+/// the reply (the default).
 fn workload(capacity: usize) -> Workload<PrefixCacheScorer> {
-    workload_recording(capacity, false)
+    workload_recording(capacity, RecordMode::default())
 }
 
-/// [`workload`], recording in the background when `background`.
-fn workload_recording(capacity: usize, background: bool) -> Workload<PrefixCacheScorer> {
+/// [`workload`], recording as `mode` says.
+fn workload_recording(capacity: usize, mode: RecordMode) -> Workload<PrefixCacheScorer> {
     let params = PrefixCacheScorerParams {
         index: PrefixCacheParams {
             lru_capacity_per_server: capacity,
-            record_in_background: background,
+            record_mode: mode,
             ..PrefixCacheParams::default()
         },
         ..PrefixCacheScorerParams::default()
@@ -45,38 +47,46 @@ fn allocations(w: &mut Workload<PrefixCacheScorer>, cycles: usize) -> u64 {
 #[test]
 fn a_full_index_schedules_without_allocating() {
     // 64 endpoints, 16 KiB prompts; each endpoint remembers 2,048 blocks, so
-    // after 4,000 requests every LRU is full and each record evicts.
-    let mut w = workload(2_048);
-    w.warm(4_000);
-    assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
-    let growths = w.prefix.index().growths();
-    assert_eq!(allocations(&mut w, 1_000), 0);
-    // Nor memory the allocator does not see (a table in huge pages).
-    assert_eq!(w.prefix.index().growths(), growths);
-    // The counter does count: a fresh result allocates its vectors.
-    w.next();
-    let fresh = allocation_counter::measure(|| {
-        let r = w.scheduler.schedule(&Default::default(), &w.snapshot);
-        assert!(r.is_ok());
-    });
-    assert!(fresh.count_total > 0);
+    // after 4,000 requests every LRU is full and each record evicts. Nothing
+    // runs the deferred records here: each decision's read applies its
+    // predecessor's, in the count.
+    for mode in [RecordMode::InPlace, RecordMode::AfterReply] {
+        let mut w = workload_recording(2_048, mode);
+        w.warm(4_000);
+        assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
+        let growths = w.prefix.index().growths();
+        assert_eq!(allocations(&mut w, 1_000), 0, "{mode:?}");
+        // Nor memory the allocator does not see (a table in huge pages).
+        assert_eq!(w.prefix.index().growths(), growths);
+        // The counter does count: a fresh result allocates its vectors.
+        w.next();
+        let fresh = allocation_counter::measure(|| {
+            let r = w.scheduler.schedule(&Default::default(), &w.snapshot);
+            assert!(r.is_ok());
+        });
+        assert!(fresh.count_total > 0);
+    }
 }
 
 #[test]
-fn queueing_records_for_the_background_allocates_nothing() {
-    let mut w = workload_recording(2_048, true);
-    w.warm(4_000);
-    w.prefix.index().flush();
-    assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
-    let mut total = 0;
-    for _ in 0..1_000 {
-        w.next();
-        // The decision copies its blocks into a buffer an applied record
-        // left; the record is applied after, outside the count.
-        total += allocation_counter::measure(|| w.cycle()).count_total;
+fn queueing_records_allocates_nothing() {
+    for mode in [RecordMode::AfterReply, RecordMode::Writer] {
+        let mut w = workload_recording(2_048, mode);
+        w.warm(4_000);
         w.prefix.index().flush();
+        assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
+        let mut total = 0;
+        for _ in 0..1_000 {
+            w.next();
+            // The decision copies its blocks into a buffer an applied record
+            // left; the record is applied after, outside the count (as the
+            // server does after its reply).
+            total += allocation_counter::measure(|| w.cycle()).count_total;
+            w.scheduler.run_deferred();
+            w.prefix.index().flush();
+        }
+        assert_eq!(total, 0, "{mode:?}");
     }
-    assert_eq!(total, 0);
 }
 
 #[test]

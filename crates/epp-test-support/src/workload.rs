@@ -393,11 +393,12 @@ impl<P: Plugin + 'static> Workload<P> {
         self.time_cycles_then(n, |_| ())
     }
 
-    /// [`Self::time_cycles`], calling `after` with the prefix plugin after
-    /// each cycle, untimed (e.g. to wait for work the cycle left to a
-    /// background thread, as a server whose requests arrive slower than that
-    /// thread's work would).
-    pub fn time_cycles_then(&mut self, n: u64, mut after: impl FnMut(&P)) -> Duration {
+    /// [`Self::time_cycles`], calling `after` with the workload after each
+    /// cycle, untimed (e.g. to run the work the cycle left for after its
+    /// reply, as the server does once the reply is written, or to wait for
+    /// work it left to a background thread, as a server whose requests
+    /// arrive slower than that thread's work would).
+    pub fn time_cycles_then(&mut self, n: u64, mut after: impl FnMut(&Self)) -> Duration {
         let mut spent = Duration::ZERO;
         for _ in 0..n {
             self.next();
@@ -405,7 +406,7 @@ impl<P: Plugin + 'static> Workload<P> {
             self.cycle();
             spent += t.elapsed();
             black_box(&self.result);
-            after(&self.prefix);
+            after(self);
         }
         spent
     }

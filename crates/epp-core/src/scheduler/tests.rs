@@ -1,7 +1,11 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use super::*;
-use crate::{EndpointMetrics, Filter, Picker, SaturationDetector, Scorer};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use crate::{
+    DeferredWork, EndpointMetrics, Filter, Picker, PreRequest, SaturationDetector, Scorer,
+};
 
 /// Scores each candidate with a fixed value by endpoint id (NaN allowed).
 #[derive(Debug)]
@@ -669,4 +673,52 @@ fn a_recorder_of_candidates_sees_every_filter_scorer_and_pick() {
     let mut timing_only = Detail::default();
     assert!(s.schedule_recorded(&req, &snap, &mut timing_only).is_err());
     assert_eq!(timing_only.events, ["run 0"]);
+}
+
+/// Leaves one unit of work per decision for after its reply.
+#[derive(Debug, Default)]
+struct Leaves {
+    left: AtomicU32,
+    done: AtomicU32,
+}
+impl Plugin for Leaves {
+    fn type_name(&self) -> &str {
+        "leaves"
+    }
+    fn name(&self) -> &str {
+        "leaves"
+    }
+    fn as_pre_request(&self) -> Option<&dyn PreRequest> {
+        Some(self)
+    }
+    fn as_deferred_work(&self) -> Option<&dyn DeferredWork> {
+        Some(self)
+    }
+}
+impl PreRequest for Leaves {
+    fn pre_request(&self, _: &CycleContext<'_>, _: &SchedulingResult) {
+        self.left.fetch_add(1, Relaxed);
+    }
+}
+impl DeferredWork for Leaves {
+    fn run_deferred(&self) {
+        let left = self.left.swap(0, Relaxed);
+        self.done.fetch_add(left, Relaxed);
+    }
+}
+
+#[test]
+fn deferred_work_runs_when_the_host_asks() {
+    assert!(!scheduler(vec![1.0; 3]).has_deferred_work());
+    let leaves = Arc::new(Leaves::default());
+    let s = scheduler(vec![1.0; 3]).with_hooks([PluginRef::new(leaves.clone())]);
+    assert!(s.has_deferred_work());
+    let req = InferenceRequest::builder("m").build();
+    for _ in 0..3 {
+        s.schedule(&req, &snapshot(3)).unwrap();
+    }
+    let count = |a: &AtomicU32| a.load(Relaxed);
+    assert_eq!((count(&leaves.left), count(&leaves.done)), (3, 0));
+    s.run_deferred();
+    assert_eq!((count(&leaves.left), count(&leaves.done)), (0, 3));
 }

@@ -82,10 +82,33 @@ pub(crate) async fn start_with(
     options: ExtProcOptions,
     h2: H2Options,
 ) -> Fixture {
+    start_scheduled(server, queues, options, h2, Vec::new()).await
+}
+
+/// [`start_with`], the fixture's scheduler given `hooks` too.
+pub(crate) async fn start_hooked(server: Server, queues: &[u32], hooks: Vec<PluginRef>) -> Fixture {
+    start_scheduled(
+        server,
+        queues,
+        ExtProcOptions::default(),
+        H2Options::default(),
+        hooks,
+    )
+    .await
+}
+
+async fn start_scheduled(
+    server: Server,
+    queues: &[u32],
+    options: ExtProcOptions,
+    h2: H2Options,
+    hooks: Vec<PluginRef>,
+) -> Fixture {
     let eps = with_queues(queues);
     let source = Arc::new(ArcSwap::from_pointee(EndpointSnapshot::new(eps.clone())));
     let recorder = Arc::new(Recorder::default());
-    let service = ExtProcService::new(Arc::new(scheduler(&recorder)), source.clone(), options);
+    let scheduler = scheduler(&recorder).with_hooks(hooks);
+    let service = ExtProcService::new(Arc::new(scheduler), source.clone(), options);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();

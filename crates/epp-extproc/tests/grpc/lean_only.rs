@@ -455,3 +455,33 @@ async fn a_peer_reading_none_of_many_streams_is_stopped_for_the_connection() {
     }
     fx.eventually("released", |f| f.inflight() == vec![0]).await;
 }
+
+#[tokio::test]
+async fn the_prefix_record_is_applied_after_the_reply() {
+    use epp_core::PluginRef;
+    use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams};
+
+    // The default: records wait for the server to have replied.
+    let prefix =
+        Arc::new(PrefixCacheScorer::build("prefix", PrefixCacheScorerParams::default()).unwrap());
+    assert!(prefix.index().records_after_reply());
+    let fx = start_hooked(Server::Lean, &[0, 0], vec![PluginRef::new(prefix.clone())]).await;
+    let mut envoy = fx.envoy().await;
+    envoy
+        .send_post(
+            "/v1/chat/completions",
+            &chat_body("m", &"x".repeat(2000)),
+            FULL_DUPLEX,
+            NONE,
+        )
+        .await;
+    let reply = envoy.recv().await;
+    assert!(destination(&reply).is_some(), "{reply:?}");
+    // Nothing reads the index after this one decision: only the server,
+    // once its reply was written, applies the record.
+    fx.eventually("the record applied", |_| {
+        prefix.index().queued_records() == 0
+    })
+    .await;
+    assert!(prefix.index().entries() > 0);
+}

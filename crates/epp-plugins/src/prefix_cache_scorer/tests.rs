@@ -94,14 +94,100 @@ fn recorded_in_background_the_next_decision_still_sees_the_last() {
     // The last decision's record waits for the writer or the next read.
     assert!(scorer.index().len_for(home) >= 18);
     assert_eq!(scorer.index().queued_records(), 0, "the read applied it");
-    // The default records in the decision.
-    let in_place: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    // Only `recordMode: writer` starts a writer thread.
+    let default: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
     assert!(
-        !PrefixCacheScorer::build("p", in_place)
+        !PrefixCacheScorer::build("p", default)
             .unwrap()
             .index()
             .is_background()
     );
+    // The writer needs no one to run deferred work.
+    assert!(!scheduler.has_deferred_work());
+}
+
+#[test]
+fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
+    // The default.
+    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    assert_eq!(params.index.record_mode, RecordMode::AfterReply);
+    let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
+    assert!(scorer.index().records_after_reply() && !scorer.index().is_background());
+    let scheduler = scheduler(&scorer, None);
+    assert!(scheduler.has_deferred_work());
+    let snapshot = snapshot(8);
+    let system = "You are a helpful assistant. ".repeat(40);
+    let ask = |q: &str| {
+        let req = InferenceRequest::builder("m")
+            .prompt(format!("{system} {q}"))
+            .build();
+        scheduler.schedule(&req, &snapshot).unwrap()
+    };
+    let home = ask("Q1").primary().unwrap().id();
+    // Decided, the record queued: nothing applies it but a caller.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(scorer.index().queued_records(), 1);
+    // The server, once its reply is written.
+    scheduler.run_deferred();
+    assert_eq!(scorer.index().queued_records(), 0);
+    assert_eq!(scorer.index().len_for(home), 18);
+    // Without it, the next decision's read applies the last record first.
+    for q in 2..20 {
+        let r = ask(&format!("Q{q}"));
+        assert_eq!(r.primary().unwrap().id(), home);
+        assert!(r.primary_run().unwrap().scores[0] > 0.9);
+        assert_eq!(scorer.index().queued_records(), 1, "only this decision's");
+    }
+    // In place: nothing left over, nothing to run.
+    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{recordMode: inPlace}").unwrap();
+    let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
+    let in_place = self::scheduler(&scorer, None);
+    assert!(!in_place.has_deferred_work());
+    let req = InferenceRequest::builder("m")
+        .prompt(system.clone())
+        .build();
+    let home = in_place.schedule(&req, &snapshot).unwrap();
+    assert_eq!(scorer.index().queued_records(), 0);
+    assert_eq!(scorer.index().len_for(home.primary().unwrap().id()), 18);
+}
+
+#[test]
+fn record_mode_is_named_or_given_as_the_older_flag() {
+    let mode = |yaml: &str| {
+        serde_yaml_ng::from_str::<PrefixCacheScorerParams>(yaml).map(|p| p.index.record_mode)
+    };
+    assert_eq!(mode("{recordMode: writer}").unwrap(), RecordMode::Writer);
+    assert_eq!(
+        mode("{recordMode: afterReply}").unwrap(),
+        RecordMode::AfterReply
+    );
+    assert_eq!(
+        mode("{recordInBackground: true}").unwrap(),
+        RecordMode::Writer
+    );
+    assert_eq!(
+        mode("{recordInBackground: false}").unwrap(),
+        RecordMode::InPlace
+    );
+    let err = mode("{recordMode: later}").unwrap_err().to_string();
+    assert!(err.contains("later") && err.contains("afterReply"), "{err}");
+    let err = mode("{recordMode: writer, recordInBackground: false}")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("duplicate field"), "{err}");
+    // The producer takes the same spellings.
+    let producer =
+        |yaml: &str| serde_yaml_ng::from_str::<PrefixCacheParams>(yaml).map(|p| p.record_mode);
+    assert_eq!(producer("{}").unwrap(), RecordMode::AfterReply);
+    assert_eq!(
+        producer("{recordMode: inPlace}").unwrap(),
+        RecordMode::InPlace
+    );
+    assert_eq!(
+        producer("{recordInBackground: true}").unwrap(),
+        RecordMode::Writer
+    );
+    assert!(producer("{recordMode: 3}").is_err());
 }
 
 #[test]

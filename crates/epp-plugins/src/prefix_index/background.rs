@@ -1,24 +1,27 @@
-//! Records applied off the request path, as llm-d's producer does in its
-//! `PreRequest` goroutine: the recording caller copies the blocks into a
-//! bounded queue and returns; one writer thread per index applies the queued
-//! records in order.
+//! Records applied off the request path. The recording caller copies the
+//! blocks into a bounded queue and returns; the queued records are applied,
+//! in order, either by a writer thread the index starts (as llm-d's producer
+//! applies its records in a `PreRequest` goroutine), or, with no writer, by
+//! whoever calls [`super::PrefixIndex::flush`]: a server once it has sent
+//! the decision's reply (`Scheduler::run_deferred`), so the record follows
+//! the reply instead of delaying it.
 //!
 //! Unlike llm-d's, no read sees a stale index: every read of the index
 //! (a match, an inspection) first applies, helping the writer, the records
 //! still queued (see [`Background::settle`]; nothing queued costs two atomic
 //! loads). A decision therefore sees every record made before it, as when
-//! recording in place; what it saves is the records the writer has applied
-//! since the last decision: all of them when requests arrive further apart
-//! than the writer's lag, none when they come back to back (a decision
-//! then applies its predecessor's record, as it would have waited for it in
-//! place).
+//! recording in place; what it saves is the records applied since the last
+//! decision: all of them when requests arrive further apart than the
+//! writer's lag, or when the server applies them after each reply; none
+//! when they come back to back (a decision then applies its predecessor's
+//! record, as it would have waited for it in place).
 //!
-//! This moves the work, it does not remove it: a record costs the writer
-//! what it cost the caller, plus the copy and, when the writer sleeps, a
-//! wake-up. What the request path gains is the record's time. Readers
-//! (matches) still take the index's read lock, and a record holds the write
-//! lock throughout (see [`super::apply`]): a match that meets the writer at
-//! work waits for the rest of one record.
+//! This moves the work, it does not remove it: a record costs whoever
+//! applies it what it cost the caller, plus the copy and, when a writer
+//! sleeps, a wake-up. What the request path gains is the record's time.
+//! Readers (matches) still take the index's read lock, and a record holds
+//! the write lock throughout (see [`super::apply`]): a match that meets a
+//! record being applied waits for the rest of it.
 //!
 //! Waking a sleeping thread is a system call, and on a busy machine the woken
 //! writer may take the caller's core: measured, it cost a decision more than
@@ -32,17 +35,18 @@
 //! the linger is kept short: lingering 10 ms, as this writer first did, cost
 //! 2.5–3.7 times the CPU of recording in place at 200 decisions a second (50
 //! looks a record); 400 µs, 0.7–1.4 times (the `record_modes` benchmark,
-//! whose CPU figures are noisy).
+//! whose CPU figures are noisy). Without a writer there is no wake-up at
+//! all: the records are applied on the server's own thread, after the write
+//! of its replies.
 //!
-//! When the queue is full the caller waits for the writer to take a record
-//! from it, if the writer is applying one; else (the writer not running, or
-//! not there yet) it applies the oldest queued record itself. Either way it
-//! then queues its own: back-pressure, nothing dropped, and the request path
-//! pays again only while the writer cannot keep up. (Helping while the writer
-//! applies would queue the caller behind the writer's record and then make
-//! it apply a second one.) Records are taken from the queue and applied under
-//! one mutex, so whoever applies them, writer or caller, applies them in
-//! queue order.
+//! When the queue is full the caller waits for the writer (or a flushing
+//! server) to take a record from it, if one is applying a record; else it
+//! applies the oldest queued record itself. Either way it then queues its
+//! own: back-pressure, nothing dropped, and the request path pays again only
+//! while the records are not applied as fast as they come. (Helping while
+//! another applies would queue the caller behind that record and then make
+//! it apply a second one.) Records are taken from the queue and applied
+//! under one mutex, so whoever applies them applies them in queue order.
 
 use std::{
     collections::VecDeque,
@@ -66,9 +70,12 @@ const POLL: Duration = Duration::from_micros(200);
 /// How long a writer keeps looking after its last record: two looks.
 const LINGER: Duration = Duration::from_micros(400);
 
-/// The queue and writer of a [`super::PrefixIndex::in_background`] index.
+/// The queue, and writer if any, of a [`super::PrefixIndex::in_background`]
+/// or [`super::PrefixIndex::after_reply`] index.
 pub(super) struct Background {
     shared: Arc<Shared>,
+    /// Whether a writer thread applies the records.
+    threaded: bool,
     /// The writer, started on the first record; `None` inside when it could
     /// not be started (every record is then applied by its caller).
     writer: OnceLock<Option<JoinHandle<()>>>,
@@ -129,6 +136,7 @@ impl fmt::Debug for Background {
         let pending = self.shared.queue.lock().pending.len();
         f.debug_struct("Background")
             .field("bound", &self.shared.bound)
+            .field("threaded", &self.threaded)
             .field("pending", &pending)
             .field("queued", &self.shared.queued.load(Ordering::Relaxed))
             .field("applied", &self.shared.applied.load(Ordering::Relaxed))
@@ -137,7 +145,9 @@ impl fmt::Debug for Background {
 }
 
 impl Background {
-    pub(super) fn new(index: Arc<RwLock<Inner>>, bound: usize) -> Self {
+    /// A queue of at most `bound` records (at least one), applied by a
+    /// writer thread when `threaded`, else by flushes and reads.
+    pub(super) fn new(index: Arc<RwLock<Inner>>, bound: usize, threaded: bool) -> Self {
         let bound = bound.max(1);
         Self {
             shared: Arc::new(Shared {
@@ -154,13 +164,23 @@ impl Background {
                 queued: AtomicU64::new(0),
                 applied: AtomicU64::new(0),
             }),
+            threaded,
             writer: OnceLock::new(),
         }
     }
 
+    /// Whether a writer thread applies the records.
+    pub(super) fn is_threaded(&self) -> bool {
+        self.threaded
+    }
+
     /// Queues `hashes` to be recorded for each of `targets` in turn (or,
-    /// with no writer, records them at once).
+    /// when the writer thread could not be started, records them at once).
     pub(super) fn submit(&self, hashes: &[u64], targets: &[super::Target<'_>]) {
+        if !self.threaded {
+            self.shared.submit(hashes, targets);
+            return;
+        }
         let started = self.writer.get_or_init(|| {
             let shared = Arc::clone(&self.shared);
             std::thread::Builder::new()
@@ -434,6 +454,25 @@ mod tests {
         assert_eq!((len(&inner, 0), len(&inner, 1)), (1, 0));
         shared.flush();
         assert_eq!(len(&inner, 1), 2);
+    }
+
+    #[test]
+    fn after_the_reply_no_thread_applies_the_records() {
+        let index = PrefixIndex::after_reply(4);
+        let e = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+        for k in 0..100 {
+            index.record_for(&e, &[k, k + 1000], 1000);
+        }
+        let b = index.background.as_ref().unwrap();
+        assert!(b.writer.get().is_none(), "no writer was started");
+        // The queue full, each recording caller applied the oldest record.
+        assert_eq!(index.queued_records(), 4);
+        assert_eq!(index.applied_by_callers(), 96);
+        assert_eq!(len(&index.inner, 0), 192);
+        // What the server does once its reply is written.
+        index.flush();
+        assert_eq!(index.queued_records(), 0);
+        assert_eq!(len(&index.inner, 0), 200);
     }
 
     #[test]
