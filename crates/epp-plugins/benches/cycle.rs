@@ -14,8 +14,8 @@
 //! servers; `cycle-decode-only` the same fleet and decode profile alone.
 //!
 //! Every group without a suffix records in the decision (`recordMode:
-//! inPlace`): the whole cycle's work, the figure compared with the
-//! reference's. `…-after-reply` is the default, `recordMode: afterReply`:
+//! inPlace`, the default): the whole cycle's work, the figure compared with
+//! the reference's. `…-after-reply` is `recordMode: afterReply`:
 //! the decision queues its record, and after each timed cycle the bench runs
 //! the scheduler's deferred work, untimed, as the server does once its reply
 //! is written: the time a request waits for its decision. `…-background`
@@ -56,7 +56,7 @@ enum Recording {
     /// Within the cycle (`recordMode: inPlace`).
     InPlace,
     /// Queued, applied after each cycle, untimed, by the scheduler's
-    /// deferred work (`recordMode: afterReply`, the default).
+    /// deferred work (`recordMode: afterReply`).
     AfterReply,
     /// In the background, the records applied after each cycle, untimed.
     Background,

@@ -1,7 +1,7 @@
 //! Where a decision's prefix-index record is applied, and what a P/D
 //! decision (two picks, two records) costs against a single pick, with the
-//! record made in place (`recordMode: inPlace`), after the reply
-//! (`afterReply`, the default) and by the index's writer thread (`writer`),
+//! record made in place (`recordMode: inPlace`, the default), after the
+//! reply (`afterReply`) and by the index's writer thread (`writer`),
 //! side by side in one run.
 //!
 //! The fleet and requests are the cycle benchmark's P/D setup (64 endpoints,

@@ -13,8 +13,8 @@ use epp_plugins::{
 use epp_test_support::workload::Workload;
 
 /// The benchmark's workload: 64 endpoints, 16 KiB prompts, the prefix index
-/// remembering `capacity` blocks per endpoint, its records applied after
-/// the reply (the default).
+/// remembering `capacity` blocks per endpoint, recording in the decision
+/// (the default).
 fn workload(capacity: usize) -> Workload<PrefixCacheScorer> {
     workload_recording(capacity, RecordMode::default())
 }

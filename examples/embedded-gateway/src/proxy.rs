@@ -151,7 +151,13 @@ impl Proxy {
             Ok(r) => r,
             Err(e) => return plain(StatusCode::BAD_REQUEST, &format!("bad request: {e}")),
         };
-        match self.client.request(upstream).await {
+        // The request goes out first; the work the decision left for after
+        // it (the prefix index's record) runs while the model server works.
+        let (sent, ()) = tokio::join!(self.client.request(upstream), async {
+            tokio::task::yield_now().await;
+            self.scheduler.run_deferred();
+        });
+        match sent {
             Ok(response) => {
                 let (mut head, body) = response.into_parts();
                 let sse = head

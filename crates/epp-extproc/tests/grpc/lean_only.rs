@@ -459,11 +459,12 @@ async fn a_peer_reading_none_of_many_streams_is_stopped_for_the_connection() {
 #[tokio::test]
 async fn the_prefix_record_is_applied_after_the_reply() {
     use epp_core::PluginRef;
-    use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams};
+    use epp_plugins::{Builtin, PrefixCacheScorer, PrefixCacheScorerParams, RecordMode};
 
-    // The default: records wait for the server to have replied.
-    let prefix =
-        Arc::new(PrefixCacheScorer::build("prefix", PrefixCacheScorerParams::default()).unwrap());
+    // Records wait for the server to have replied.
+    let mut params = PrefixCacheScorerParams::default();
+    params.index.record_mode = RecordMode::AfterReply;
+    let prefix = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     assert!(prefix.index().records_after_reply());
     let fx = start_hooked(Server::Lean, &[0, 0], vec![PluginRef::new(prefix.clone())]).await;
     let mut envoy = fx.envoy().await;

@@ -108,9 +108,8 @@ fn recorded_in_background_the_next_decision_still_sees_the_last() {
 
 #[test]
 fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
-    // The default.
-    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
-    assert_eq!(params.index.record_mode, RecordMode::AfterReply);
+    let params: PrefixCacheScorerParams =
+        serde_yaml_ng::from_str("{recordMode: afterReply}").unwrap();
     let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     assert!(scorer.index().records_after_reply() && !scorer.index().is_background());
     let scheduler = scheduler(&scorer, None);
@@ -138,8 +137,9 @@ fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
         assert!(r.primary_run().unwrap().scores[0] > 0.9);
         assert_eq!(scorer.index().queued_records(), 1, "only this decision's");
     }
-    // In place: nothing left over, nothing to run.
-    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{recordMode: inPlace}").unwrap();
+    // In place (the default): nothing left over, nothing to run.
+    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    assert_eq!(params.index.record_mode, RecordMode::InPlace);
     let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     let in_place = self::scheduler(&scorer, None);
     assert!(!in_place.has_deferred_work());
@@ -178,10 +178,10 @@ fn record_mode_is_named_or_given_as_the_older_flag() {
     // The producer takes the same spellings.
     let producer =
         |yaml: &str| serde_yaml_ng::from_str::<PrefixCacheParams>(yaml).map(|p| p.record_mode);
-    assert_eq!(producer("{}").unwrap(), RecordMode::AfterReply);
+    assert_eq!(producer("{}").unwrap(), RecordMode::InPlace);
     assert_eq!(
-        producer("{recordMode: inPlace}").unwrap(),
-        RecordMode::InPlace
+        producer("{recordMode: afterReply}").unwrap(),
+        RecordMode::AfterReply
     );
     assert_eq!(
         producer("{recordInBackground: true}").unwrap(),
