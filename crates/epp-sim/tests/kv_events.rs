@@ -39,18 +39,20 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two free ports, distinct: both are held until both are chosen (one
+/// released before the other is asked for may come back as the other, and
+/// the simulator then cannot bind its replay socket).
+fn free_ports() -> (u16, u16) {
+    let bind = || std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (a, b) = (bind(), bind());
+    let port = |l: &std::net::TcpListener| l.local_addr().unwrap().port();
+    (port(&a), port(&b))
 }
 
 /// Starts the binary with KV events on free ports; returns it and the PUB
 /// and replay endpoints it printed.
 fn start(extra: &[&str]) -> (Server, String, String) {
-    let (pub_port, replay_port) = (free_port(), free_port());
+    let (pub_port, replay_port) = free_ports();
     let config = json!({
         "enable_kv_cache_events": true,
         "publisher": "zmq",

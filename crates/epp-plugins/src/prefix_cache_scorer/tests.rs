@@ -153,41 +153,40 @@ fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
 
 #[test]
 fn record_mode_is_named_or_given_as_the_older_flag() {
-    let mode = |yaml: &str| {
-        serde_yaml_ng::from_str::<PrefixCacheScorerParams>(yaml).map(|p| p.index.record_mode)
+    // The scorer and the producer take the same spellings.
+    let scorer = |yaml: &str| {
+        serde_yaml_ng::from_str::<PrefixCacheScorerParams>(yaml)
+            .map(|p| p.index.record_mode)
+            .map_err(|e| e.to_string())
     };
-    assert_eq!(mode("{recordMode: writer}").unwrap(), RecordMode::Writer);
-    assert_eq!(
-        mode("{recordMode: afterReply}").unwrap(),
-        RecordMode::AfterReply
-    );
-    assert_eq!(
-        mode("{recordInBackground: true}").unwrap(),
-        RecordMode::Writer
-    );
-    assert_eq!(
-        mode("{recordInBackground: false}").unwrap(),
-        RecordMode::InPlace
-    );
-    let err = mode("{recordMode: later}").unwrap_err().to_string();
-    assert!(err.contains("later") && err.contains("afterReply"), "{err}");
-    let err = mode("{recordMode: writer, recordInBackground: false}")
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("duplicate field"), "{err}");
-    // The producer takes the same spellings.
-    let producer =
-        |yaml: &str| serde_yaml_ng::from_str::<PrefixCacheParams>(yaml).map(|p| p.record_mode);
-    assert_eq!(producer("{}").unwrap(), RecordMode::InPlace);
-    assert_eq!(
-        producer("{recordMode: afterReply}").unwrap(),
-        RecordMode::AfterReply
-    );
-    assert_eq!(
-        producer("{recordInBackground: true}").unwrap(),
-        RecordMode::Writer
-    );
-    assert!(producer("{recordMode: 3}").is_err());
+    let producer = |yaml: &str| {
+        serde_yaml_ng::from_str::<PrefixCacheParams>(yaml)
+            .map(|p| p.record_mode)
+            .map_err(|e| e.to_string())
+    };
+    for (yaml, want) in [
+        ("{}", RecordMode::InPlace),
+        ("{recordMode: inPlace}", RecordMode::InPlace),
+        ("{recordMode: afterReply}", RecordMode::AfterReply),
+        ("{recordMode: writer}", RecordMode::Writer),
+        ("{recordInBackground: true}", RecordMode::Writer),
+        ("{recordInBackground: false}", RecordMode::InPlace),
+    ] {
+        assert_eq!(scorer(yaml), Ok(want), "{yaml}");
+        assert_eq!(producer(yaml), Ok(want), "{yaml}");
+    }
+    for (yaml, says) in [
+        ("{recordMode: later}", ["later", "afterReply"]),
+        ("{recordMode: 3}", ["3", "inPlace"]),
+        (
+            "{recordMode: writer, recordInBackground: false}",
+            ["duplicate field", "recordMode"],
+        ),
+    ] {
+        for err in [scorer(yaml).unwrap_err(), producer(yaml).unwrap_err()] {
+            assert!(says.iter().all(|s| err.contains(s)), "{yaml}: {err}");
+        }
+    }
 }
 
 #[test]
