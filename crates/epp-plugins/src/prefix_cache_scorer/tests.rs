@@ -64,6 +64,20 @@ fn a_scheduled_prefix_sticks_to_its_endpoint() {
     assert_eq!(ask("Q1", Some("t2")).primary_run().unwrap().scores[0], 0.0);
 }
 
+/// Schedules a prompt of ~1,160 characters, a system prompt (18 blocks of 64
+/// characters) then `q`.
+fn ask_after_system(
+    scheduler: &Scheduler,
+    snapshot: &epp_core::EndpointSnapshot,
+    q: &str,
+) -> epp_core::SchedulingResult {
+    let system = "You are a helpful assistant. ".repeat(40);
+    let req = InferenceRequest::builder("m")
+        .prompt(format!("{system} {q}"))
+        .build();
+    scheduler.schedule(&req, snapshot).unwrap()
+}
+
 #[test]
 fn recorded_in_background_the_next_decision_still_sees_the_last() {
     let params: PrefixCacheScorerParams =
@@ -72,14 +86,8 @@ fn recorded_in_background_the_next_decision_still_sees_the_last() {
     assert!(scorer.index().is_background());
     let scheduler = scheduler(&scorer, None);
     let snapshot = snapshot(8);
-    let system = "You are a helpful assistant. ".repeat(40);
     // No flush between decisions: a read applies what the writer has not.
-    let ask = |q: &str| {
-        let req = InferenceRequest::builder("m")
-            .prompt(format!("{system} {q}"))
-            .build();
-        scheduler.schedule(&req, &snapshot).unwrap()
-    };
+    let ask = |q: &str| ask_after_system(&scheduler, &snapshot, q);
     let home = ask("Q1").primary().unwrap().id();
     assert_eq!(
         scorer.index().len_for(home),
@@ -115,13 +123,7 @@ fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
     let scheduler = scheduler(&scorer, None);
     assert!(scheduler.has_deferred_work());
     let snapshot = snapshot(8);
-    let system = "You are a helpful assistant. ".repeat(40);
-    let ask = |q: &str| {
-        let req = InferenceRequest::builder("m")
-            .prompt(format!("{system} {q}"))
-            .build();
-        scheduler.schedule(&req, &snapshot).unwrap()
-    };
+    let ask = |q: &str| ask_after_system(&scheduler, &snapshot, q);
     let home = ask("Q1").primary().unwrap().id();
     // Decided, the record queued: nothing applies it but a caller.
     std::thread::sleep(std::time::Duration::from_millis(5));
@@ -143,10 +145,7 @@ fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
     let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     let in_place = self::scheduler(&scorer, None);
     assert!(!in_place.has_deferred_work());
-    let req = InferenceRequest::builder("m")
-        .prompt(system.clone())
-        .build();
-    let home = in_place.schedule(&req, &snapshot).unwrap();
+    let home = ask_after_system(&in_place, &snapshot, "Q1");
     assert_eq!(scorer.index().queued_records(), 0);
     assert_eq!(scorer.index().len_for(home.primary().unwrap().id()), 18);
 }
