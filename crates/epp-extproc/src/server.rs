@@ -302,11 +302,9 @@ where
         // accepted meanwhile is polled on the next turn.
         let accepted = self.conn.poll_accept(cx);
         // Then the work the decisions left for after their replies (the
-        // prefix index's records): the replies did not wait for it.
-        let scheduler = self.decider.scheduler.load();
-        if scheduler.has_deferred_work() {
-            scheduler.run_deferred();
-        }
+        // prefix index's records): the replies did not wait for it. Nothing
+        // to run costs a loop over an empty list.
+        self.decider.scheduler.load().run_deferred();
         match accepted {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(r)) => {
