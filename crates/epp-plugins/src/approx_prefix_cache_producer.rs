@@ -312,6 +312,64 @@ pub struct ApproxPrefixCacheProducer {
     slot: PrefixSlot,
     /// Where picks go for the other replicas, when they share them.
     feed: OnceLock<Arc<dyn ReplicaFeed>>,
+    /// How many blocks an engine caches per block this index records.
+    footprint: Footprint,
+}
+
+/// The blocks this index records of recent prompts against the blocks an
+/// engine caches for them: a prompt longer than `maxPrefixBlocksToMatch`
+/// blocks is recorded by its first blocks only, but the engine that
+/// computes it holds all of them, and they evict other prompts there. So
+/// that an endpoint's list holds the prompts its engine holds, not more,
+/// its capacity (the engine's, in blocks) is scaled by recorded ÷ cached
+/// blocks over recent records (the ratio of their sums, each sum decaying
+/// by 1/256 per record: where lengths vary, an entry stands for that many
+/// of the engine's blocks on average).
+///
+/// Without it, prompts of 6,000 tokens and the default cap of 256 blocks
+/// of 16 tokens filled a server's 2,048-block list with eight prompts
+/// where its engine held five: three in eight believed hits were misses
+/// (the reference's index has the same flaw).
+#[derive(Debug, Default)]
+struct Footprint(AtomicU64);
+
+impl Footprint {
+    /// Weight kept per record: the sums follow about the last 256 records.
+    const KEEP: f32 = 1.0 - 1.0 / 256.0;
+
+    /// Notes a prompt of `cached` blocks of which `recorded` are recorded.
+    fn add(&self, recorded: usize, cached: usize) {
+        let (recorded, cached) = (recorded as f32, cached.max(1) as f32);
+        // Both sums in one word, so a reader never sees one without the other.
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                let (r, c) = Self::unpack(v);
+                Some(Self::pack(
+                    r.mul_add(Self::KEEP, recorded),
+                    c.mul_add(Self::KEEP, cached),
+                ))
+            });
+    }
+
+    /// `capacity` engine blocks in recorded entries (at least 1; all of
+    /// them until a prompt longer than the cap has been recorded).
+    fn entries(&self, capacity: usize) -> usize {
+        let (r, c) = Self::unpack(self.0.load(Ordering::Relaxed));
+        if !(c > 0.0 && r < c) {
+            return capacity;
+        }
+        // The ratio is below 1: the product fits.
+        ((capacity as f64 * f64::from(r / c)).round() as usize).max(1)
+    }
+
+    fn pack(recorded: f32, cached: f32) -> u64 {
+        (u64::from(recorded.to_bits()) << 32) | u64::from(cached.to_bits())
+    }
+
+    fn unpack(v: u64) -> (f32, f32) {
+        (f32::from_bits((v >> 32) as u32), f32::from_bits(v as u32))
+    }
 }
 
 impl Builtin for ApproxPrefixCacheProducer {
@@ -342,6 +400,7 @@ impl ApproxPrefixCacheProducer {
             },
             slot: PrefixSlot::default(),
             feed: OnceLock::new(),
+            footprint: Footprint::default(),
         }
     }
 
@@ -370,6 +429,14 @@ impl ApproxPrefixCacheProducer {
             }
             _ => self.params.lru_capacity_per_server,
         }
+    }
+
+    /// Entries to keep for an endpoint: [`Self::capacity_for`] scaled by the
+    /// blocks recorded per block its engine caches, lower where prompts are
+    /// longer than `maxPrefixBlocksToMatch` (see [`Footprint`]).
+    #[must_use]
+    pub fn entries_for(&self, c: &Candidate) -> usize {
+        self.footprint.entries(self.capacity_for(c))
     }
 
     /// Hashes and matches the request unless a producer already did.
@@ -407,9 +474,12 @@ impl ApproxPrefixCacheProducer {
         if hashes.is_empty() {
             return;
         }
+        let block_chars = self.params.block_size_tokens * CHARS_PER_TOKEN;
+        let cached = cx.request.prompt.len() / block_chars;
+        self.footprint.add(hashes.len(), cached.max(hashes.len()));
         // What the match found held saves the index searching again.
         let what = |endpoint| {
-            let capacity = self.capacity_for(&Candidate::new(endpoint));
+            let capacity = self.entries_for(&Candidate::new(endpoint));
             (endpoint, capacity, prefix.matched(endpoint.id()))
         };
         // P/D: the prefill endpoint computed the prompt's KV too.
@@ -501,7 +571,7 @@ impl SharesPicks for ApproxPrefixCacheProducer {
     /// Records the blocks on `endpoint` as a pick of this replica would,
     /// with the endpoint's capacity as this replica estimates it.
     fn peer_picked(&self, endpoint: &Arc<Endpoint>, keys: &[u64]) {
-        let capacity = self.capacity_for(&Candidate::new(endpoint));
+        let capacity = self.entries_for(&Candidate::new(endpoint));
         self.index.record_for(endpoint, keys, capacity);
     }
 }

@@ -843,6 +843,8 @@ impl ResponseHooks for PredictedLatencyProducer {
         tracing::debug!(
             endpoint = %endpoint.addr_str(),
             ttft_ms = ttft,
+            predicted_ttft_ms = models.ttft.model.predict(&f),
+            fleet_predicted_ttft_ms = self.fleet.ttft.model.predict(&f),
             tpot_ms = tpot,
             streamed = timing.streamed,
             waiting = timing.load.waiting,

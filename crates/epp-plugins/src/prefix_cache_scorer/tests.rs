@@ -222,3 +222,38 @@ fn a_declared_producer_feeds_the_scorer_and_owns_the_index() {
         "hashes computed and recorded once"
     );
 }
+
+/// An endpoint's list holds as many prompts as its engine would: a prompt
+/// longer than `maxPrefixBlocksToMatch` is recorded by its first blocks,
+/// but counts against the capacity (the engine's) with all of them.
+#[test]
+fn prompts_longer_than_the_match_cap_count_with_all_their_blocks() {
+    // Capacity 20 blocks of 64 characters, 4 recorded per prompt at most.
+    let params: PrefixCacheScorerParams =
+        serde_yaml_ng::from_str("{maxPrefixBlocksToMatch: 4, lruCapacityPerServer: 20}").unwrap();
+    // (blocks per prompt, prompts the engine holds, entries that stand for them)
+    for (blocks, held, entries) in [(10, 2, 8), (4, 5, 20), (5, 4, 16)] {
+        let scorer = Arc::new(PrefixCacheScorer::build("prefix", params.clone()).unwrap());
+        let scheduler = scheduler(&scorer, None);
+        let snapshot = snapshot(1);
+        let prompt = |tenant: usize| format!("{tenant:>64}").repeat(blocks);
+        // The score a tenant's prompt gets (before its own record).
+        let ask = |tenant: usize| {
+            let req = InferenceRequest::builder("m")
+                .prompt(prompt(tenant))
+                .build();
+            let r = scheduler.schedule(&req, &snapshot).unwrap();
+            r.primary_run().unwrap().scores[0]
+        };
+        for tenant in 0..8 {
+            assert_eq!(ask(tenant), 0.0, "{blocks} blocks: a new tenant");
+        }
+        let id = snapshot.endpoints()[0].id();
+        assert_eq!(scorer.index().len_for(id), entries, "{blocks} blocks");
+        // The last `held` tenants are remembered, the one before is not.
+        assert_eq!(ask(8 - held - 1), 0.0, "{blocks} blocks: evicted");
+        for tenant in 8 - held + 1..8 {
+            assert_eq!(ask(tenant), 1.0, "{blocks} blocks: tenant {tenant} held");
+        }
+    }
+}
