@@ -86,6 +86,13 @@ pub struct DispatchLoad {
     /// waits until one of those adapters has no request left running, which
     /// takes far longer than loading one.
     pub adapter_blocked: bool,
+    /// The endpoint's KV cache in tokens, as it reports its geometry
+    /// (`num_blocks × block_size`); 0 when it does not.
+    pub kv_capacity_tokens: u64,
+    /// Uncached prompt tokens of the requests this picker sent there since
+    /// the scrape, net of those that completed: what they took from (or,
+    /// negative, gave back to) the KV cache the scrape saw.
+    pub dispatched_uncached_tokens: i64,
 }
 
 impl DispatchLoad {
@@ -101,6 +108,7 @@ impl DispatchLoad {
             && !m.lora.is_active(adapter);
         let places_full = m.lora.max_loras > 0 && m.lora.active.len() >= m.lora.max_loras as usize;
         let adapter_blocked = adapter_cold && (places_full || m.lora.is_waiting(adapter));
+        let since = candidate.since_scrape();
         Self {
             waiting: m.waiting,
             running: m.running,
@@ -109,12 +117,49 @@ impl DispatchLoad {
             } else {
                 0.0
             },
-            dispatched: i32::try_from(candidate.since_scrape().requests).unwrap_or(i32::MAX),
+            dispatched: i32::try_from(since.requests).unwrap_or(i32::MAX),
             prompt_tokens,
             uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
             adapter_cold,
             adapter_blocked,
+            kv_capacity_tokens: m.cache.map_or(0, |g| {
+                g.num_blocks.saturating_mul(u64::from(g.block_size_tokens))
+            }),
+            dispatched_uncached_tokens: since.uncached_tokens,
         }
+    }
+
+    /// Running requests that must complete before the request's prompt
+    /// fits in the endpoint's KV cache: an engine admits a request only
+    /// when its blocks are free (cached blocks of its prefix that no
+    /// running request uses are free, but taken out of the free pool when
+    /// it runs, so the whole prompt is counted), and a request that does
+    /// not fit waits for running ones to finish and give theirs back,
+    /// whatever room its batch has for more requests.
+    ///
+    /// ```text
+    /// room     = (1 − kv_usage) · capacity − dispatched_uncached
+    /// each     = kv_usage · capacity / running      (a running request's share)
+    /// kv_wait  = ⌈(prompt − room) / each⌉, within [0, running]
+    /// ```
+    ///
+    /// 0 when the capacity is not reported, nothing runs, or the prompt
+    /// fits.
+    #[must_use]
+    pub fn kv_wait(&self) -> u64 {
+        let capacity = self.kv_capacity_tokens as f64;
+        let used = self.kv_usage * capacity;
+        if self.running == 0 || used <= 0.0 {
+            return 0;
+        }
+        let room = capacity - used - self.dispatched_uncached_tokens as f64;
+        let short = self.prompt_tokens as f64 - room;
+        if short <= 0.0 {
+            return 0;
+        }
+        let each = used / f64::from(self.running);
+        // Bounded by `running`: the cast cannot overflow.
+        (short / each).ceil().min(f64::from(self.running)) as u64
     }
 
     /// Requests at the endpoint now, as best known: running and waiting at
@@ -255,7 +300,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{Endpoint, EndpointMetrics, LoraInfo};
+    use crate::{CacheGeometry, Endpoint, EndpointMetrics, LoraInfo};
 
     #[test]
     fn objectives_come_from_either_header_name_and_only_positive_numbers_count() {
@@ -336,6 +381,8 @@ mod tests {
                 uncached_tokens: 25,
                 adapter_cold: true,
                 adapter_blocked: false,
+                kv_capacity_tokens: 0,
+                dispatched_uncached_tokens: 20,
             }
         );
         assert_eq!(load.cached_tokens(), 75);
@@ -394,6 +441,71 @@ mod tests {
             (false, false)
         );
         assert_eq!(blocked(lora(&["a", "c"], &[]), &base), (false, false));
+    }
+
+    #[test]
+    fn kv_wait_counts_the_running_requests_whose_blocks_the_prompt_needs() {
+        // A 10,000-token cache, 80 % used by 4 running requests (2,000
+        // tokens each), 2,000 free.
+        let at = |prompt: u64, dispatched: i64| DispatchLoad {
+            running: 4,
+            kv_usage: 0.8,
+            prompt_tokens: prompt,
+            kv_capacity_tokens: 10_000,
+            dispatched_uncached_tokens: dispatched,
+            ..DispatchLoad::default()
+        };
+        // (prompt, uncached tokens dispatched since the scrape, kv_wait)
+        for (prompt, dispatched, wait) in [
+            (2_000, 0, 0),      // fits exactly
+            (2_001, 0, 1),      // one token short: one request must finish
+            (4_000, 0, 1),      // short by one request's share
+            (4_001, 0, 2),      //
+            (1_000, 1_500, 1),  // what was sent since took the room
+            (3_000, -1_000, 0), // a completion since gave room back
+            (50_000, 0, 4),     // never fits: at most every running request
+        ] {
+            assert_eq!(
+                at(prompt, dispatched).kv_wait(),
+                wait,
+                "{prompt} {dispatched}"
+            );
+        }
+        // Nothing to wait for: no geometry, nothing running, or an empty cache.
+        let unknown = DispatchLoad {
+            kv_capacity_tokens: 0,
+            ..at(9_000, 0)
+        };
+        let idle = DispatchLoad {
+            running: 0,
+            ..at(9_000, 0)
+        };
+        let empty = DispatchLoad {
+            kv_usage: 0.0,
+            ..at(9_000, 0)
+        };
+        assert_eq!([unknown, idle, empty].map(|l| l.kv_wait()), [0; 3]);
+        // Read from the reported geometry and the dispatches since the scrape.
+        let e = Arc::new(Endpoint::new(1, "10.0.0.1:8000".parse().unwrap()));
+        e.set_metrics(EndpointMetrics {
+            running: 4,
+            kv_usage: 0.8,
+            cache: Some(CacheGeometry {
+                block_size_tokens: 16,
+                num_blocks: 625,
+            }),
+            ..EndpointMetrics::fresh()
+        });
+        e.inflight().start_with(1_600, 1_500);
+        let r = InferenceRequest::builder("m")
+            .prompt("x".repeat(4_000))
+            .build();
+        let load = DispatchLoad::of(&Candidate::new(&e), &r, 0.0);
+        assert_eq!(
+            (load.kv_capacity_tokens, load.dispatched_uncached_tokens),
+            (10_000, 1_500)
+        );
+        assert_eq!(load.kv_wait(), 1, "1,000 tokens against 500 left");
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //! latency bend upwards at its batch limit, which no sum of the counts
 //! alone follows — in the routing benchmark a cached prompt took 45 ms with
 //! up to seven running and 118, 190, 262 and 361 ms with eight running and
-//! 0, 1, 2 and 3 more queued), `uncached/1000` for the prefill it
+//! 0, 1, 2 and 3 more queued; the same for room in a full KV cache: with
+//! six 6,000-token prompts running in a 32,768-token cache, a seventh, hit
+//! or miss, took 470–970 ms with slots to spare), `uncached/1000` for the prefill it
 //! needs (thousands of prompt tokens the endpoint's prefix cache is not
 //! expected to hold), `running · uncached/1000` for a prefill slowed by the
 //! batch it shares the engine with, `cached/1000` for reading a cached prefix,
@@ -120,9 +122,12 @@ pub struct Features {
     /// ([`epp_core::DispatchLoad::adapter_blocked`]).
     pub adapter_blocked: f64,
     /// Requests that must leave the endpoint's running batch before this
-    /// one gets a place in it, when the batch's size limit is known:
-    /// `max(0, running + waiting + dispatched + 1 − slots)`
-    /// ([`Features::at`]); 0 otherwise.
+    /// one gets a place in it: the larger of the wait for a slot, when the
+    /// batch's size limit is known
+    /// (`max(0, running + waiting + dispatched + 1 − slots)`), and the wait
+    /// for room in its KV cache, when the endpoint reports the cache's size
+    /// ([`epp_core::DispatchLoad::kv_wait`]) ([`Features::at`]). Either
+    /// way the request starts once that many running requests are done.
     pub slot_wait: f64,
 }
 
@@ -144,16 +149,17 @@ impl From<&epp_core::DispatchLoad> for Features {
 
 impl Features {
     /// The inputs for `load` at an endpoint whose running batch holds at
-    /// most `slots` requests (0: not known, no slot wait).
+    /// most `slots` requests (0: not known, no wait for a slot).
     #[must_use]
     pub fn at(load: &epp_core::DispatchLoad, slots: u32) -> Self {
         let ahead = load.requests_there() + 1;
+        let for_slot = if slots == 0 {
+            0
+        } else {
+            ahead.saturating_sub(u64::from(slots))
+        };
         Self {
-            slot_wait: if slots == 0 {
-                0.0
-            } else {
-                ahead.saturating_sub(u64::from(slots)) as f64
-            },
+            slot_wait: for_slot.max(load.kv_wait()) as f64,
             ..Self::from(load)
         }
     }

@@ -800,6 +800,7 @@ impl DataProducer for PredictedLatencyProducer {
                     uncached_tokens = load.uncached_tokens,
                     cached_tokens = load.cached_tokens(),
                     slots = self.slots_of(own),
+                    kv_wait = load.kv_wait(),
                     "latency prediction"
                 );
             }
@@ -856,6 +857,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             adapter_cold = timing.load.adapter_cold,
             adapter_blocked = timing.load.adapter_blocked,
             slots,
+            kv_wait = timing.load.kv_wait(),
             "latency sample"
         );
         Self::learn(&models.ttft, &self.fleet.ttft, &f, ttft);

@@ -250,6 +250,8 @@ fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng)
                 uncached_tokens: rng.random_range(0..4096),
                 adapter_cold: false,
                 adapter_blocked: false,
+                kv_capacity_tokens: 0,
+                dispatched_uncached_tokens: 0,
             };
             let ttft = base
                 + 25.0 * f64::from(load.waiting)
