@@ -434,8 +434,7 @@ impl ApproxPrefixCacheProducer {
     /// Entries to keep for an endpoint: [`Self::capacity_for`] scaled by the
     /// blocks recorded per block its engine caches, lower where prompts are
     /// longer than `maxPrefixBlocksToMatch` (see [`Footprint`]).
-    #[must_use]
-    pub fn entries_for(&self, c: &Candidate) -> usize {
+    fn entries_for(&self, c: &Candidate) -> usize {
         self.footprint.entries(self.capacity_for(c))
     }
 
