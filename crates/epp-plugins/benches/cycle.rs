@@ -14,8 +14,10 @@
 //! servers; `cycle-decode-only` the same fleet and decode profile alone.
 //!
 //! Every group without a suffix records in the decision (`recordMode:
-//! inPlace`, the default): the whole cycle's work, the figure compared with
-//! the reference's. `…-after-reply` is `recordMode: afterReply`:
+//! inPlace`): the whole cycle's work, the figure compared with the
+//! reference's. `…-auto` is `recordMode: auto`, the default: records in the
+//! decision while they are cheap, queued and applied as for `…-after-reply`
+//! while they are not. `…-after-reply` is `recordMode: afterReply`:
 //! the decision queues its record, and after each timed cycle the bench runs
 //! the scheduler's deferred work, untimed, as the server does once its reply
 //! is written: the time a request waits for its decision. `…-background`
@@ -58,6 +60,9 @@ enum Recording {
     /// Queued, applied after each cycle, untimed, by the scheduler's
     /// deferred work (`recordMode: afterReply`).
     AfterReply,
+    /// In the cycle or queued as the last records' cost says, the queued
+    /// ones applied as for `AfterReply` (`recordMode: auto`, the default).
+    Auto,
     /// In the background, the records applied after each cycle, untimed.
     Background,
     /// In the background, never waited for.
@@ -81,6 +86,7 @@ fn bench_recording(
             params.index.record_mode = match recording {
                 Recording::InPlace => RecordMode::InPlace,
                 Recording::AfterReply => RecordMode::AfterReply,
+                Recording::Auto => RecordMode::Auto,
                 Recording::Background | Recording::BackgroundClosedLoop => RecordMode::Writer,
             };
             let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params)
@@ -97,12 +103,27 @@ fn bench_recording(
             w
         });
         b.iter_custom(|iters| match recording {
-            Recording::AfterReply => w.time_cycles_then(iters, |w| w.scheduler.run_deferred()),
+            Recording::AfterReply | Recording::Auto => {
+                w.time_cycles_then(iters, |w| w.scheduler.run_deferred())
+            }
             Recording::Background => w.time_cycles_then(iters, |w| w.prefix.index().flush()),
             Recording::InPlace | Recording::BackgroundClosedLoop => w.time_cycles(iters),
         });
     });
     g.finish();
+    if let Some(w) = &setup
+        && let Some(cost) = w.prefix.index().record_cost()
+    {
+        eprintln!(
+            "{group}: a record {:.2} µs on average, {}",
+            cost.as_secs_f64() * 1e6,
+            if w.prefix.index().defers_records() {
+                "applied after the reply"
+            } else {
+                "applied in the decision"
+            }
+        );
+    }
     if let Some(w) = &setup
         && recording == Recording::BackgroundClosedLoop
     {
@@ -134,6 +155,7 @@ fn cycle(c: &mut Criterion) {
         Recording::AfterReply,
     );
     for (suffix, recording) in [
+        ("auto", Recording::Auto),
         ("after-reply", Recording::AfterReply),
         ("background", Recording::Background),
         ("background-closed-loop", Recording::BackgroundClosedLoop),
@@ -151,6 +173,20 @@ fn scaling(c: &mut Criterion) {
     for endpoints in [8, 64, 512] {
         for kib in [1, 16, 256] {
             bench(c, "scaling", endpoints, kib);
+        }
+    }
+    // What a record costs by fleet and prompt size, and where `auto` moves
+    // it after the reply (printed once each group is done).
+    for endpoints in [4, 8, 64, 512] {
+        for kib in [1, 4, 16, 256] {
+            bench_recording(
+                c,
+                "scaling-auto",
+                endpoints,
+                kib,
+                Profile::Default,
+                Recording::Auto,
+            );
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Where a decision's prefix-index record is applied, and what a P/D
 //! decision (two picks, two records) costs against a single pick, with the
-//! record made in place (`recordMode: inPlace`, the default), after the
-//! reply (`afterReply`) and by the index's writer thread (`writer`),
-//! side by side in one run.
+//! record made in place (`recordMode: inPlace`), in place or after the reply
+//! by what records cost (`auto`, the default), after the reply
+//! (`afterReply`) and by the index's writer thread (`writer`), side by side
+//! in one run.
 //!
 //! The fleet and requests are the cycle benchmark's P/D setup (64 endpoints,
 //! 32 prefill and 32 decode, 16 KiB prompts ¾ shared within 256 groups, warm
@@ -55,8 +56,9 @@ fn quantiles(mut t: Vec<Duration>) -> (f64, f64) {
     (at(50.0), at(90.0))
 }
 
-const MODES: [RecordMode; 3] = [
+const MODES: [RecordMode; 4] = [
     RecordMode::InPlace,
+    RecordMode::Auto,
     RecordMode::AfterReply,
     RecordMode::Writer,
 ];
@@ -64,6 +66,7 @@ const MODES: [RecordMode; 3] = [
 fn label(mode: RecordMode) -> &'static str {
     match mode {
         RecordMode::InPlace => "in place",
+        RecordMode::Auto => "auto",
         RecordMode::AfterReply => "after reply",
         RecordMode::Writer => "writer",
     }

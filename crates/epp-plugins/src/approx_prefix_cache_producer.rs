@@ -52,9 +52,9 @@ pub struct PrefixCacheParams {
     #[serde(default)]
     pub block_size: usize,
     /// When each decision's record is applied to the index: `recordMode`
-    /// (`inPlace`, `afterReply`, `writer`; see [`RecordMode`]), or its older
-    /// spelling `recordInBackground` (`true` is `writer`, `false` is
-    /// `inPlace`). Default `inPlace`.
+    /// (`auto`, `inPlace`, `afterReply`, `writer`; see [`RecordMode`]), or
+    /// its older spelling `recordInBackground` (`true` is `writer`, `false`
+    /// is `inPlace`). Default `auto`.
     #[serde(default, alias = "recordInBackground")]
     pub record_mode: RecordMode,
 }
@@ -64,10 +64,16 @@ pub struct PrefixCacheParams {
 /// still queued before it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RecordMode {
-    /// In the decision, before it returns (the reference's order). The
-    /// default: through Envoy with short prompts, where a record takes a few
-    /// microseconds, neither queue measured cheaper.
+    /// In the decision while records are cheap, after the reply (as
+    /// [`Self::AfterReply`]) while a record costs more than 8 µs on average
+    /// (in place again below 4 µs; see [`PrefixIndex::adaptive`]).
+    /// The default: with short prompts and a small fleet a record takes a
+    /// microsecond or two and stays in the decision; with long prompts and
+    /// a large fleet it takes several times the rest of the decision (two in
+    /// a P/D decision), and the reply no longer waits for it.
     #[default]
+    Auto,
+    /// In the decision, before it returns (the reference's order).
     InPlace,
     /// Queued by the decision and applied once the server has written the
     /// decision's reply (`Scheduler::run_deferred`; see
@@ -80,8 +86,12 @@ pub enum RecordMode {
     Writer,
 }
 
+/// Under `recordMode: auto`, the average record time above which records
+/// are applied after the reply (in place again below half of it).
+const DEFER_RECORDS_ABOVE: std::time::Duration = std::time::Duration::from_micros(8);
+
 impl RecordMode {
-    const NAMES: &'static [&'static str] = &["inPlace", "afterReply", "writer"];
+    const NAMES: &'static [&'static str] = &["auto", "inPlace", "afterReply", "writer"];
 }
 
 impl<'de> serde::Deserialize<'de> for RecordMode {
@@ -91,7 +101,7 @@ impl<'de> serde::Deserialize<'de> for RecordMode {
             type Value = RecordMode;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(
-                    "one of inPlace, afterReply, writer (or, as recordInBackground, a boolean)",
+                    "one of auto, inPlace, afterReply, writer (or, as recordInBackground, a boolean)",
                 )
             }
             fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<RecordMode, E> {
@@ -103,6 +113,7 @@ impl<'de> serde::Deserialize<'de> for RecordMode {
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RecordMode, E> {
                 match v {
+                    "auto" => Ok(RecordMode::Auto),
                     "inPlace" => Ok(RecordMode::InPlace),
                     "afterReply" => Ok(RecordMode::AfterReply),
                     "writer" => Ok(RecordMode::Writer),
@@ -394,6 +405,7 @@ impl ApproxPrefixCacheProducer {
             params,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             index: match params.record_mode {
+                RecordMode::Auto => PrefixIndex::adaptive(BACKGROUND_QUEUE, DEFER_RECORDS_ABOVE),
                 RecordMode::InPlace => PrefixIndex::default(),
                 RecordMode::AfterReply => PrefixIndex::after_reply(BACKGROUND_QUEUE),
                 RecordMode::Writer => PrefixIndex::in_background(BACKGROUND_QUEUE),

@@ -247,9 +247,29 @@ impl PrefixIndex {
         Self::queued(queue, false)
     }
 
+    /// An empty index that applies each record in place while records are
+    /// cheap and queues it for [`Self::flush`], as [`Self::after_reply`]
+    /// does, while they are not: one record in four is timed, wherever it
+    /// is applied, and records are queued once their moving average is
+    /// above `defer_above`, in place again once it is below half of that.
+    /// A record that moves a few blocks of an index held in the processor's
+    /// caches costs about what queueing it would; one that moves hundreds
+    /// of cold entries costs several times the rest of a decision, and is
+    /// then better paid after the reply.
+    #[must_use]
+    pub fn adaptive(queue: usize, defer_above: std::time::Duration) -> Self {
+        let index = Self::default();
+        let adaptive = background::Adaptive::new(defer_above);
+        let background = Background::new(Arc::clone(&index.inner), queue, false, Some(adaptive));
+        Self {
+            background: Some(background),
+            ..index
+        }
+    }
+
     fn queued(queue: usize, threaded: bool) -> Self {
         let index = Self::default();
-        let background = Background::new(Arc::clone(&index.inner), queue, threaded);
+        let background = Background::new(Arc::clone(&index.inner), queue, threaded, None);
         Self {
             background: Some(background),
             ..index
@@ -264,11 +284,27 @@ impl PrefixIndex {
             .is_some_and(Background::is_threaded)
     }
 
-    /// Whether records are queued for [`Self::flush`] after the reply
-    /// ([`Self::after_reply`]).
+    /// Whether records are, or may be, queued for [`Self::flush`] after the
+    /// reply ([`Self::after_reply`], [`Self::adaptive`]).
     #[must_use]
     pub fn records_after_reply(&self) -> bool {
         self.background.as_ref().is_some_and(|b| !b.is_threaded())
+    }
+
+    /// Whether a record made now would be queued rather than applied in
+    /// place: always for [`Self::after_reply`] and [`Self::in_background`],
+    /// never for an index that records in place, and for
+    /// [`Self::adaptive`] while recent records cost more than its threshold.
+    #[must_use]
+    pub fn defers_records(&self) -> bool {
+        self.background.as_ref().is_some_and(Background::deferring)
+    }
+
+    /// For an [`Self::adaptive`] index, the moving average of the timed
+    /// records' application times, once one was timed.
+    #[must_use]
+    pub fn record_cost(&self) -> Option<std::time::Duration> {
+        self.background.as_ref().and_then(Background::record_cost)
     }
 
     /// Applies every record queued before the call (helping the writer

@@ -13,8 +13,8 @@ use epp_plugins::{
 use epp_test_support::workload::Workload;
 
 /// The benchmark's workload: 64 endpoints, 16 KiB prompts, the prefix index
-/// remembering `capacity` blocks per endpoint, recording in the decision
-/// (the default).
+/// remembering `capacity` blocks per endpoint, recording as by default
+/// (`auto`: in the decision or after it, by what records cost).
 fn workload(capacity: usize) -> Workload<PrefixCacheScorer> {
     workload_recording(capacity, RecordMode::default())
 }
@@ -50,7 +50,11 @@ fn a_full_index_schedules_without_allocating() {
     // after 4,000 requests every LRU is full and each record evicts. Nothing
     // runs the deferred records here: each decision's read applies its
     // predecessor's, in the count.
-    for mode in [RecordMode::InPlace, RecordMode::AfterReply] {
+    for mode in [
+        RecordMode::InPlace,
+        RecordMode::AfterReply,
+        RecordMode::Auto,
+    ] {
         let mut w = workload_recording(2_048, mode);
         w.warm(4_000);
         assert!(w.prefix.index().entries() >= 64 * 2_000, "index is full");
@@ -70,7 +74,7 @@ fn a_full_index_schedules_without_allocating() {
 
 #[test]
 fn queueing_records_allocates_nothing() {
-    for mode in [RecordMode::AfterReply, RecordMode::Writer] {
+    for mode in [RecordMode::AfterReply, RecordMode::Writer, RecordMode::Auto] {
         let mut w = workload_recording(2_048, mode);
         w.warm(4_000);
         w.prefix.index().flush();

@@ -139,15 +139,38 @@ fn recorded_after_the_reply_the_record_waits_for_the_server_or_the_next_read() {
         assert!(r.primary_run().unwrap().scores[0] > 0.9);
         assert_eq!(scorer.index().queued_records(), 1, "only this decision's");
     }
-    // In place (the default): nothing left over, nothing to run.
-    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
-    assert_eq!(params.index.record_mode, RecordMode::InPlace);
+    // In place: nothing left over, nothing to run.
+    let params: PrefixCacheScorerParams = serde_yaml_ng::from_str("{recordMode: inPlace}").unwrap();
     let scorer = Arc::new(PrefixCacheScorer::build("prefix", params).unwrap());
     let in_place = self::scheduler(&scorer, None);
     assert!(!in_place.has_deferred_work());
     let home = ask_after_system(&in_place, &snapshot, "Q1");
     assert_eq!(scorer.index().queued_records(), 0);
     assert_eq!(scorer.index().len_for(home.primary().unwrap().id()), 18);
+}
+
+#[test]
+fn by_default_records_are_timed_and_the_server_runs_what_they_leave() {
+    let default: PrefixCacheScorerParams = serde_yaml_ng::from_str("{}").unwrap();
+    let scorer = Arc::new(PrefixCacheScorer::build("prefix", default).unwrap());
+    // It may queue, so the server is asked to run what it leaves; no thread.
+    let scheduler = scheduler(&scorer, None);
+    assert!(scheduler.has_deferred_work() && !scorer.index().is_background());
+    let snapshot = snapshot(8);
+    let home = ask_after_system(&scheduler, &snapshot, "Q0")
+        .primary()
+        .unwrap()
+        .id();
+    for q in 1..40 {
+        // Queued or not (that depends on this machine's speed), every
+        // decision sees the records before it.
+        let r = ask_after_system(&scheduler, &snapshot, &format!("Q{q}"));
+        assert_eq!(r.primary().unwrap().id(), home);
+        assert!(r.primary_run().unwrap().scores[0] > 0.9);
+        scheduler.run_deferred();
+        assert_eq!(scorer.index().queued_records(), 0);
+    }
+    assert!(scorer.index().record_cost().is_some(), "records were timed");
 }
 
 #[test]
@@ -164,7 +187,8 @@ fn record_mode_is_named_or_given_as_the_older_flag() {
             .map_err(|e| e.to_string())
     };
     for (yaml, want) in [
-        ("{}", RecordMode::InPlace),
+        ("{}", RecordMode::Auto),
+        ("{recordMode: auto}", RecordMode::Auto),
         ("{recordMode: inPlace}", RecordMode::InPlace),
         ("{recordMode: afterReply}", RecordMode::AfterReply),
         ("{recordMode: writer}", RecordMode::Writer),

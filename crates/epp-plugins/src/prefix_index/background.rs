@@ -47,13 +47,21 @@
 //! another applies would queue the caller behind that record and then make
 //! it apply a second one.) Records are taken from the queue and applied
 //! under one mutex, so whoever applies them applies them in queue order.
+//!
+//! An adaptive queue ([`Adaptive`], `recordMode: auto`) decides per record:
+//! it times one record in [`SAMPLE_EVERY`], wherever it is applied, and
+//! queues records only while their recent average costs more than its
+//! threshold, applying them in place (after anything still queued) when
+//! they are cheaper. A record of a few blocks in an index that fits the
+//! processor's caches costs less than queueing it saves; one that moves
+//! hundreds of cold entries costs several times the rest of the decision.
 
 use std::{
     collections::VecDeque,
     fmt,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -69,6 +77,76 @@ const POLL: Duration = Duration::from_micros(200);
 
 /// How long a writer keeps looking after its last record: two looks.
 const LINGER: Duration = Duration::from_micros(400);
+
+/// One record in this many is timed by an [`Adaptive`] queue (a clock read
+/// costs ~25 ns, against the microsecond or more a record costs).
+const SAMPLE_EVERY: u32 = 4;
+
+/// How an adaptive queue ([`super::PrefixIndex::adaptive`]) chooses: the
+/// moving average of the sampled records' application times (each sample
+/// weighs 1/8), against a threshold, with hysteresis: records are queued
+/// once the average is above the threshold, and applied in place again once
+/// it is below half of it.
+#[derive(Debug)]
+pub(super) struct Adaptive {
+    defer_above_ns: u64,
+    /// Nanoseconds; 0 before the first sample.
+    average_ns: AtomicU64,
+    deferring: AtomicBool,
+    calls: AtomicU32,
+}
+
+impl Adaptive {
+    pub(super) fn new(defer_above: Duration) -> Self {
+        Self {
+            defer_above_ns: u64::try_from(defer_above.as_nanos()).unwrap_or(u64::MAX),
+            average_ns: AtomicU64::new(0),
+            deferring: AtomicBool::new(false),
+            calls: AtomicU32::new(0),
+        }
+    }
+
+    fn deferring(&self) -> bool {
+        self.deferring.load(Ordering::Relaxed)
+    }
+
+    /// The average record's time, once one was timed.
+    fn average(&self) -> Option<Duration> {
+        match self.average_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    /// Applies one record, timing it if it is the sampled one.
+    fn apply(&self, index: &RwLock<Inner>, hashes: &[u64], target: &super::Target<'_>) {
+        if !self
+            .calls
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SAMPLE_EVERY)
+        {
+            super::apply(index, hashes, target);
+            return;
+        }
+        let start = Instant::now();
+        super::apply(index, hashes, target);
+        self.observe(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Folds one record's time into the average (updates from concurrent
+    /// callers may overwrite each other: a sample lost, nothing worse).
+    fn observe(&self, ns: u64) {
+        let ns = ns.max(1);
+        let old = self.average_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+        self.average_ns.store(new.max(1), Ordering::Relaxed);
+        if new > self.defer_above_ns {
+            self.deferring.store(true, Ordering::Relaxed);
+        } else if new < self.defer_above_ns / 2 {
+            self.deferring.store(false, Ordering::Relaxed);
+        }
+    }
+}
 
 /// The queue, and writer if any, of a [`super::PrefixIndex::in_background`]
 /// or [`super::PrefixIndex::after_reply`] index.
@@ -101,6 +179,8 @@ struct Shared {
     /// under the queue's lock after the record's write lock was let go, so
     /// a read that sees it raised sees the record.
     applied: AtomicU64,
+    /// Whether each record is queued by its cost (no writer then).
+    adaptive: Option<Adaptive>,
 }
 
 #[derive(Default)]
@@ -146,9 +226,17 @@ impl fmt::Debug for Background {
 
 impl Background {
     /// A queue of at most `bound` records (at least one), applied by a
-    /// writer thread when `threaded`, else by flushes and reads.
-    pub(super) fn new(index: Arc<RwLock<Inner>>, bound: usize, threaded: bool) -> Self {
+    /// writer thread when `threaded`, else by flushes and reads; when
+    /// `adaptive`, only the records that cost more than its threshold are
+    /// queued (no writer then).
+    pub(super) fn new(
+        index: Arc<RwLock<Inner>>,
+        bound: usize,
+        threaded: bool,
+        adaptive: Option<Adaptive>,
+    ) -> Self {
         let bound = bound.max(1);
+        let threaded = threaded && adaptive.is_none();
         Self {
             shared: Arc::new(Shared {
                 index,
@@ -163,6 +251,7 @@ impl Background {
                 by_callers: AtomicU64::new(0),
                 queued: AtomicU64::new(0),
                 applied: AtomicU64::new(0),
+                adaptive,
             }),
             threaded,
             writer: OnceLock::new(),
@@ -175,8 +264,19 @@ impl Background {
     }
 
     /// Queues `hashes` to be recorded for each of `targets` in turn (or,
-    /// when the writer thread could not be started, records them at once).
+    /// when the writer thread could not be started, or an adaptive queue
+    /// finds records cheap, records them at once).
     pub(super) fn submit(&self, hashes: &[u64], targets: &[super::Target<'_>]) {
+        if let Some(adaptive) = &self.shared.adaptive
+            && !adaptive.deferring()
+        {
+            // After the records queued before, so that order holds.
+            self.settle();
+            for t in targets {
+                adaptive.apply(&self.shared.index, hashes, t);
+            }
+            return;
+        }
         if !self.threaded {
             self.shared.submit(hashes, targets);
             return;
@@ -224,6 +324,21 @@ impl Background {
 
     pub(super) fn applied_by_callers(&self) -> u64 {
         self.shared.by_callers.load(Ordering::Relaxed)
+    }
+
+    /// For an adaptive queue, the recent average time of a record, once
+    /// one was timed.
+    pub(super) fn record_cost(&self) -> Option<Duration> {
+        self.shared.adaptive.as_ref().and_then(Adaptive::average)
+    }
+
+    /// Whether an adaptive queue is queueing records now (always true for
+    /// any other queue).
+    pub(super) fn deferring(&self) -> bool {
+        self.shared
+            .adaptive
+            .as_ref()
+            .is_none_or(Adaptive::deferring)
     }
 }
 
@@ -324,7 +439,10 @@ impl Shared {
                 capacity: t.capacity,
                 matched: t.matched,
             };
-            super::apply(&self.index, &p.hashes, &target);
+            match &self.adaptive {
+                Some(adaptive) => adaptive.apply(&self.index, &p.hashes, &target),
+                None => super::apply(&self.index, &p.hashes, &target),
+            }
         }
         p.hashes.clear();
         p.targets.clear();
@@ -368,6 +486,7 @@ mod tests {
             by_callers: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             applied: AtomicU64::new(0),
+            adaptive: None,
         };
         (inner, shared)
     }
@@ -473,6 +592,55 @@ mod tests {
         index.flush();
         assert_eq!(index.queued_records(), 0);
         assert_eq!(len(&index.inner, 0), 200);
+    }
+
+    #[test]
+    fn an_adaptive_index_queues_records_only_above_its_threshold() {
+        let e = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
+        // Any record costs more than nothing: queued from the first timed one.
+        let index = PrefixIndex::adaptive(4, Duration::ZERO);
+        assert!(index.records_after_reply() && !index.is_background());
+        assert!(!index.defers_records(), "nothing timed yet");
+        index.record_for(&e, &[1, 2], 1000);
+        assert_eq!(
+            index.queued_records(),
+            0,
+            "the first record is timed in place"
+        );
+        assert!(index.defers_records() && index.record_cost().is_some());
+        index.record_for(&e, &[3, 4], 1000);
+        assert_eq!(index.queued_records(), 1);
+        index.flush();
+        assert_eq!((index.queued_records(), len(&index.inner, 0)), (0, 4));
+        // No record costs that much: always in place, never a queue.
+        let index = PrefixIndex::adaptive(4, Duration::MAX);
+        for k in 0..20 {
+            index.record_for(&e, &[k, k + 1000], 1000);
+            assert_eq!(index.queued_records(), 0);
+        }
+        assert!(!index.defers_records() && index.record_cost().is_some());
+        assert_eq!(len(&index.inner, 0), 40);
+    }
+
+    #[test]
+    fn an_adaptive_queue_switches_with_hysteresis() {
+        let a = Adaptive::new(Duration::from_nanos(4_000));
+        let after = |ns: &[u64]| {
+            for &n in ns {
+                a.observe(n);
+            }
+            (a.average().map(|d| d.as_nanos()), a.deferring())
+        };
+        // The first sample is the average; then each weighs 1/8.
+        assert_eq!(after(&[3_000]), (Some(3_000), false));
+        assert_eq!(after(&[11_000]), (Some(4_000), false), "not above");
+        assert_eq!(after(&[12_000]), (Some(5_000), true));
+        // Below the threshold, not yet below half of it: still queueing.
+        assert!(after(&[0; 3]).1);
+        let (avg, deferring) = after(&[0; 4]);
+        assert!(avg.unwrap() < 2_000 && !deferring, "{avg:?}");
+        // Between half and the threshold: in place stays in place.
+        assert!(!after(&[3_000; 40]).1);
     }
 
     #[test]
