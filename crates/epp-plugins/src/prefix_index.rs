@@ -250,8 +250,9 @@ impl PrefixIndex {
     /// An empty index that applies each record in place while records are
     /// cheap and queues it for [`Self::flush`], as [`Self::after_reply`]
     /// does, while they are not: one record in four is timed, wherever it
-    /// is applied, and records are queued once their moving average is
-    /// above `defer_above`, in place again once it is below half of that.
+    /// is applied, and records are queued once their moving average (a
+    /// sample counting as four times `defer_above` at most) is above
+    /// `defer_above`, in place again once it is below half of that.
     /// A record that moves a few blocks of an index held in the processor's
     /// caches costs about what queueing it would; one that moves hundreds
     /// of cold entries costs several times the rest of a decision, and is

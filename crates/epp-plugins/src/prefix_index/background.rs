@@ -78,8 +78,9 @@ const POLL: Duration = Duration::from_micros(200);
 /// How long a writer keeps looking after its last record: two looks.
 const LINGER: Duration = Duration::from_micros(400);
 
-/// One record in this many is timed by an [`Adaptive`] queue (a clock read
-/// costs ~25 ns, against the microsecond or more a record costs).
+/// One record in this many is timed by an [`Adaptive`] queue (timing one
+/// takes two clock reads, ~70 ns on the 2-vCPU benchmark machine, against
+/// the microsecond or more a record costs).
 const SAMPLE_EVERY: u32 = 4;
 
 /// How an adaptive queue ([`super::PrefixIndex::adaptive`]) chooses: the
@@ -134,16 +135,34 @@ impl Adaptive {
     }
 
     /// Folds one record's time into the average (updates from concurrent
-    /// callers may overwrite each other: a sample lost, nothing worse).
+    /// callers may overwrite each other: a sample lost, nothing worse). A
+    /// sample counts as at most four times the threshold: a record stalled
+    /// by preemption (hundreds of microseconds on a busy machine) alone
+    /// does not tip records that cost half the threshold or less over it;
+    /// two in a row may.
     fn observe(&self, ns: u64) {
-        let ns = ns.max(1);
+        let ns = ns.clamp(1, self.defer_above_ns.saturating_mul(4).max(1));
         let old = self.average_ns.load(Ordering::Relaxed);
         let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
         self.average_ns.store(new.max(1), Ordering::Relaxed);
-        if new > self.defer_above_ns {
-            self.deferring.store(true, Ordering::Relaxed);
+        let deferring = if new > self.defer_above_ns {
+            true
         } else if new < self.defer_above_ns / 2 {
-            self.deferring.store(false, Ordering::Relaxed);
+            false
+        } else {
+            return;
+        };
+        if self.deferring.swap(deferring, Ordering::Relaxed) != deferring {
+            tracing::debug!(
+                average_us = new as f64 / 1e3,
+                after_reply = deferring,
+                "prefix index: records now applied {}",
+                if deferring {
+                    "after the reply"
+                } else {
+                    "in the decision"
+                }
+            );
         }
     }
 }
@@ -641,6 +660,14 @@ mod tests {
         assert!(avg.unwrap() < 2_000 && !deferring, "{avg:?}");
         // Between half and the threshold: in place stays in place.
         assert!(!after(&[3_000; 40]).1);
+        // One stalled record counts as four times the threshold at most:
+        // alone it does not tip records of half the threshold over it; a
+        // second one does.
+        let (avg, deferring) = after(&[2_000; 60]);
+        assert!(avg.unwrap() <= 2_100 && !deferring, "{avg:?}");
+        let (avg, deferring) = after(&[1_000_000]);
+        assert!(avg.unwrap() < 4_000 && !deferring, "{avg:?}");
+        assert!(after(&[1_000_000]).1);
     }
 
     #[test]
