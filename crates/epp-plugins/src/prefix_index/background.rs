@@ -53,8 +53,9 @@
 //! queues records only while their recent average costs more than its
 //! threshold, applying them in place (after anything still queued) when
 //! they are cheaper. A record of a few blocks in an index that fits the
-//! processor's caches costs less than queueing it saves; one that moves
-//! hundreds of cold entries costs several times the rest of the decision.
+//! processor's caches takes a microsecond or two, and queueing it saves the
+//! reply little; one that moves hundreds of cold entries costs several
+//! times the rest of the decision.
 
 use std::{
     collections::VecDeque,
