@@ -33,9 +33,10 @@
 //! waits behind for room in the KV cache, squared) lets the wait for room
 //! grow faster than the number of requests it waits for, as the samples
 //! show (likely because each request that finishes frees only its own
-//! blocks, while more requests queue behind the same room). Fitted offline on the many-tenants run's samples,
-//! the linear model's error on the later half fell from 0.31 to 0.27 with
-//! it; online, four runs' errors 0.23–0.26 (median 0.24) against 0.26–0.27.
+//! blocks, while more requests queue behind the same room). Fitted offline
+//! on the many-tenants run's samples, the linear model's error on the later
+//! half fell from 0.31 to 0.27 with it; online, four runs' errors were
+//! 0.23–0.26 (median 0.24) against 0.26–0.27.
 //!
 //! θ is fitted by exponentially weighted least squares (factor λ, so samples
 //! older than about `1 / (1 − λ)` fade and the model follows a server whose
