@@ -295,6 +295,7 @@ async fn bind(args: &Args, port: u16, what: &str) -> Result<TcpListener> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    let mut signals = ShutdownSignals::listen();
     args.reference.report();
     let config = load_config(&args)?;
     let built = config.build(&registry(&args))?;
@@ -460,7 +461,7 @@ async fn run(args: Args) -> Result<()> {
         tokio::spawn(async move { ext_proc.serve_incoming(incoming, h2, stopped).await })
     };
 
-    wait_for_signal().await;
+    signals.recv().await;
     // As the reference: NOT_SERVING and the lease released at once, then
     // ext_proc keeps serving (new streams too: Envoy may not have seen the
     // health change yet) for the drain timeout.
@@ -471,7 +472,7 @@ async fn run(args: Args) -> Result<()> {
     kube.step_down().await;
     tokio::select! {
         () = tokio::time::sleep(args.drain_timeout) => {}
-        () = wait_for_signal() => tracing::info!("second signal: drain ended early"),
+        () = signals.recv() => tracing::info!("second signal: drain ended early"),
     }
     tracing::info!("drain over: no new ext_proc streams; waiting for in-flight ones");
     live_reporter
@@ -562,20 +563,40 @@ async fn metrics_port(
     })
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// SIGTERM and SIGINT, listened for from the moment this is made. Made
+/// first thing: a signal that arrives while epp starts (a pod deleted right
+/// after its start, a test stopping epp as soon as it printed its ports) is
+/// kept for [`Self::recv`], where it used to kill the process by the
+/// default action, with no drain and no exit status.
+struct ShutdownSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Self {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
         }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    }
+
+    /// The next SIGTERM or SIGINT (never, for one that could not be
+    /// listened for).
+    async fn recv(&mut self) {
+        async fn next(s: Option<&mut tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        let Self { term, int } = self;
+        tokio::select! {
+            () = next(term.as_mut()) => {}
+            () = next(int.as_mut()) => {}
+        }
     }
 }
