@@ -398,9 +398,15 @@ struct EndpointBlocks {
     held: HashMap<u64, u32>,
     /// Mediums other than none/GPU, interned to their code - 1.
     mediums: Vec<String>,
-    /// Keys held on speculation (a pick sent there), oldest first, until
-    /// their time is up; counted in `held` like an engine block's.
+    /// Picks held on speculation (their keys, when sent there), oldest
+    /// first: the queue that ends speculations whose time is up.
     speculative: VecDeque<(Instant, Box<[u64]>)>,
+    /// Keys held on speculation and not reported by the engine, each with
+    /// the time of its latest pick; counted once in `held`. The engine's
+    /// own report of a key ends its speculation (it holds it from then on,
+    /// until it says it evicted it), so a speculation never keeps a key the
+    /// engine has dropped.
+    speculated: HashMap<u64, Instant>,
     /// With a mirror: keys that became held / stopped being held since the
     /// last flush (see [`KvBlockIndex::flush`]).
     added: Vec<u64>,
@@ -825,6 +831,10 @@ impl KvBlockIndex {
             let mut keys = Vec::new();
             chain.push(tokens, &extras, self.block_size, |k| keys.push(k));
             for &k in &keys {
+                if b.speculated.remove(&k).is_some() {
+                    // Speculation's holding becomes this block's.
+                    continue;
+                }
                 let n = b.held.entry(k).or_insert(0);
                 *n += 1;
                 if *n == 1 {
@@ -881,6 +891,7 @@ impl KvBlockIndex {
         b.held.clear();
         b.engine.clear();
         b.speculative.clear();
+        b.speculated.clear();
         b.held.shrink_to(0);
         b.engine.shrink_to(0);
         self.counters.clears.fetch_add(1, Ordering::Relaxed);
@@ -899,7 +910,11 @@ impl KvBlockIndex {
     /// Holds `keys` on `id` on speculation until `ttl` after `now` (llm-d's
     /// `speculativeIndexing`): a request just sent there will have its prompt
     /// cached once prefilled, which the engine reports only then; requests
-    /// with the same prefix arriving meanwhile should follow it. Expired
+    /// with the same prefix arriving meanwhile should follow it. A key ends
+    /// its speculation when its time is up or when the engine reports it,
+    /// whichever comes first; a key the engine already holds is not
+    /// speculated (its own report governs it, eviction included), and a key
+    /// picked again holds until the later pick's time is up. Expired
     /// speculation is dropped first. At most 4,096 speculations per endpoint.
     pub fn speculate(&self, id: EndpointId, keys: &[u64], now: Instant, ttl: Duration) {
         if keys.is_empty() {
@@ -909,20 +924,29 @@ impl KvBlockIndex {
         let mut b = blocks.lock();
         self.expire(id, &mut b, now, ttl);
         if b.speculative.len() >= 4096
-            && let Some((_, old)) = b.speculative.pop_front()
+            && let Some((at, old)) = b.speculative.pop_front()
         {
-            self.release(id, &mut b, &old);
+            self.end_speculation(id, &mut b, at, &old);
         }
         let map = self.keys.pin();
+        let mut mine = Vec::with_capacity(keys.len());
         for &k in keys {
-            let n = b.held.entry(k).or_insert(0);
-            *n += 1;
-            if *n == 1 {
+            if let Some(at) = b.speculated.get_mut(&k) {
+                *at = now;
+            } else if b.held.contains_key(&k) {
+                // The engine holds it.
+                continue;
+            } else {
+                b.speculated.insert(k, now);
+                b.held.insert(k, 1);
                 hold(&map, k, id.0);
                 self.note(&mut b, k, true);
             }
+            mine.push(k);
         }
-        b.speculative.push_back((now, keys.into()));
+        if !mine.is_empty() {
+            b.speculative.push_back((now, mine.into()));
+        }
         self.counters.speculated.fetch_add(1, Ordering::Relaxed);
         self.flush(id, &mut b);
     }
@@ -932,8 +956,19 @@ impl KvBlockIndex {
             if now.saturating_duration_since(*at) < ttl {
                 break;
             }
-            if let Some((_, keys)) = b.speculative.pop_front() {
-                self.release(id, b, &keys);
+            if let Some((at, keys)) = b.speculative.pop_front() {
+                self.end_speculation(id, b, at, &keys);
+            }
+        }
+    }
+
+    /// Ends the speculation of the pick made at `at` on the keys no later
+    /// pick renewed and the engine has not reported.
+    fn end_speculation(&self, id: EndpointId, b: &mut EndpointBlocks, at: Instant, keys: &[u64]) {
+        for k in keys {
+            if b.speculated.get(k).is_some_and(|latest| *latest <= at) {
+                b.speculated.remove(k);
+                self.release(id, b, std::slice::from_ref(k));
             }
         }
     }

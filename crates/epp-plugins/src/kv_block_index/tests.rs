@@ -397,6 +397,83 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     assert!(ix.is_empty());
 }
 
+/// Keys of `seq(4)` shifted by `by`: a prompt sharing no block with `seq`.
+fn other_keys(ix: &KvBlockIndex, by: u32) -> Vec<u64> {
+    let mut keys = Vec::new();
+    let tokens: Vec<u32> = seq(4).iter().map(|x| x + by).collect();
+    ix.keys_of("m", None, &[], &tokens, 10, &mut keys);
+    keys
+}
+
+#[test]
+fn an_eviction_the_engine_reports_ends_a_speculation_at_once() {
+    // Without this, a tenant picked every few seconds kept being "held" by
+    // one speculation after another on a server that had evicted it.
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(8);
+    let mut keys = Vec::new();
+    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let t0 = Instant::now();
+    let ttl = Duration::from_secs(60);
+    ix.speculate(A, &keys, t0, ttl);
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+    // The engine reports the prompt, then evicts it, well within the TTL.
+    ix.apply(
+        A,
+        &batch(Some("m"), vec![stored(&[1, 2], None, &t, 4)]),
+    );
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+    ix.apply(A, &batch(Some("m"), vec![removed(&[2])]));
+    assert_eq!(matched(&ix, "m", &t).0, 1);
+    ix.apply(A, &batch(Some("m"), vec![removed(&[1])]));
+    assert_eq!(matched(&ix, "m", &t).0, 0, "gone when the engine says so");
+    assert!(ix.is_empty());
+    // Sent there again: held on speculation again (it will be recomputed).
+    ix.speculate(A, &keys, t0 + Duration::from_secs(1), ttl);
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+}
+
+#[test]
+fn a_pick_of_what_the_engine_holds_adds_no_speculation() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(8);
+    let mut keys = Vec::new();
+    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let t0 = Instant::now();
+    let ttl = Duration::from_secs(60);
+    // The engine holds the first block; a pick covers both.
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]));
+    ix.speculate(A, &keys, t0, ttl);
+    assert_eq!(matched(&ix, "m", &t).0, 2);
+    // The engine evicts the first block: nothing leads any more.
+    ix.apply(A, &batch(Some("m"), vec![removed(&[1])]));
+    assert_eq!(matched(&ix, "m", &t).0, 0);
+    // The second block is still speculated until its time is up.
+    ix.speculate(A, &other_keys(&ix, 1), t0 + ttl, ttl);
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]));
+    assert_eq!(matched(&ix, "m", &t).0, 1, "the second block's speculation ended");
+}
+
+#[test]
+fn a_key_picked_again_holds_until_the_later_picks_time() {
+    let ix = KvBlockIndex::new(4, 1, 1000);
+    let t = seq(8);
+    let mut keys = Vec::new();
+    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let t0 = Instant::now();
+    let ttl = Duration::from_secs(1);
+    let at = |ms| t0 + Duration::from_millis(ms);
+    ix.speculate(A, &keys, t0, ttl);
+    ix.speculate(A, &keys, at(800), ttl);
+    // The first pick's time is up (a speculation elsewhere on A expires it).
+    ix.speculate(A, &other_keys(&ix, 1), at(1_500), ttl);
+    assert_eq!(matched(&ix, "m", &t).0, 2, "the second pick still holds");
+    ix.speculate(A, &other_keys(&ix, 2), at(1_900), ttl);
+    assert_eq!(matched(&ix, "m", &t).0, 0);
+    ix.clear(A);
+    assert!(ix.is_empty());
+}
+
 fn matched_salted(index: &KvBlockIndex, model: &str, salt: Option<&str>, tokens: &[u32]) -> u32 {
     let mut keys = Vec::new();
     index.keys_of(model, salt, &[], tokens, 1000, &mut keys);
