@@ -418,10 +418,7 @@ fn an_eviction_the_engine_reports_ends_a_speculation_at_once() {
     ix.speculate(A, &keys, t0, ttl);
     assert_eq!(matched(&ix, "m", &t).0, 2);
     // The engine reports the prompt, then evicts it, well within the TTL.
-    ix.apply(
-        A,
-        &batch(Some("m"), vec![stored(&[1, 2], None, &t, 4)]),
-    );
+    ix.apply(A, &batch(Some("m"), vec![stored(&[1, 2], None, &t, 4)]));
     assert_eq!(matched(&ix, "m", &t).0, 2);
     ix.apply(A, &batch(Some("m"), vec![removed(&[2])]));
     assert_eq!(matched(&ix, "m", &t).0, 1);
@@ -451,7 +448,11 @@ fn a_pick_of_what_the_engine_holds_adds_no_speculation() {
     // The second block is still speculated until its time is up.
     ix.speculate(A, &other_keys(&ix, 1), t0 + ttl, ttl);
     ix.apply(A, &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]));
-    assert_eq!(matched(&ix, "m", &t).0, 1, "the second block's speculation ended");
+    assert_eq!(
+        matched(&ix, "m", &t).0,
+        1,
+        "the second block's speculation ended"
+    );
 }
 
 #[test]
