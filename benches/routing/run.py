@@ -111,6 +111,12 @@ class Workload:
     # Traffic the router never sees: (requests/s per simulator, prompt tokens) of unique
     # prompts sent straight to every simulator while the stages run (SideLoad).
     side_load: tuple[float, int] | None = None
+    # A second gateway on the same pool that the router never sees: requests/s, in total, of the
+    # workload's own requests (its tenants) sent by the Rust client straight to a simulator
+    # chosen at random per request (its `--side`).
+    side_gateway: float = 0.0
+    # How many simulators the fleet has.
+    sims: int = N_SIMS
     # Per simulator, how much slower than SIM_ARGS it runs (every time in it multiplied: fixed
     # TTFT, prefill per token, decode step); empty: all alike. epp-sim fleets only.
     speeds: list[float] = field(default_factory=list)
@@ -246,6 +252,27 @@ EXTRA_WORKLOADS = {
         stage_secs=20,
         data=shared_prefix(groups=16, per_group=12, system_len=6000, question_len=32, output_len=32),
         side_load=(1.0, 4000),
+    ),
+    # Issue 16: two gateways on one pool, and this router sees one. The other sends the same
+    # tenants' requests to servers at random, so the servers' caches hold tenants where this
+    # router never sent them and evict those it did: an index of its own picks still counts
+    # what is gone and knows nothing of the copies elsewhere; the engines' KV events say both.
+    # Eight servers, each holding about a third of the tenants: a tenant is usually cached
+    # somewhere, often not where this router last sent it (docs/BENCHMARKS.md, "Two gateways").
+    "two-gateways": Workload(
+        name="two-gateways",
+        description="as shared-prefix (16 tenants x ~6,000-token system prompt + 32-token question, 32 "
+        "output tokens) on eight simulators (each caches about five tenants' prompts), while a second "
+        "gateway that the router never sees sends 16 req/s of the same tenants' requests straight to a "
+        "simulator chosen at random; TTFT and hit rate are the router's requests alone, streamed "
+        "completions",
+        rates=[4, 8, 16],
+        stage_secs=30,
+        data=shared_prefix(groups=16, per_group=12, system_len=6000, question_len=32, output_len=32),
+        client="rust",
+        shape="shared-prefix",
+        sims=8,
+        side_gateway=16.0,
     ),
     # Issue 15: a fleet of two hardware generations. Routers that count queues but not speed see a
     # slow server only through its queue (they sent the fast pair 61-66 % of the requests); a picker
@@ -660,14 +687,14 @@ class Fleet:
 
     def _start_sims(self, workload: Workload, pods: bool) -> None:
         if self.args.fleet == "llm-d-sim":
-            self._start_llmd_sims()
+            self._start_llmd_sims(workload.sims)
             return
-        hosts = [f"127.0.0.{i + 2}" if pods else "127.0.0.1" for i in range(N_SIMS)]
+        hosts = [f"127.0.0.{i + 2}" if pods else "127.0.0.1" for i in range(workload.sims)]
         shared = shared_loopback_port(hosts) if pods else None
         ports = [shared or free_port() for _ in hosts]
         # With KV events, epp subscribes to <ip>:<base + rank>, the rank being
         # a simulator's position among those sharing its IP, by port.
-        self.kv_base = consecutive_free_ports(N_SIMS) if self.args.kv_events else 0
+        self.kv_base = consecutive_free_ports(workload.sims) if self.args.kv_events else 0
         for i, host in enumerate(hosts):
             port = ports[i]
             events = []
@@ -688,8 +715,8 @@ class Fleet:
             wait_until(f"sim-{i}", lambda: http_get(f"http://{host}:{port}/health")[0] == 200,
                        proc=p)
 
-    def _start_llmd_sims(self) -> None:
-        for i in range(N_SIMS):
+    def _start_llmd_sims(self, n: int) -> None:
+        for i in range(n):
             port = free_port()
             # Its KV cache model wants the pod's IP (it names the KV-event topic after it).
             p = self._spawn(f"sim-{i}", [str(self.args.llmd_sim_bin), "--port", str(port),
@@ -1016,7 +1043,7 @@ def run_one(args, workload: Workload, contender: str, repeat: int, results) -> N
         rates = workload.rates if not args.quick or args.rates else workload.rates[:2]
         client = args.client or workload.client
         if client == "rust":
-            stages = run_rust_client(args, workload, fleet.url, run_dir, rates)
+            stages = run_rust_client(args, workload, fleet, run_dir, rates)
             poller.done.set()
             poller.join()
             for i, rate in enumerate(rates, start=1):
@@ -1163,7 +1190,8 @@ def rust_client_path() -> Path:
     raise RuntimeError("cargo did not report the routing bench executable")
 
 
-def run_rust_client(args, workload: Workload, url: str, run_dir: Path, rates: list[float]) -> dict[int, dict]:
+def run_rust_client(args, workload: Workload, fleet: "Fleet", run_dir: Path, rates: list[float]) -> dict[int, dict]:
+    url = fleet.url
     out = run_dir / "rust-client.jsonl"
     secs = workload.stage_secs if not args.quick else 6
     words = []
@@ -1172,11 +1200,16 @@ def run_rust_client(args, workload: Workload, url: str, run_dir: Path, rates: li
         # are one token a word, as the 4-byte rule counts them elsewhere.
         (run_dir / "words.txt").write_text("\n".join(TOKENIZER_WORDS) + "\n")
         words = ["--words", str(run_dir / "words.txt")]
+    side = []
+    if workload.side_gateway:
+        side = ["--side", ",".join(f"{h}:{p}" for h, p in zip(fleet.sim_hosts, fleet.sim_ports)),
+                "--side-rate", f"{workload.side_gateway:g}"]
     p = Proc("rust-client", [
         str(args.rust_client), "--url", url, "--workload", workload.shape or workload.name,
         "--rates", ",".join(f"{r:g}" for r in rates), "--secs", str(secs),
         "--warmup-rate", str(WARMUP_RATE), "--warmup-secs", str(WARMUP_SECS), "--seed", "1",
         "--timeout", "30", "--out", str(out), "--requests-out", str(run_dir / "requests.jsonl"), *words,
+        *side,
     ], run_dir / "rust-client.log")
     try:
         p.popen.wait(timeout=60 + WARMUP_SECS + len(rates) * (secs + 40))
@@ -1216,6 +1249,9 @@ def record_rust(workload, contender, repeat, rate, st, sims, check, side_queries
         **{k: st[k] for k in ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms",
                               "output_tokens_per_s"]},
         **sims_fields(sims, side_queries),
+        # With a side gateway the simulators' counters mix both streams; the client's own count
+        # (the servers' cached tokens in each answer's usage) is the router's alone.
+        **({"hit_rate": st["hit_rate"], "side_sent": st["side_sent"]} if st.get("side_sent") is not None else {}),
         "routing_check": check,
     }
 

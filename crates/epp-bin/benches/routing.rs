@@ -18,17 +18,30 @@
 //! JSON line: wall-clock start and end, TTFT p50/p90/p99, time per output token
 //! p50/p90, output tokens/s, requests sent/ok/failed and the rate actually sent.
 //! `--requests-out FILE` also writes a line per request (stage, send time,
-//! tenant, answering server, TTFT, total time; nulls for a failed one), so
+//! tenant, answering server, TTFT, total time, and the server's cached
+//! prompt tokens when usage is asked for; nulls for a failed one), so
 //! that two contenders, which get the same arrivals, compare request by request.
 //! Prompts are words of exactly 4 bytes (3 letters and a space), so the
 //! simulator's 4-byte token rule counts what the workload asks for; with
 //! `--words FILE` (one word a line) they are drawn from that vocabulary, whose
 //! words a fleet that tokenizes for real (precise prefix) also counts one each.
+//!
+//! `--side HOST:PORT,... --side-rate R` also sends, from the warm-up to the
+//! last stage's end, R requests/s of the same workload (its own arrivals and
+//! tenants, a seed of their own) straight to those servers, one chosen at
+//! random per request: a second gateway on the same pool that the router under
+//! test never sees. Its requests are counted per stage (`side_sent`), not
+//! timed. With it, the router's requests ask for usage, and each stage line
+//! carries the prefix-cache hit rate of the router's requests alone
+//! (`hit_rate`, the servers' cached prompt tokens over prompt tokens).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::{
     io::Write,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -73,6 +86,7 @@ impl Rng {
 /// Where prompt words come from: random 3-letter words, or a vocabulary
 /// (`--words FILE`, one word a line) whose every word the fleet's tokenizer
 /// counts as one token, as the simulators' 4-byte rule does.
+#[derive(Clone)]
 struct Words(Vec<String>);
 
 impl Words {
@@ -140,6 +154,17 @@ impl Gen {
         }
     }
 
+    /// The same tenants' system prompts, its own requests (tenants, questions,
+    /// lengths) from `seed`.
+    fn sibling(&self, seed: u64) -> Self {
+        Self {
+            workload: self.workload,
+            rng: Rng::new(seed),
+            words: self.words.clone(),
+            prefixes: self.prefixes.clone(),
+        }
+    }
+
     fn next(&mut self) -> Req {
         match self.workload {
             Workload::SharedPrefix | Workload::ManyTenants | Workload::LongAnswers => {
@@ -186,16 +211,28 @@ struct Obs {
     tokens: u64,
     /// The server that answered (its `x-inference-pod` header), if it said.
     pod: Option<String>,
+    /// Prompt tokens and the server's cached ones, when usage was asked for.
+    usage: Option<(u64, u64)>,
 }
 
-async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<Obs> {
-    let body = serde_json::json!({
+async fn one(
+    host: &str,
+    port: u16,
+    path: Arc<str>,
+    req: Req,
+    timeout: Duration,
+    usage: bool,
+) -> Option<Obs> {
+    let mut body = serde_json::json!({
         "model": req.model,
         "prompt": req.prompt,
         "max_tokens": req.max_tokens,
         "stream": true,
     });
-    let r = tokio::time::timeout(timeout, http::post_json(port, &path, &body))
+    if usage {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    let r = tokio::time::timeout(timeout, http::post_json_at(host, port, &path, &body))
         .await
         .ok()?
         .ok()?;
@@ -205,6 +242,7 @@ async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<O
     // Tokens = SSE events carrying text; the first such chunk's arrival is the TTFT.
     let mut tokens = 0;
     let mut ttft = None;
+    let mut cached = None;
     for (at, chunk) in &r.chunks {
         let text = String::from_utf8_lossy(chunk);
         for line in text.lines() {
@@ -221,6 +259,13 @@ async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<O
                 tokens += 1;
                 ttft.get_or_insert(*at);
             }
+            let u = &v["usage"];
+            if let (Some(p), Some(c)) = (
+                u["prompt_tokens"].as_u64(),
+                u["prompt_tokens_details"]["cached_tokens"].as_u64(),
+            ) {
+                cached = Some((p, c));
+            }
         }
     }
     let pod = r.header("x-inference-pod").map(str::to_owned);
@@ -229,6 +274,7 @@ async fn one(port: u16, path: Arc<str>, req: Req, timeout: Duration) -> Option<O
         total: r.total,
         tokens,
         pod,
+        usage: cached,
     })
 }
 
@@ -253,6 +299,9 @@ struct Args {
     /// compare contenders request by request: they get the same arrivals.
     requests_out: Option<String>,
     words: Words,
+    /// Servers the side traffic goes to, past the router, and its total rate.
+    side: Vec<(String, u16)>,
+    side_rate: f64,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
@@ -309,6 +358,24 @@ fn parse_args() -> Result<Option<Args>, String> {
     if rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
         return Err("rates must be positive".into());
     }
+    let side = get("--side")
+        .map(|list| {
+            list.split(',')
+                .map(|hp| {
+                    let (h, p) = hp
+                        .rsplit_once(':')
+                        .ok_or_else(|| format!("--side {hp:?}: HOST:PORT"))?;
+                    let port = p.parse().map_err(|e| format!("--side {hp:?}: {e}"))?;
+                    Ok((h.to_owned(), port))
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let side_rate = num("--side-rate", 0.0)?;
+    if side.is_empty() != (side_rate == 0.0) || !(side_rate.is_finite() && side_rate >= 0.0) {
+        return Err("--side HOST:PORT,... and a positive --side-rate go together".into());
+    }
     Ok(Some(Args {
         port,
         path: "/v1/completions".into(),
@@ -322,6 +389,8 @@ fn parse_args() -> Result<Option<Args>, String> {
         out: get("--out"),
         requests_out: get("--requests-out"),
         words: Words(words),
+        side,
+        side_rate,
     }))
 }
 
@@ -354,6 +423,16 @@ async fn main() {
     let path: Arc<str> = Arc::from(args.path.as_str());
     let mut requests = Gen::new(args.workload, args.seed, args.words);
     let mut arrivals = Rng::new(args.seed ^ 0xA5A5);
+    let side = (!args.side.is_empty()).then(|| {
+        Side::start(
+            requests.sibling(args.seed ^ 0x51DE),
+            args.side.clone(),
+            args.side_rate,
+            Arc::clone(&path),
+            args.timeout,
+        )
+    });
+    let usage = side.is_some();
     let stages = std::iter::once((0usize, args.warmup_rate, args.warmup_secs))
         .filter(|s| s.2 > 0.0)
         .chain(
@@ -365,6 +444,7 @@ async fn main() {
     for (index, rate, secs) in stages {
         let start_wall = unix_now();
         let start = Instant::now();
+        let side_before = side.as_ref().map(Side::sent);
         let n = (rate * secs).round() as u64;
         let mut tasks = Vec::with_capacity(n as usize);
         let mut at = 0.0;
@@ -373,12 +453,20 @@ async fn main() {
             let req = requests.next();
             let tenant = req.tenant;
             tokio::time::sleep_until((start + Duration::from_secs_f64(at)).into()).await;
-            let task = tokio::spawn(one(args.port, Arc::clone(&path), req, args.timeout));
+            let task = tokio::spawn(one(
+                "127.0.0.1",
+                args.port,
+                Arc::clone(&path),
+                req,
+                args.timeout,
+                usage,
+            ));
             tasks.push((at, tenant, task));
         }
         let send_time = start.elapsed().as_secs_f64();
         let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
         let (mut errors, mut tokens) = (0u64, 0u64);
+        let (mut prompt_tokens, mut cached_tokens) = (0u64, 0u64);
         for (i, (at, tenant, t)) in tasks.into_iter().enumerate() {
             let o = t.await.ok().flatten();
             if let Some(w) = per_request.as_mut() {
@@ -389,6 +477,7 @@ async fn main() {
                     "tenant": tenant,
                     "pod": o.as_ref().and_then(|o| o.pod.as_deref()),
                     "ttft_ms": o.as_ref().map(|o| o.ttft.as_secs_f64() * 1000.0),
+                    "cached_tokens": o.as_ref().and_then(|o| o.usage).map(|(_, c)| c),
                     "total_ms": o.as_ref().map(|o| o.total.as_secs_f64() * 1000.0),
                 });
                 writeln!(w, "{line}").expect("cannot write --requests-out");
@@ -402,6 +491,10 @@ async fn main() {
                         );
                     }
                     tokens += o.tokens;
+                    if let Some((p, c)) = o.usage {
+                        prompt_tokens += p;
+                        cached_tokens += c;
+                    }
                 }
                 None => errors += 1,
             }
@@ -425,11 +518,89 @@ async fn main() {
             "tpot_p90_ms": percentile(&tpot, 90.0),
             "output_tokens_per_s": tokens as f64 / elapsed,
             "requests_per_s": ttft.len() as f64 / elapsed,
+            "hit_rate": (prompt_tokens > 0).then(|| cached_tokens as f64 / prompt_tokens as f64),
+            "side_sent": side.as_ref().zip(side_before).map(|(s, b)| s.sent() - b),
         });
         writeln!(out, "{line}").expect("cannot write results");
         out.flush().expect("cannot write results");
         if let Some(w) = per_request.as_mut() {
             w.flush().expect("cannot write --requests-out");
         }
+    }
+    if let Some(side) = side {
+        let (sent, failed) = side.stop().await;
+        eprintln!(
+            "routing: side traffic: {sent} requests straight to the servers, {failed} failed"
+        );
+    }
+}
+
+/// The side traffic (`--side`): requests of the workload sent straight to the
+/// servers at Poisson arrivals until stopped, each to a server chosen at random.
+struct Side {
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Side {
+    fn start(
+        mut requests: Gen,
+        servers: Vec<(String, u16)>,
+        rate: f64,
+        path: Arc<str>,
+        timeout: Duration,
+    ) -> Self {
+        let sent = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let servers: Arc<[(String, u16)]> = servers.into();
+        let (sent2, failed2) = (Arc::clone(&sent), Arc::clone(&failed));
+        let task = tokio::spawn(async move {
+            let mut rng = Rng::new(requests.rng.next_u64());
+            let start = Instant::now();
+            let mut at = 0.0;
+            let mut inflight = tokio::task::JoinSet::new();
+            loop {
+                at += -(1.0 - rng.unit()).ln() / rate;
+                let req = requests.next();
+                let (host, port) = servers[rng.below(servers.len())].clone();
+                tokio::select! {
+                    _ = tokio::time::sleep_until((start + Duration::from_secs_f64(at)).into()) => {}
+                    _ = stopped.changed() => break,
+                }
+                sent2.fetch_add(1, Ordering::Relaxed);
+                let (path, failed) = (Arc::clone(&path), Arc::clone(&failed2));
+                inflight.spawn(async move {
+                    if one(&host, port, path, req, timeout, false).await.is_none() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                // Reap finished requests so the set stays the size of what is in flight.
+                while inflight.try_join_next().is_some() {}
+            }
+            while inflight.join_next().await.is_some() {}
+        });
+        Self {
+            sent,
+            failed,
+            stop,
+            task,
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Stops sending, waits for what is in flight; (sent, failed).
+    async fn stop(self) -> (u64, u64) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
     }
 }

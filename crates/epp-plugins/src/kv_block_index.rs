@@ -831,7 +831,7 @@ impl KvBlockIndex {
             let mut keys = Vec::new();
             chain.push(tokens, &extras, self.block_size, |k| keys.push(k));
             for &k in &keys {
-                if b.speculated.remove(&k).is_some() {
+                if !b.speculated.is_empty() && b.speculated.remove(&k).is_some() {
                     // Speculation's holding becomes this block's.
                     continue;
                 }
