@@ -1305,8 +1305,9 @@ def main() -> None:
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
     ap.add_argument("--client", choices=["inference-perf", "rust"],
                     help="one client for every workload (default: inference-perf, Rust for the LoRA mix); "
-                    "Rust has shared-prefix, many-tenants, no-sharing, mixed-speeds, lora-mix and long-answers, and sends every "
-                    "contender the same arrivals")
+                    "Rust has shared-prefix, many-tenants, no-sharing, mixed-speeds, lora-mix, long-answers and "
+                    "two-gateways (Rust only: it sends the second gateway's stream), and sends every contender the "
+                    "same arrivals")
     args = ap.parse_args()
     if args.quick:
         args.repeats = 1
@@ -1314,6 +1315,10 @@ def main() -> None:
     unknown = [w for w in args.workloads.split(",") if w not in known]
     if unknown:
         ap.error(f"unknown workloads {unknown}: known {list(known)}")
+    if args.client == "inference-perf":
+        rust_only = [w for w in args.workloads.split(",") if known[w].side_gateway]
+        if rust_only:
+            ap.error(f"{rust_only}: the second gateway's stream is sent by the Rust client only")
     workloads = [known[w] for w in args.workloads.split(",")]
     if args.rates:
         rates = [float(r) for r in args.rates.split(",")]
