@@ -364,12 +364,23 @@ fn ids_past_64_match_like_the_first_ones() {
     assert!(ix.is_empty());
 }
 
+/// The keys of `tokens` for model "m".
+fn keys_m(ix: &KvBlockIndex, tokens: &[u32]) -> Vec<u64> {
+    let mut keys = Vec::new();
+    ix.keys_of("m", None, &[], tokens, 10, &mut keys);
+    keys
+}
+
+/// Keys of `seq(4)` shifted by `by`: a prompt sharing no block with `seq`.
+fn other_keys(ix: &KvBlockIndex, by: u32) -> Vec<u64> {
+    keys_m(ix, &seq(4).iter().map(|x| x + by).collect::<Vec<_>>())
+}
+
 #[test]
 fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(8);
-    let mut keys = Vec::new();
-    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let keys = keys_m(&ix, &t);
     let t0 = Instant::now();
     let ttl = Duration::from_secs(1);
     ix.speculate(A, &keys, t0, ttl);
@@ -377,16 +388,7 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     // The engine reports the first block for real.
     ix.apply(A, &batch(Some("m"), vec![stored(&[1], None, &t[..4], 4)]));
     // Time is up (the next speculation on A expires the first).
-    let mut other = Vec::new();
-    ix.keys_of(
-        "m",
-        None,
-        &[],
-        &seq(4).iter().map(|x| x + 1).collect::<Vec<_>>(),
-        10,
-        &mut other,
-    );
-    ix.speculate(A, &other, t0 + Duration::from_secs(2), ttl);
+    ix.speculate(A, &other_keys(&ix, 1), t0 + Duration::from_secs(2), ttl);
     assert_eq!(
         matched(&ix, "m", &t).0,
         1,
@@ -397,22 +399,13 @@ fn speculation_holds_until_its_time_is_up_and_real_blocks_outlive_it() {
     assert!(ix.is_empty());
 }
 
-/// Keys of `seq(4)` shifted by `by`: a prompt sharing no block with `seq`.
-fn other_keys(ix: &KvBlockIndex, by: u32) -> Vec<u64> {
-    let mut keys = Vec::new();
-    let tokens: Vec<u32> = seq(4).iter().map(|x| x + by).collect();
-    ix.keys_of("m", None, &[], &tokens, 10, &mut keys);
-    keys
-}
-
 #[test]
 fn an_eviction_the_engine_reports_ends_a_speculation_at_once() {
     // Without this, a tenant picked every few seconds kept being "held" by
     // one speculation after another on a server that had evicted it.
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(8);
-    let mut keys = Vec::new();
-    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let keys = keys_m(&ix, &t);
     let t0 = Instant::now();
     let ttl = Duration::from_secs(60);
     ix.speculate(A, &keys, t0, ttl);
@@ -434,8 +427,7 @@ fn an_eviction_the_engine_reports_ends_a_speculation_at_once() {
 fn a_pick_of_what_the_engine_holds_adds_no_speculation() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(8);
-    let mut keys = Vec::new();
-    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let keys = keys_m(&ix, &t);
     let t0 = Instant::now();
     let ttl = Duration::from_secs(60);
     // The engine holds the first block; a pick covers both.
@@ -459,8 +451,7 @@ fn a_pick_of_what_the_engine_holds_adds_no_speculation() {
 fn a_key_picked_again_holds_until_the_later_picks_time() {
     let ix = KvBlockIndex::new(4, 1, 1000);
     let t = seq(8);
-    let mut keys = Vec::new();
-    ix.keys_of("m", None, &[], &t, 10, &mut keys);
+    let keys = keys_m(&ix, &t);
     let t0 = Instant::now();
     let ttl = Duration::from_secs(1);
     let at = |ms| t0 + Duration::from_millis(ms);
