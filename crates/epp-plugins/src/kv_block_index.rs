@@ -932,7 +932,7 @@ impl KvBlockIndex {
         let mut mine = Vec::with_capacity(keys.len());
         for &k in keys {
             if let Some(at) = b.speculated.get_mut(&k) {
-                *at = now;
+                *at = (*at).max(now);
             } else if b.held.contains_key(&k) {
                 // The engine holds it.
                 continue;
