@@ -929,24 +929,19 @@ impl KvBlockIndex {
             self.end_speculation(id, &mut b, at, &old);
         }
         let map = self.keys.pin();
-        let mut mine = Vec::with_capacity(keys.len());
         for &k in keys {
             if let Some(at) = b.speculated.get_mut(&k) {
                 *at = (*at).max(now);
-            } else if b.held.contains_key(&k) {
-                // The engine holds it.
-                continue;
-            } else {
+            } else if !b.held.contains_key(&k) {
                 b.speculated.insert(k, now);
                 b.held.insert(k, 1);
                 hold(&map, k, id.0);
                 self.note(&mut b, k, true);
             }
-            mine.push(k);
+            // else the engine holds it: when this pick's time is up,
+            // `end_speculation` finds no speculation of it to end.
         }
-        if !mine.is_empty() {
-            b.speculative.push_back((now, mine.into()));
-        }
+        b.speculative.push_back((now, keys.into()));
         self.counters.speculated.fetch_add(1, Ordering::Relaxed);
         self.flush(id, &mut b);
     }
