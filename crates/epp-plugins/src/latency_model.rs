@@ -174,9 +174,10 @@ impl Features {
         } else {
             ahead.saturating_sub(u64::from(slots))
         };
+        let kv_wait = load.kv_wait();
         Self {
-            slot_wait: for_slot.max(load.kv_wait()) as f64,
-            kv_wait: load.kv_wait() as f64,
+            slot_wait: for_slot.max(kv_wait) as f64,
+            kv_wait: kv_wait as f64,
             ..Self::from(load)
         }
     }
