@@ -54,14 +54,32 @@ pub const UPSTREAM_ADDRESS_ATTRIBUTE: &str = "upstream.address";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 /// Metadata key of the subset hint (a list of `ip:port`).
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
-/// Header overriding the model a request is routed for.
+/// Header overriding the model a request is routed for (the Gateway API
+/// Inference Extension's name; llm-d's is [`LLM_D_MODEL_REWRITE_HEADER`]).
 pub const MODEL_REWRITE_HEADER: &str = "x-gateway-model-name-rewrite";
-/// Header naming the request's objective (→ priority).
+/// Header naming the request's objective (→ priority) (llm-d:
+/// [`LLM_D_OBJECTIVE_HEADER`]).
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
-/// Header naming the request's fairness flow.
+/// Header naming the request's fairness flow (llm-d:
+/// [`LLM_D_FAIRNESS_HEADER`]).
 pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
-/// Control headers removed before the request is forwarded.
-pub const CONTROL_HEADERS: [&str; 3] = [MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, FAIRNESS_HEADER];
+/// llm-d's name for [`MODEL_REWRITE_HEADER`], read first when both are sent
+/// (llm-d keeps the Gateway API names as deprecated aliases).
+pub const LLM_D_MODEL_REWRITE_HEADER: &str = "x-llm-d-model-name-rewrite";
+/// llm-d's name for [`OBJECTIVE_HEADER`], read first.
+pub const LLM_D_OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// llm-d's name for [`FAIRNESS_HEADER`], read first.
+pub const LLM_D_FAIRNESS_HEADER: &str = "x-llm-d-inference-fairness-id";
+/// Control headers removed before the request is forwarded: both names of
+/// each.
+pub const CONTROL_HEADERS: [&str; 6] = [
+    LLM_D_MODEL_REWRITE_HEADER,
+    MODEL_REWRITE_HEADER,
+    LLM_D_OBJECTIVE_HEADER,
+    OBJECTIVE_HEADER,
+    LLM_D_FAIRNESS_HEADER,
+    FAIRNESS_HEADER,
+];
 
 /// The fairness flow of requests that name none.
 const DEFAULT_FLOW: &str = "default-flow";
@@ -418,9 +436,14 @@ impl Decider {
             None => ParsedBody::default(),
         };
         let headers = std::mem::take(&mut parts.headers);
-        let nonempty = |name| header(&headers, name).filter(|v| !v.is_empty());
+        // llm-d's name first, then the Gateway API's.
+        let nonempty = |names: [&str; 2]| {
+            names
+                .into_iter()
+                .find_map(|name| header(&headers, name).filter(|v| !v.is_empty()))
+        };
         let model = parsed.model;
-        let target_model = match nonempty(MODEL_REWRITE_HEADER) {
+        let target_model = match nonempty([LLM_D_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER]) {
             Some(t) => {
                 if t != model {
                     self.metrics.rewritten("header", &model, t);
@@ -441,7 +464,7 @@ impl Decider {
                 None => model.clone(),
             },
         };
-        let objective = nonempty(OBJECTIVE_HEADER).map(str::to_owned);
+        let objective = nonempty([LLM_D_OBJECTIVE_HEADER, OBJECTIVE_HEADER]).map(str::to_owned);
         let priority = objective
             .as_ref()
             .and_then(|o| match &options.objective_priority {
@@ -449,11 +472,14 @@ impl Decider {
                 None => options.objectives.get(o).copied(),
             })
             .unwrap_or(0);
-        let fairness_id = nonempty(FAIRNESS_HEADER).unwrap_or(DEFAULT_FLOW).to_owned();
-        let (request_id, generated_id) = match nonempty("x-request-id") {
-            Some(id) => (id.to_owned(), false),
-            None => (new_request_id(), true),
-        };
+        let fairness_id = nonempty([LLM_D_FAIRNESS_HEADER, FAIRNESS_HEADER])
+            .unwrap_or(DEFAULT_FLOW)
+            .to_owned();
+        let (request_id, generated_id) =
+            match header(&headers, "x-request-id").filter(|v| !v.is_empty()) {
+                Some(id) => (id.to_owned(), false),
+                None => (new_request_id(), true),
+            };
         Ok(Prepared {
             request: InferenceRequest {
                 request_id,

@@ -52,7 +52,38 @@ fn flow_message(outcome: Outcome) -> &'static str {
     }
 }
 
+/// The response header naming why a request was dropped (llm-d's
+/// `x-llm-d-request-dropped-reason`), on the replies of
+/// [`ExtProcError::dropped_reason`].
+pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
+
 impl ExtProcError {
+    /// Why the request was dropped, in llm-d's words
+    /// ([`DROPPED_REASON_HEADER`]): `rejected-saturated` (the pool or the
+    /// queue is full, or filters left no endpoint), `rejected-no-endpoints`,
+    /// `rejected-ttl-expired`, `rejected-context-cancelled`; `None` for a
+    /// request refused for what it is (a bad body) or by an admission plugin,
+    /// which llm-d does not label either.
+    #[must_use]
+    pub fn dropped_reason(&self) -> Option<&'static str> {
+        const SATURATED: &str = "rejected-saturated";
+        const NO_ENDPOINTS: &str = "rejected-no-endpoints";
+        match self {
+            Self::Scheduling(SchedulingError::Saturated | SchedulingError::AllFiltered { .. })
+            | Self::FlowControl(Outcome::RejectedCapacity) => Some(SATURATED),
+            Self::Scheduling(SchedulingError::NoEndpoints | SchedulingError::EmptySubset)
+            | Self::NoEndpoints(_)
+            | Self::FlowControl(Outcome::RejectedNoEndpoints | Outcome::EvictedNoEndpoints) => {
+                Some(NO_ENDPOINTS)
+            }
+            Self::FlowControl(Outcome::EvictedTtl) => Some("rejected-ttl-expired"),
+            Self::FlowControl(Outcome::EvictedContextCancelled) => {
+                Some("rejected-context-cancelled")
+            }
+            _ => None,
+        }
+    }
+
     /// The HTTP status the client receives.
     #[must_use]
     pub fn http_status(&self) -> u16 {
@@ -101,6 +132,57 @@ pub type Result<T, E = ExtProcError> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drops_are_labelled_with_llm_ds_reasons() {
+        let cases = [
+            (
+                ExtProcError::FlowControl(Outcome::RejectedCapacity),
+                Some("rejected-saturated"),
+            ),
+            (
+                ExtProcError::from(SchedulingError::Saturated),
+                Some("rejected-saturated"),
+            ),
+            (
+                ExtProcError::from(SchedulingError::AllFiltered {
+                    profile: "default".into(),
+                }),
+                Some("rejected-saturated"),
+            ),
+            (
+                ExtProcError::from(SchedulingError::NoEndpoints),
+                Some("rejected-no-endpoints"),
+            ),
+            (
+                ExtProcError::NoEndpoints("InferencePool ns/p was deleted".into()),
+                Some("rejected-no-endpoints"),
+            ),
+            (
+                ExtProcError::FlowControl(Outcome::EvictedNoEndpoints),
+                Some("rejected-no-endpoints"),
+            ),
+            (
+                ExtProcError::FlowControl(Outcome::EvictedTtl),
+                Some("rejected-ttl-expired"),
+            ),
+            (
+                ExtProcError::FlowControl(Outcome::EvictedContextCancelled),
+                Some("rejected-context-cancelled"),
+            ),
+            (ExtProcError::MissingModel, None),
+            (
+                ExtProcError::from(SchedulingError::NotAdmitted {
+                    plugin: "a".into(),
+                    reason: "b".into(),
+                }),
+                None,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.dropped_reason(), want, "{e}");
+        }
+    }
 
     #[test]
     fn statuses_follow_the_reference() {

@@ -87,6 +87,7 @@ mod wire;
 pub use body::{ParsedBody, parse_body, rewrite_model_field, splice_model};
 pub use decision::{
     CONTROL_HEADERS, DESTINATION_HEADER, DESTINATION_NAMESPACE, FAIRNESS_HEADER,
+    LLM_D_FAIRNESS_HEADER, LLM_D_MODEL_REWRITE_HEADER, LLM_D_OBJECTIVE_HEADER,
     MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE,
     UPSTREAM_ADDRESS_ATTRIBUTE,
 };
@@ -95,7 +96,7 @@ pub use decision_log::{
     RunRecord, ScorerId,
 };
 pub use epp_core::FOLDED_LABEL;
-pub use error::{ExtProcError, Result};
+pub use error::{DROPPED_REASON_HEADER, ExtProcError, Result};
 pub use flow::{EXPECTED_TIMEOUT_HEADER, FOLDED_FAIRNESS_ID};
 pub use metrics::MetricGenerations;
 pub use options::{BodyMode, ExtProcOptions, ModelRewrite, ObjectivePriority};

@@ -99,14 +99,20 @@ pub(crate) fn replace_body(mut c: CommonResponse, body: Bytes) -> CommonResponse
     c
 }
 
-/// The local reply for a refused request: status, JSON body, content type.
+/// The local reply for a refused request: status, JSON body, content type,
+/// and why it was dropped where llm-d says so
+/// ([`crate::error::DROPPED_REASON_HEADER`]).
 pub(crate) fn immediate(err: &ExtProcError) -> ProcessingResponse {
+    let mut set_headers = vec![set_header("content-type", "application/json")];
+    if let Some(reason) = err.dropped_reason() {
+        set_headers.push(set_header(crate::error::DROPPED_REASON_HEADER, reason));
+    }
     reply(Response::ImmediateResponse(ImmediateResponse {
         status: Some(HttpStatus {
             code: i32::from(err.http_status()),
         }),
         headers: Some(HeaderMutation {
-            set_headers: vec![set_header("content-type", "application/json")],
+            set_headers,
             remove_headers: Vec::new(),
         }),
         body: Bytes::from(err.json_body()),

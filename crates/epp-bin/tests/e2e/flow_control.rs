@@ -210,6 +210,10 @@ async fn a_request_past_its_ttl_gets_503() {
         body["error"]["message"],
         "flow control: the request timed out waiting in the queue"
     );
+    assert_eq!(
+        r.header("x-llm-d-request-dropped-reason"),
+        Some("rejected-ttl-expired")
+    );
     assert!(
         http::metric_sum(stack.epp.metrics_port, WAITED, &["outcome=\"EvictedTTL\""]).await >= 1.0
     );
@@ -240,9 +244,16 @@ async fn a_full_band_answers_429_and_the_others_still_queue() {
             .then_some(())
     })
     .await;
-    let r = http::post_hello(port, Some(batch)).await.unwrap();
+    // llm-d's name of the objective header lands in the same band.
+    let r = http::post_hello(port, Some(("x-llm-d-inference-objective", "batch")))
+        .await
+        .unwrap();
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.json()["error"]["type"], "ResourceExhausted");
+    assert_eq!(
+        r.header("x-llm-d-request-dropped-reason"),
+        Some("rejected-saturated")
+    );
     assert_eq!(
         r.json()["error"]["message"],
         "flow control: the request queue is full"

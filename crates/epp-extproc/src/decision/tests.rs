@@ -188,6 +188,67 @@ fn objectives_give_priority_and_the_fairness_flow_defaults() {
 }
 
 #[test]
+fn llm_d_header_names_are_read_first_and_every_name_is_removed() {
+    let options = ExtProcOptions {
+        objectives: [("batch".to_owned(), -1), ("chat".to_owned(), 5)]
+            .into_iter()
+            .collect(),
+        ..ExtProcOptions::default()
+    };
+    let f = fixture(&[0], options);
+    // llm-d's names alone.
+    let route = f.route(
+        &mut parts(
+            "/v1/completions",
+            &[
+                (LLM_D_MODEL_REWRITE_HEADER, "llama-lora"),
+                (LLM_D_OBJECTIVE_HEADER, "chat"),
+                (LLM_D_FAIRNESS_HEADER, "tenant-a"),
+            ],
+        ),
+        Some(BODY),
+    );
+    let request = route.dispatch.request();
+    assert_eq!(
+        (request.target_model.as_str(), request.priority),
+        ("llama-lora", 5)
+    );
+    assert_eq!(request.fairness_id, "tenant-a");
+    assert_eq!(
+        route.remove_headers,
+        [
+            LLM_D_MODEL_REWRITE_HEADER,
+            LLM_D_OBJECTIVE_HEADER,
+            LLM_D_FAIRNESS_HEADER
+        ]
+    );
+    // Both names: llm-d's wins (as llm-d reads them), both are removed.
+    let route = f.route(
+        &mut parts(
+            "/v1/completions",
+            &[
+                (OBJECTIVE_HEADER, "batch"),
+                (LLM_D_OBJECTIVE_HEADER, "chat"),
+                (FAIRNESS_HEADER, "old"),
+                (LLM_D_FAIRNESS_HEADER, "new"),
+            ],
+        ),
+        Some(BODY),
+    );
+    let request = route.dispatch.request();
+    assert_eq!((request.priority, request.fairness_id.as_str()), (5, "new"));
+    assert_eq!(
+        route.remove_headers,
+        [
+            LLM_D_OBJECTIVE_HEADER,
+            OBJECTIVE_HEADER,
+            LLM_D_FAIRNESS_HEADER,
+            FAIRNESS_HEADER
+        ]
+    );
+}
+
+#[test]
 fn a_headers_only_request_is_routed_without_a_body() {
     let f = fixture(&[1, 0], ExtProcOptions::default());
     let route = f.route(&mut parts("/v1/models", &[]), None);
