@@ -20,7 +20,7 @@ pub enum ConcurrencyMode {
 }
 
 /// Parameters (llm-d's names and defaults).
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ConcurrencyDetectorParams {
     /// In-flight requests at which an endpoint is full. Default 100.
@@ -37,6 +37,11 @@ pub struct ConcurrencyDetectorParams {
     /// `requests` (default), `tokens` or `hybrid`.
     #[serde(default)]
     pub concurrency_mode: ConcurrencyMode,
+    /// llm-d's in-flight load producer to read; this picker counts every
+    /// endpoint's in-flight requests and tokens itself, so the name is
+    /// accepted for llm-d's configs and changes nothing.
+    #[serde(default)]
+    pub in_flight_load_producer_name: Option<String>,
 }
 
 fn default_max() -> u32 {
@@ -53,6 +58,7 @@ impl Default for ConcurrencyDetectorParams {
             max_token_concurrency: default_max_tokens(),
             headroom: 0.0,
             concurrency_mode: ConcurrencyMode::Requests,
+            in_flight_load_producer_name: None,
         }
     }
 }

@@ -78,6 +78,16 @@ pub struct LatencyScorerParams {
     /// request's own latency alone, as llm-d does.
     #[serde(default = "one")]
     pub delay_to_others_weight: f64,
+    /// llm-d's latency predictor to read; this picker keeps one set of
+    /// predictions per request, so any name reads them. Accepted for llm-d's
+    /// configs.
+    #[serde(default)]
+    pub latency_prediction_info_producer_name: Option<String>,
+    /// llm-d's prefix-match producer for the heuristic fallback's prefix
+    /// term; the fallback reads the cycle's prefix matches, whichever
+    /// producer made them. Accepted for llm-d's configs.
+    #[serde(default)]
+    pub prefix_match_info_producer_name: Option<String>,
 }
 
 fn default_ttft_weight() -> f64 {
@@ -100,6 +110,8 @@ impl Default for LatencyScorerParams {
             composite_queue_weight: 1.0,
             composite_prefix_weight: 1.0,
             delay_to_others_weight: 1.0,
+            latency_prediction_info_producer_name: None,
+            prefix_match_info_producer_name: None,
         }
     }
 }

@@ -25,8 +25,9 @@
 //! model starts from the fleet's coefficients. While the fleet's model is not
 //! warm either there is no prediction, and readers fall back (the
 //! `latency-scorer` to its heuristic blend). Headroom is
-//! `objective · sloBufferFactor − predicted` per the request's
-//! `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (0 − predicted without one).
+//! `objective − predicted` per the request's `x-llm-d-slo-ttft-ms`, and
+//! `objective · sloBufferFactor − predicted` per its `x-llm-d-slo-tpot-ms`,
+//! as llm-d buffers only the TPOT objective (0 − predicted without one).
 //!
 //! Predicting reads each model's published coefficients without locking or
 //! allocating; fitting runs on the response path, one short lock per model.
@@ -56,8 +57,9 @@ use crate::{Builtin, Features, LatencyModel, ModelSettings, invalid, non_negativ
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PredictedLatencyParams {
-    /// Multiplies the request's objectives before headroom is computed
-    /// (above 1 loosens them). Default 1.
+    /// Multiplies the request's TPOT objective before headroom is computed
+    /// (above 1 loosens it); the TTFT objective is used as stated, as in
+    /// llm-d. Default 1.
     #[serde(default = "one")]
     pub slo_buffer_factor: f64,
     /// Label naming an endpoint's role in disaggregated serving: endpoints
@@ -95,6 +97,11 @@ pub struct PredictedLatencyParams {
     /// holds (default `approx-prefix-cache-producer`).
     #[serde(default)]
     pub prefix_match_info_producer_name: Option<String>,
+    /// llm-d's in-flight load producer to read; this picker counts every
+    /// endpoint's in-flight requests and tokens itself, so the name is
+    /// accepted for llm-d's configs and changes nothing.
+    #[serde(default)]
+    pub in_flight_load_producer_name: Option<String>,
     /// Samples a model needs before it predicts. Default 32.
     #[serde(default = "default_min_samples")]
     pub min_samples: u64,
@@ -162,6 +169,7 @@ impl Default for PredictedLatencyParams {
             forgetting: default_forgetting(),
             displaced_cache_weight: 1.0,
             queue_delay_weight: default_queue_delay_weight(),
+            in_flight_load_producer_name: None,
         }
     }
 }
@@ -726,7 +734,7 @@ impl DataProducer for PredictedLatencyProducer {
         let factor = self.params.slo_buffer_factor;
         let stated = LatencySlo::of(cx.request);
         let slo = LatencySlo {
-            ttft_ms: stated.ttft_ms.map(|v| v * factor),
+            ttft_ms: stated.ttft_ms,
             tpot_ms: stated.tpot_ms.map(|v| v * factor),
         };
         let state = &mut *cx.state;
@@ -902,7 +910,7 @@ impl PluginMetrics for PredictedLatencyProducer {
 mod tests {
     use std::time::Duration;
 
-    use epp_core::{EndpointMetrics, TTFT_SLO_HEADER};
+    use epp_core::{EndpointMetrics, TPOT_SLO_HEADER, TTFT_SLO_HEADER};
 
     use super::*;
     use crate::testing::{endpoint, with_cx};
@@ -1115,6 +1123,21 @@ mod tests {
             assert!((f.ttft_headroom_ms - 150.0).abs() < 2.0, "{f:?}");
             assert!((s.ttft_headroom_ms + 100.0).abs() < 2.0, "{s:?}");
             assert!(f.meets_slo() && !s.meets_slo());
+        });
+        // The buffer factor loosens the TPOT objective alone (llm-d's rule).
+        let p = producer_with(PredictedLatencyParams {
+            min_samples: 4,
+            slo_buffer_factor: 2.0,
+            ..PredictedLatencyParams::default()
+        });
+        let req = InferenceRequest::builder("m")
+            .header(TTFT_SLO_HEADER, "200")
+            .header(TPOT_SLO_HEADER, "10")
+            .build();
+        with_cx(&req, 1, |cx| {
+            p.produce(cx, &[]);
+            assert_eq!(cx.state.latency.slo.ttft_ms, Some(200.0));
+            assert_eq!(cx.state.latency.slo.tpot_ms, Some(20.0));
         });
     }
 

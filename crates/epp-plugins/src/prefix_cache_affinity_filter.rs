@@ -33,6 +33,16 @@ pub struct PrefixAffinityParams {
     /// Prefill tokens per second for the TTFT estimate. Default 15928 (llm-d).
     #[serde(default = "default_throughput")]
     pub peak_prefill_throughput: f64,
+    /// llm-d's latency predictor to read; this picker keeps one set of
+    /// predictions per request, so any name reads them. Accepted for llm-d's
+    /// configs.
+    #[serde(default)]
+    pub latency_prediction_info_producer_name: Option<String>,
+    /// llm-d's in-flight load producer to read; this picker counts every
+    /// endpoint's in-flight requests and tokens itself, so the name is
+    /// accepted for llm-d's configs and changes nothing.
+    #[serde(default)]
+    pub in_flight_load_producer_name: Option<String>,
 }
 
 /// `ttftSource` values (llm-d's names).
@@ -70,6 +80,8 @@ impl Default for PrefixAffinityParams {
             max_ttft_penalty_ms: default_penalty(),
             ttft_source: TtftSource::PrefillThroughput,
             peak_prefill_throughput: default_throughput(),
+            latency_prediction_info_producer_name: None,
+            in_flight_load_producer_name: None,
         }
     }
 }
@@ -121,11 +133,16 @@ impl Builtin for PrefixCacheAffinityFilter {
                 "must be >= 0",
             ));
         }
-        if params.max_ttft_penalty_ms > 0.0 && params.peak_prefill_throughput == 0.0 {
+        // The throughput estimates TTFT only with `prefillThroughput` (as in
+        // llm-d, which checks it for that source alone).
+        if params.ttft_source == TtftSource::PrefillThroughput
+            && params.max_ttft_penalty_ms > 0.0
+            && params.peak_prefill_throughput == 0.0
+        {
             return Err(bad(
                 "peakPrefillThroughput",
                 0.0,
-                "must be > 0 when maxTTFTPenaltyMs > 0",
+                "must be > 0 when maxTTFTPenaltyMs > 0 and ttftSource is prefillThroughput",
             ));
         }
         if !(0.0..=1.0).contains(&params.exploration_probability) {

@@ -17,12 +17,17 @@ use rand::Rng;
 use crate::{Builtin, invalid};
 
 /// Parameters of `slo-headroom-tier-filter` (llm-d's names).
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SloTierParams {
     /// Chance of keeping the negative tier when both exist. Default 0.01.
     #[serde(default = "default_epsilon")]
     pub epsilon_explore_neg: f64,
+    /// llm-d's latency predictor to read; this picker keeps one set of
+    /// predictions per request, so any name reads them. Accepted for llm-d's
+    /// configs.
+    #[serde(default)]
+    pub latency_prediction_info_producer_name: Option<String>,
 }
 
 fn default_epsilon() -> f64 {
@@ -33,6 +38,7 @@ impl Default for SloTierParams {
     fn default() -> Self {
         Self {
             epsilon_explore_neg: default_epsilon(),
+            latency_prediction_info_producer_name: None,
         }
     }
 }
@@ -143,6 +149,7 @@ mod tests {
             "f",
             SloTierParams {
                 epsilon_explore_neg: epsilon,
+                ..SloTierParams::default()
             },
         )
         .unwrap()
@@ -171,6 +178,7 @@ mod tests {
         for e in [-0.1, 1.5, f64::NAN] {
             let p = SloTierParams {
                 epsilon_explore_neg: e,
+                ..SloTierParams::default()
             };
             assert!(SloHeadroomTierFilter::build("f", p).is_err(), "{e}");
         }

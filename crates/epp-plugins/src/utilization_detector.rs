@@ -36,7 +36,8 @@ fn default_stale() -> Duration {
     Duration::from_millis(200)
 }
 
-/// Durations as `200ms`, `1s`, `1.5s` or a bare number of milliseconds.
+/// Durations as Go writes them (`200ms`, `1s`, `1m30s`, `500us`, as llm-d
+/// reads them) or a bare number of milliseconds.
 mod millis {
     use std::time::Duration;
 
@@ -49,25 +50,17 @@ mod millis {
             Num(f64),
             Text(String),
         }
-        let ms = match Raw::deserialize(d)? {
-            Raw::Num(n) => n,
-            Raw::Text(t) => {
-                let t = t.trim();
-                if let Some(v) = t.strip_suffix("ms") {
-                    v.trim().parse::<f64>().map_err(D::Error::custom)?
-                } else if let Some(v) = t.strip_suffix('s') {
-                    v.trim().parse::<f64>().map_err(D::Error::custom)? * 1000.0
-                } else {
-                    return Err(D::Error::custom(format!(
-                        "invalid duration {t:?} (use e.g. 200ms or 1s)"
-                    )));
-                }
-            }
-        };
-        if !ms.is_finite() || ms < 0.0 {
-            return Err(D::Error::custom("duration must be a non-negative number"));
+        match Raw::deserialize(d)? {
+            Raw::Num(ms) if ms.is_finite() && ms >= 0.0 => Ok(Duration::from_secs_f64(ms / 1000.0)),
+            Raw::Num(ms) => Err(D::Error::custom(format!(
+                "invalid duration {ms} (a non-negative number of milliseconds)"
+            ))),
+            Raw::Text(t) => epp_core::config::parse_duration(&t).ok_or_else(|| {
+                D::Error::custom(format!(
+                    "invalid duration {t:?} (use e.g. 200ms, 1s or 1m30s)"
+                ))
+            }),
         }
-        Ok(Duration::from_secs_f64(ms / 1000.0))
     }
 }
 
@@ -103,6 +96,13 @@ impl UtilizationDetectorParams {
         }
         if !(self.headroom.is_finite() && self.headroom >= 0.0) {
             return Err(bad("headroom", self.headroom.to_string(), "must be >= 0"));
+        }
+        if self.metrics_staleness_threshold.is_zero() {
+            return Err(bad(
+                "metricsStalenessThreshold",
+                "0".into(),
+                "must be longer than 0 (every endpoint would count as stale)",
+            ));
         }
         Ok(self)
     }
@@ -275,6 +275,37 @@ mod tests {
             assert_eq!(d.stale_endpoints(cx, &c), Some(3));
             assert!((d.saturation(cx, &c) - 1.0).abs() < 1e-12);
         });
+    }
+
+    #[test]
+    fn staleness_is_a_go_duration_longer_than_zero() {
+        let read = |yaml: &str| {
+            serde_yaml_ng::from_str::<UtilizationDetectorParams>(yaml)
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.validated().map_err(|e| e.to_string()))
+                .map(|p| p.metrics_staleness_threshold)
+        };
+        for (yaml, ms) in [
+            ("{metricsStalenessThreshold: 200ms}", 200),
+            ("{metricsStalenessThreshold: 1m30s}", 90_000),
+            ("{metricsStalenessThreshold: 1.5s}", 1500),
+            ("{metricsStalenessThreshold: 250}", 250),
+        ] {
+            assert_eq!(read(yaml), Ok(Duration::from_millis(ms)), "{yaml}");
+        }
+        assert_eq!(
+            read("{metricsStalenessThreshold: 500us}"),
+            Ok(Duration::from_micros(500))
+        );
+        for (yaml, says) in [
+            ("{metricsStalenessThreshold: 0s}", "longer than 0"),
+            ("{metricsStalenessThreshold: 0}", "longer than 0"),
+            ("{metricsStalenessThreshold: soon}", "invalid duration"),
+            ("{metricsStalenessThreshold: -1}", "invalid duration"),
+        ] {
+            let err = read(yaml).unwrap_err();
+            assert!(err.contains(says), "{yaml}: {err}");
+        }
     }
 
     #[test]

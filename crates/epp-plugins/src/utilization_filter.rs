@@ -42,6 +42,11 @@ pub struct UtilizationFilterParams {
     /// Keep every candidate when none passes. Default false.
     #[serde(default)]
     pub fallback_on_empty: bool,
+    /// llm-d's in-flight load producer for `active-requests`; this picker
+    /// counts every endpoint's in-flight requests itself, so the name is
+    /// accepted for llm-d's configs and changes nothing.
+    #[serde(default)]
+    pub in_flight_load_producer_name: Option<String>,
 }
 
 /// `utilization-filter`: keeps the candidates meeting every condition; when

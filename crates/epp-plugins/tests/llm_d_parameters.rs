@@ -253,6 +253,55 @@ fn deprecated_block_size_sets_the_block_size() {
     assert!(second_score(&load(&text(", blockSize: 32"))).abs() < 1e-9);
 }
 
+/// The producer-name keys llm-d's current plugins take (which of several
+/// in-flight-load, prediction or prefix producers to read) load: this picker
+/// has one of each per request, so they select nothing, but a config that
+/// names them is llm-d's and must load. `ttftSource: latencyPredictor` needs
+/// no prefill throughput, as in llm-d.
+#[test]
+fn llm_d_producer_name_keys_load() {
+    let plugins = [
+        "- type: predicted-latency-producer",
+        "  parameters: {inFlightLoadProducerName: inflight}",
+        "- type: latency-scorer",
+        "  parameters: {latencyPredictionInfoProducerName: predicted-latency-producer,",
+        "    prefixMatchInfoProducerName: approx-prefix-cache-producer}",
+        "- type: slo-headroom-tier-filter",
+        "  parameters: {latencyPredictionInfoProducerName: predicted-latency-producer}",
+        "- type: prefix-cache-affinity-filter",
+        "  parameters: {ttftSource: latencyPredictor, peakPrefillThroughput: 0,",
+        "    latencyPredictionInfoProducerName: predicted-latency-producer,",
+        "    inFlightLoadProducerName: inflight}",
+        "- type: concurrency-detector",
+        "  parameters: {inFlightLoadProducerName: inflight}",
+        "- type: utilization-filter",
+        "  parameters: {conditions: [{metric: active-requests, maxValue: 10}],",
+        "    inFlightLoadProducerName: inflight}",
+        "- type: max-score-picker",
+        "",
+    ];
+    let profile = [
+        "  - {pluginRef: slo-headroom-tier-filter}",
+        "  - {pluginRef: prefix-cache-affinity-filter}",
+        "  - {pluginRef: concurrency-detector}",
+        "  - {pluginRef: utilization-filter}",
+        "  - {pluginRef: latency-scorer}",
+        "  - {pluginRef: max-score-picker}",
+        "",
+    ];
+    let built = load(&config(&plugins.join("\n"), &profile.join("\n")));
+    built
+        .scheduler
+        .schedule(&request("p".to_owned()), &snapshot(2))
+        .unwrap();
+    // With the throughput estimate, a throughput of 0 is still refused.
+    let err = load_err(&config(
+        "- type: prefix-cache-affinity-filter\n  parameters: {peakPrefillThroughput: 0}\n",
+        "  - {pluginRef: prefix-cache-affinity-filter}\n",
+    ));
+    assert!(err.contains("peakPrefillThroughput"), "{err}");
+}
+
 /// `headroom`, `concurrencyMode` and `maxTokenConcurrency` load, and the
 /// detector used as a filter applies them: in `tokens` mode an endpoint at
 /// `maxTokenConcurrency × (1 + headroom)` in-flight tokens is left out.
@@ -437,6 +486,55 @@ fn flow_control_settings_are_built_from_the_section() {
          flowControl:\n  maxRequests: 5\n",
     );
     assert!(off.flow_settings.is_none());
+}
+
+/// llm-d's budgets when a key is absent or "0s", and its reading of a band's
+/// 0 limits as "unset".
+#[test]
+fn flow_control_ttls_and_zero_limits_read_as_llm_d_reads_them() {
+    use std::time::Duration;
+    let settings = |section: &str| {
+        load(&format!(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n\
+             featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n{section}"
+        ))
+        .flow_settings
+        .expect("gate on")
+    };
+    let minute = Some(Duration::from_secs(60));
+    // No section, or no TTL keys: 60 s both ways.
+    for section in ["", "flowControl:\n  maxRequests: 5\n"] {
+        let fc = settings(section);
+        assert_eq!((fc.default_ttl, fc.no_endpoint_ttl), (minute, minute));
+    }
+    // The no-endpoint budget follows the default one, "0s" included.
+    let fc = settings("flowControl:\n  defaultRequestTTL: 5s\n");
+    let five = Some(Duration::from_secs(5));
+    assert_eq!((fc.default_ttl, fc.no_endpoint_ttl), (five, five));
+    let fc = settings("flowControl:\n  defaultRequestTTL: 0s\n");
+    assert_eq!((fc.default_ttl, fc.no_endpoint_ttl), (None, None));
+    // Set apart; "0s" turns the no-endpoint eviction off alone.
+    let fc = settings("flowControl:\n  defaultRequestTTL: 5s\n  noEndpointRequestTTL: 5m\n");
+    assert_eq!(
+        (fc.default_ttl, fc.no_endpoint_ttl),
+        (five, Some(Duration::from_secs(300)))
+    );
+    let fc = settings("flowControl:\n  noEndpointRequestTTL: 0s\n");
+    assert_eq!((fc.default_ttl, fc.no_endpoint_ttl), (minute, None));
+    // A band's 0 is its default; the global 0 is no limit.
+    let fc = settings(
+        "flowControl:\n  maxRequests: 0\n  priorityBands:\n  \
+         - {priority: 1, maxRequests: 0, maxBytes: 0}\n",
+    );
+    assert_eq!(fc.max_requests, 0);
+    let band = fc.band_for(1);
+    assert_eq!(
+        (band.max_requests, band.max_bytes),
+        (
+            epp_core::flow::DEFAULT_BAND_MAX_REQUESTS,
+            epp_core::flow::DEFAULT_BAND_MAX_BYTES
+        )
+    );
 }
 
 /// llm-d's `encode-filter` keeps the endpoints whose `llm-d.ai/role` is an

@@ -14,7 +14,7 @@ use crate::{
     config::ConfigError,
     flow::{
         ACTIVE_FLOW_WINDOW, BandSettings, DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS,
-        FlowSettings,
+        DEFAULT_REQUEST_TTL, FlowSettings,
     },
 };
 
@@ -82,7 +82,9 @@ impl EndpointPickerConfig {
                 *slot = quantity(v).map_err(|why| self.err(format!("flowControl.{key}"), why))?;
             }
         }
-        let mut ttls = [None; 2];
+        // Per key: absent (`None`), or "0s" (`Some(None)`: no limit), or a
+        // budget.
+        let mut ttls: [Option<Option<Duration>>; 2] = [None; 2];
         for (slot, (key, v)) in ttls.iter_mut().zip([
             ("defaultRequestTTL", &fc.default_request_ttl),
             ("noEndpointRequestTTL", &fc.no_endpoint_request_ttl),
@@ -94,9 +96,14 @@ impl EndpointPickerConfig {
                         format!("{v:?} is not a duration such as 60s, 1m30s or 500ms"),
                     )
                 })?;
-                *slot = (!d.is_zero()).then_some(d);
+                *slot = Some((!d.is_zero()).then_some(d));
             }
         }
+        // As llm-d: an absent defaultRequestTTL is 60 s, and an absent
+        // noEndpointRequestTTL follows it ("0s" in either turns that
+        // eviction off).
+        let default_ttl = ttls[0].unwrap_or(Some(DEFAULT_REQUEST_TTL));
+        let no_endpoint_ttl = ttls[1].unwrap_or(default_ttl);
         let empty_band = PriorityBandDecl::default();
         let default_band = self.band(
             "flowControl.defaultPriorityBand",
@@ -137,8 +144,8 @@ impl EndpointPickerConfig {
         Ok(FlowSettings {
             max_bytes: global[0],
             max_requests: global[1],
-            default_ttl: ttls[0],
-            no_endpoint_ttl: ttls[1],
+            default_ttl,
+            no_endpoint_ttl,
             bands,
             default_band,
             default_negative_band,
@@ -160,7 +167,11 @@ impl EndpointPickerConfig {
             ("maxRequests", &band.max_requests),
         ]) {
             if let Some(v) = v {
-                *slot = quantity(v).map_err(|why| self.err(format!("{at}.{key}"), why))?;
+                let q = quantity(v).map_err(|why| self.err(format!("{at}.{key}"), why))?;
+                // llm-d reads a band's 0 as "unset": the default, not "no limit".
+                if q != 0 {
+                    *slot = q;
+                }
             }
         }
         let fairness = self.policy(

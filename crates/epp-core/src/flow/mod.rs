@@ -39,7 +39,7 @@ pub use policy::{
 };
 pub use settings::{
     ACTIVE_FLOW_WINDOW, BandSettings, DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS,
-    FlowSettings,
+    DEFAULT_REQUEST_TTL, FlowSettings,
 };
 
 /// Fairness id of requests that name none.
@@ -395,14 +395,14 @@ impl FlowController {
     }
 
     /// The TTL a request gets: the configured one (`noEndpointRequestTTL`
-    /// instead while the pool has no endpoint, when set), shortened to the
-    /// request's own deadline. `None`: it may wait until it goes away.
+    /// instead while the pool has no endpoint), shortened to the request's
+    /// own deadline. `None`: it may wait until it goes away.
     #[must_use]
     pub fn ttl_for(&self, request: &FlowRequest<'_>) -> Option<Duration> {
-        let no_endpoints = self.gauge.saturation().is_none();
-        let configured = match (no_endpoints, self.settings.no_endpoint_ttl) {
-            (true, Some(t)) => Some(t),
-            _ => self.settings.default_ttl,
+        let configured = if self.gauge.saturation().is_none() {
+            self.settings.no_endpoint_ttl
+        } else {
+            self.settings.default_ttl
         };
         let own = request
             .deadline

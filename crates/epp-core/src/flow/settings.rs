@@ -10,6 +10,9 @@ pub const DEFAULT_BAND_MAX_BYTES: u64 = 1_000_000_000;
 /// llm-d's default request capacity of a band.
 pub const DEFAULT_BAND_MAX_REQUESTS: u64 = 5000;
 
+/// llm-d's queue-wait budget when `defaultRequestTTL` is absent: 60 s.
+pub const DEFAULT_REQUEST_TTL: Duration = Duration::from_secs(60);
+
 /// One priority band.
 #[derive(Debug, Clone)]
 pub struct BandSettings {
@@ -47,11 +50,13 @@ pub struct FlowSettings {
     pub max_bytes: u64,
     /// Requests queued at most over all bands (0: no limit).
     pub max_requests: u64,
-    /// How long a request may wait (`defaultRequestTTL`); `None`: until it
-    /// goes away.
+    /// How long a request may wait (`defaultRequestTTL`, absent from a
+    /// config: [`DEFAULT_REQUEST_TTL`]); `None`: until it goes away
+    /// (`"0s"`).
     pub default_ttl: Option<Duration>,
     /// How long it may wait while the pool has no endpoint
-    /// (`noEndpointRequestTTL`); `None`: `default_ttl`.
+    /// (`noEndpointRequestTTL`, absent from a config: `default_ttl`);
+    /// `None`: until it goes away.
     pub no_endpoint_ttl: Option<Duration>,
     /// The configured bands by priority.
     pub bands: BTreeMap<i32, Arc<BandSettings>>,
