@@ -333,6 +333,14 @@ EPP_VARIANTS = {
     # Routing by learned latency (issue 15): the example config as shipped.
     "epp-latency": (ROOT / "examples/configs/predicted-latency.yaml").read_text(),
 }
+# The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
+# docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
+# the example profile, "epp-latency".
+for _w in (1, 2, 3, 4):
+    EPP_VARIANTS[f"epp-blend{_w}"] = EPP_DEFAULT_PROFILE.format(
+        queue="", kv="",
+        extra_plugin="\n- type: predicted-latency-producer\n- type: latency-scorer",
+        extra_ref=f"\n  - {{pluginRef: latency-scorer, weight: {_w}}}")
 
 # Precise prefix (issue 16): epp subscribed to the simulators' KV-cache events,
 # tokenizing completions with the fleet's tokenizer. Its config needs the run's

@@ -2,9 +2,9 @@
 //! it against the prefix index, run the default profile's scorers over every
 //! candidate, pick, and record the pick in the index. `cycle-latency` runs
 //! the learned-latency profile (`examples/configs/predicted-latency.yaml`:
-//! prefix matches, a prediction per candidate, `latency-scorer` and
-//! `prefix-cache-scorer`) on the same requests, its models trained, for the
-//! side-by-side figure;
+//! the default profile's scorers with a prediction per candidate and
+//! `latency-scorer` beside them) on the same requests, its models trained,
+//! for the side-by-side figure;
 //! `cycle-default+latency` adds the predictor and a weight-0 `latency-scorer`
 //! to the default profile: the same picks as `cycle`, so the difference is
 //! the latency plugins' own cost, without the prefix-index churn their

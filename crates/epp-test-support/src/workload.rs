@@ -38,12 +38,15 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 /// If `registry` lacks one of those types.
 #[must_use]
 pub fn default_profile(registry: &Registry, prefix: PluginRef) -> Scheduler {
-    default_with(registry, prefix, false)
+    default_with(registry, prefix, None)
 }
 
-/// [`default_profile`], with `latency` a `predicted-latency-producer` hook
-/// and a `latency-scorer` of weight 0 added.
-fn default_with(registry: &Registry, prefix: PluginRef, latency: bool) -> Scheduler {
+/// The weight of `latency-scorer` in `examples/configs/predicted-latency.yaml`.
+pub const EXAMPLE_LATENCY_WEIGHT: f64 = 4.0;
+
+/// [`default_profile`], with a `predicted-latency-producer` hook and a
+/// `latency-scorer` of weight `latency` added when given.
+fn default_with(registry: &Registry, prefix: PluginRef, latency: Option<f64>) -> Scheduler {
     let build = |type_name: &str| {
         let plugin = registry
             .build(&PluginSpec::new(type_name))
@@ -55,8 +58,8 @@ fn default_with(registry: &Registry, prefix: PluginRef, latency: bool) -> Schedu
         .with_scorer(build("kv-cache-utilization-scorer"), 2.0)
         .with_scorer(prefix.clone(), 3.0);
     let mut hooks = vec![prefix];
-    if latency {
-        profile = profile.with_scorer(build("latency-scorer"), 0.0);
+    if let Some(weight) = latency {
+        profile = profile.with_scorer(build("latency-scorer"), weight);
         hooks.push(build("predicted-latency-producer"));
     }
     Scheduler::new(
@@ -68,30 +71,15 @@ fn default_with(registry: &Registry, prefix: PluginRef, latency: bool) -> Schedu
 }
 
 /// The learned-latency profile of `examples/configs/predicted-latency.yaml`:
-/// `latency-scorer` and `prefix` (a prefix scorer, also producing the
-/// prefix matches), each of weight 1, and `max-score-picker` (built by
-/// `registry`), with a `predicted-latency-producer` (from `registry`)
-/// predicting; returns the scheduler and the predictor.
+/// [`default_profile`] with `latency-scorer` beside its scorers at
+/// [`EXAMPLE_LATENCY_WEIGHT`] and a `predicted-latency-producer` (both built
+/// by `registry`) predicting.
 ///
 /// # Panics
 /// If `registry` lacks one of those types.
 #[must_use]
-pub fn latency_profile(registry: &Registry, prefix: PluginRef) -> (Scheduler, PluginRef) {
-    let build = |type_name: &str| {
-        let plugin = registry
-            .build(&PluginSpec::new(type_name))
-            .unwrap_or_else(|e| panic!("{type_name}: {e}"));
-        PluginRef::new(plugin)
-    };
-    let predictor = build("predicted-latency-producer");
-    let profile = SchedulingProfile::new("default")
-        .with_scorer(build("latency-scorer"), 1.0)
-        .with_scorer(prefix.clone(), 1.0)
-        .with_picker(build("max-score-picker"));
-    let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
-        .expect("a valid profile")
-        .with_hooks([prefix, predictor.clone()]);
-    (scheduler, predictor)
+pub fn latency_profile(registry: &Registry, prefix: PluginRef) -> Scheduler {
+    default_with(registry, prefix, Some(EXAMPLE_LATENCY_WEIGHT))
 }
 
 /// Which profile a [`Workload`] runs.
@@ -324,12 +312,12 @@ impl<P: Plugin + 'static> Workload<P> {
         let scheduler = match profile {
             Profile::Default => default_profile(registry, PluginRef::new(prefix.clone())),
             Profile::Latency => {
-                let (scheduler, _) = latency_profile(registry, PluginRef::new(prefix.clone()));
+                let scheduler = latency_profile(registry, PluginRef::new(prefix.clone()));
                 train(&scheduler, &snapshot, &mut rng);
                 scheduler
             }
             Profile::DefaultPlusLatency => {
-                let scheduler = default_with(registry, PluginRef::new(prefix.clone()), true);
+                let scheduler = default_with(registry, PluginRef::new(prefix.clone()), Some(0.0));
                 train(&scheduler, &snapshot, &mut rng);
                 scheduler
             }
