@@ -51,10 +51,11 @@ mod millis {
             Text(String),
         }
         match Raw::deserialize(d)? {
-            Raw::Num(ms) if ms.is_finite() && ms >= 0.0 => Ok(Duration::from_secs_f64(ms / 1000.0)),
-            Raw::Num(ms) => Err(D::Error::custom(format!(
-                "invalid duration {ms} (a non-negative number of milliseconds)"
-            ))),
+            Raw::Num(ms) => Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| {
+                D::Error::custom(format!(
+                    "invalid duration {ms} (a non-negative number of milliseconds)"
+                ))
+            }),
             Raw::Text(t) => epp_core::config::parse_duration(&t).ok_or_else(|| {
                 D::Error::custom(format!(
                     "invalid duration {t:?} (use e.g. 200ms, 1s or 1m30s)"
@@ -302,6 +303,7 @@ mod tests {
             ("{metricsStalenessThreshold: 0}", "longer than 0"),
             ("{metricsStalenessThreshold: soon}", "invalid duration"),
             ("{metricsStalenessThreshold: -1}", "invalid duration"),
+            ("{metricsStalenessThreshold: 1e300}", "invalid duration"),
         ] {
             let err = read(yaml).unwrap_err();
             assert!(err.contains(says), "{yaml}: {err}");
