@@ -184,14 +184,22 @@ impl Builtin for ProgramAwareFairness {
                 "must be > 0",
             ));
         }
+        // Finite is not enough: a Duration holds at most ~5.8e11 years.
+        let seconds = |field: &str, v: f64| {
+            Duration::try_from_secs_f64(v)
+                .map_err(|_| invalid(Self::TYPE, field, v, "is too long a duration"))
+        };
+        let ttl = (p.eviction_ttl_seconds > 0.0)
+            .then(|| seconds("evictionTtlSeconds", p.eviction_ttl_seconds))
+            .transpose()?;
+        let sweep = seconds("evictionSweepSeconds", p.eviction_sweep_seconds)?;
         Ok(Self {
             name: name.into(),
             weight_service: p.las_weight_service,
             weight_wait: p.las_weight_head_wait,
             half_life: p.las_half_life_seconds,
-            ttl: (p.eviction_ttl_seconds > 0.0)
-                .then(|| Duration::from_secs_f64(p.eviction_ttl_seconds)),
-            sweep: Duration::from_secs_f64(p.eviction_sweep_seconds),
+            ttl,
+            sweep,
             state: Mutex::new(State {
                 programs: HashMap::new(),
                 last_sweep: Instant::now(),
@@ -480,6 +488,8 @@ mod tests {
             "{lasHalfLifeSeconds: -1}",
             "{evictionTtlSeconds: -1}",
             "{evictionSweepSeconds: 0}",
+            "{evictionTtlSeconds: 1e300}",
+            "{evictionSweepSeconds: 1e300}",
         ] {
             let params: ProgramAwareParams = serde_yaml_ng::from_str(bad).unwrap();
             assert!(ProgramAwareFairness::build("p", params).is_err(), "{bad}");
