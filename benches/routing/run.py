@@ -336,7 +336,7 @@ EPP_VARIANTS = {
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
-for _w in (1, 2, 3, 4):
+for _w in (2, 3, 4):
     EPP_VARIANTS[f"epp-blend{_w}"] = EPP_DEFAULT_PROFILE.format(
         queue="", kv="",
         extra_plugin="\n- type: predicted-latency-producer\n- type: latency-scorer",
