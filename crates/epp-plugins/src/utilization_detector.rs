@@ -17,7 +17,7 @@ pub struct UtilizationDetectorParams {
     #[serde(default = "default_kv")]
     pub kv_cache_util_threshold: f64,
     /// Metrics older than this count as fully saturated. Default 200 ms.
-    #[serde(default = "default_stale", with = "millis")]
+    #[serde(default = "default_stale", with = "duration_or_millis")]
     pub metrics_staleness_threshold: Duration,
     /// Burst allowed above both thresholds when filtering, as a fraction
     /// (0.2 = 20 %). Saturation still uses the thresholds themselves.
@@ -38,7 +38,7 @@ fn default_stale() -> Duration {
 
 /// Durations as Go writes them (`200ms`, `1s`, `1m30s`, `500us`, as llm-d
 /// reads them) or a bare number of milliseconds.
-mod millis {
+mod duration_or_millis {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, de::Error};
