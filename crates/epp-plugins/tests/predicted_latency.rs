@@ -141,3 +141,35 @@ schedulingProfiles:
         .unwrap();
     assert_eq!(r.primary().unwrap().id(), snapshot.endpoints()[0].id());
 }
+
+/// The cycle bench's learned profile (`workload::latency_profile`) is built
+/// by hand around its own prefix scorer; it must stay the shipped example
+/// (`examples/configs/predicted-latency.yaml`): the same scorers at the same
+/// weights.
+#[test]
+fn the_benchs_learned_profile_is_the_shipped_example() {
+    let path =
+        epp_test_support::process::workspace_root().join("examples/configs/predicted-latency.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let example = EndpointPickerConfig::parse(&text, &path.to_string_lossy())
+        .unwrap()
+        .build(&builtin_registry())
+        .unwrap();
+    let registry = builtin_registry();
+    let prefix = epp_core::PluginRef::new(
+        registry
+            .build(&epp_core::PluginSpec::new("prefix-cache-scorer"))
+            .unwrap(),
+    );
+    let bench = epp_test_support::workload::latency_profile(&registry, prefix);
+    let scorers = |s: &Scheduler| {
+        let mut v: Vec<(String, f64)> = s.profiles()[0]
+            .scorers()
+            .iter()
+            .map(|w| (w.plugin.plugin().type_name().to_owned(), w.weight))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(scorers(&example.scheduler), scorers(&bench));
+}
