@@ -21,19 +21,49 @@ pub struct Candidate {
     pub endpoint: Arc<Endpoint>,
     /// Its metrics as of the start of the cycle.
     pub metrics: Arc<EndpointMetrics>,
+    /// The endpoint's metrics version, read before `metrics` were loaded.
+    metrics_version: u64,
 }
 
 impl Candidate {
     /// Loads an endpoint's current metrics into a candidate.
     #[must_use]
     pub fn new(endpoint: &Arc<Endpoint>) -> Self {
+        // Read before loading: metrics loaded after are at least this recent.
+        let metrics_version = endpoint.metrics_version();
         Self {
             metrics: endpoint.metrics(),
             endpoint: Arc::clone(endpoint),
+            metrics_version,
         }
     }
 
+    /// Reloads the metrics if the endpoint stored new ones since they were
+    /// loaded (a plain load and compare when it did not).
+    pub(crate) fn refresh(&mut self) {
+        let version = self.endpoint.metrics_version();
+        if version != self.metrics_version {
+            self.metrics = self.endpoint.metrics();
+            self.metrics_version = version;
+        }
+    }
+
+    /// A number that changes whenever the endpoint's metrics are stored
+    /// anew (a scrape, an event feed's update), read before
+    /// [`Self::metrics`] were loaded, so those metrics are at least that
+    /// recent. A plugin that learns something once per scrape can skip,
+    /// with one compare, candidates whose version it has already seen: two
+    /// candidates with the same version may carry different metrics only
+    /// when a store landed while the first loaded, and then the next
+    /// version differs again.
+    #[inline]
+    #[must_use]
+    pub fn metrics_version(&self) -> u64 {
+        self.metrics_version
+    }
+
     /// The endpoint's id.
+    #[inline]
     #[must_use]
     pub fn id(&self) -> EndpointId {
         self.endpoint.id()
@@ -46,6 +76,7 @@ impl Candidate {
     /// scrape interval; adding this keeps a burst of arrivals between two
     /// scrapes from all seeing the same "least loaded" endpoint. Negative when
     /// more completed than were dispatched.
+    #[inline]
     #[must_use]
     pub fn since_scrape(&self) -> SinceScrape {
         let now = self.endpoint.inflight().sample();

@@ -58,6 +58,7 @@ impl fmt::Debug for Dispatch {
 /// The prompt tokens an endpoint must compute for a request of `tokens`
 /// prompt tokens of which the fraction `prefix_hit` (in `[0, 1]`) is in its
 /// prefix cache: the uncached part, rounded up.
+#[inline]
 #[must_use]
 pub fn uncached_tokens(tokens: u64, prefix_hit: f64) -> u64 {
     let hit = if prefix_hit.is_nan() {

@@ -222,6 +222,7 @@ pub struct InflightCounters {
 impl InflightCounters {
     /// Requests routed to the endpoint and not yet completed (by this
     /// replica and its peers).
+    #[inline]
     #[must_use]
     pub fn requests(&self) -> u32 {
         self.requests
@@ -230,6 +231,7 @@ impl InflightCounters {
     }
 
     /// Estimated tokens of those requests.
+    #[inline]
     #[must_use]
     pub fn tokens(&self) -> u64 {
         self.tokens
@@ -238,6 +240,7 @@ impl InflightCounters {
     }
 
     /// Of those tokens, the ones not expected in the endpoint's prefix cache.
+    #[inline]
     #[must_use]
     pub fn uncached_tokens(&self) -> u64 {
         self.uncached_tokens
@@ -247,6 +250,7 @@ impl InflightCounters {
 
     /// All counts at once (each read atomically; a request starting between
     /// the reads may show in some only).
+    #[inline]
     #[must_use]
     pub fn sample(&self) -> InflightSample {
         InflightSample {
@@ -501,6 +505,7 @@ impl Endpoint {
     }
 
     /// Requests this picker routed here that are still in flight.
+    #[inline]
     #[must_use]
     pub fn inflight(&self) -> &InflightCounters {
         &self.inflight

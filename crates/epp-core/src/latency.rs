@@ -99,12 +99,14 @@ impl DispatchLoad {
     /// The load `candidate` carries for `request`, of whose prompt the
     /// fraction `prefix_hit` is expected in the endpoint's prefix cache.
     #[must_use]
+    #[inline]
     pub fn of(candidate: &Candidate, request: &InferenceRequest, prefix_hit: f64) -> Self {
         let m = &candidate.metrics;
         let prompt_tokens = request.prompt_tokens_estimate();
         let adapter = request.target_model.as_str();
-        let adapter_cold = m.lora.names_adapter(adapter, &request.model)
-            && m.lora.serves_adapters()
+        // The cheap test first: most fleets serve no adapters.
+        let adapter_cold = m.lora.serves_adapters()
+            && m.lora.names_adapter(adapter, &request.model)
             && !m.lora.is_active(adapter);
         let places_full = m.lora.max_loras > 0 && m.lora.active.len() >= m.lora.max_loras as usize;
         let adapter_blocked = adapter_cold && (places_full || m.lora.is_waiting(adapter));
@@ -145,6 +147,7 @@ impl DispatchLoad {
     ///
     /// 0 when the capacity is not reported, nothing runs, or the prompt
     /// fits.
+    #[inline]
     #[must_use]
     pub fn kv_wait(&self) -> u64 {
         let capacity = self.kv_capacity_tokens as f64;
@@ -164,6 +167,7 @@ impl DispatchLoad {
 
     /// Requests at the endpoint now, as best known: running and waiting at
     /// the scrape plus the net dispatched since (never below zero).
+    #[inline]
     #[must_use]
     pub fn requests_there(&self) -> u64 {
         (i64::from(self.running) + i64::from(self.waiting) + i64::from(self.dispatched)).max(0)
@@ -171,6 +175,7 @@ impl DispatchLoad {
     }
 
     /// Prompt tokens expected in the prefix cache.
+    #[inline]
     #[must_use]
     pub fn cached_tokens(&self) -> u64 {
         self.prompt_tokens - self.uncached_tokens.min(self.prompt_tokens)
@@ -225,6 +230,7 @@ pub struct LatencyPrediction {
 impl LatencyPrediction {
     /// A prediction for a request with objectives `slo`.
     #[must_use]
+    #[inline]
     pub fn new(ttft_ms: f64, tpot_ms: Option<f64>, slo: LatencySlo) -> Self {
         let tpot = tpot_ms.filter(|t| t.is_finite() && *t >= 0.0);
         Self {
@@ -240,6 +246,7 @@ impl LatencyPrediction {
     }
 
     /// With [`Self::delay_to_others_ms`] set.
+    #[inline]
     #[must_use]
     pub fn with_delay_to_others(mut self, ms: f64) -> Self {
         self.delay_to_others_ms = if ms.is_finite() { ms.max(0.0) } else { 0.0 };
@@ -248,6 +255,7 @@ impl LatencyPrediction {
 
     /// Whether every objective the request states is predicted to be met.
     /// Without objectives, nothing is "met": headroom is negative.
+    #[inline]
     #[must_use]
     pub fn meets_slo(&self) -> bool {
         self.ttft_headroom_ms >= 0.0 && self.tpot_headroom_ms >= 0.0
@@ -274,6 +282,7 @@ impl LatencyPredictions {
     }
 
     /// Records the prediction for `id`.
+    #[inline]
     pub fn set(&mut self, id: EndpointId, prediction: LatencyPrediction) {
         let i = id.index();
         if self.by_id.len() <= i {
@@ -283,6 +292,7 @@ impl LatencyPredictions {
     }
 
     /// The prediction for `id`, if any.
+    #[inline]
     #[must_use]
     pub fn get(&self, id: EndpointId) -> Option<&LatencyPrediction> {
         self.by_id.get(id.index()).and_then(Option::as_ref)

@@ -222,7 +222,6 @@ pub struct Scratch {
     /// a pointer compare and a plain load per endpoint, and reference-count
     /// traffic only for what changed.
     pool: Vec<Candidate>,
-    pool_versions: Vec<u64>,
     /// The candidates when the request's subset or staleness narrows the pool.
     base: Vec<Candidate>,
     candidates: Vec<Candidate>,
@@ -250,7 +249,6 @@ impl Scratch {
             rng,
             state: CycleState::default(),
             pool: Vec::new(),
-            pool_versions: Vec::new(),
             base: Vec::new(),
             candidates: Vec::new(),
             totals: Vec::new(),
@@ -277,13 +275,9 @@ fn over_pool<R>(
         std::sync::LazyLock::new(InferenceRequest::default);
     let measure = |scratch: &mut Scratch| {
         let Scratch {
-            rng,
-            state,
-            pool,
-            pool_versions,
-            ..
+            rng, state, pool, ..
         } = scratch;
-        refresh_pool(pool, pool_versions, snapshot.endpoints());
+        refresh_pool(pool, snapshot.endpoints());
         let cx = CycleContext {
             request: &NO_REQUEST,
             now: Instant::now(),
@@ -769,7 +763,6 @@ impl Scheduler {
             rng,
             state,
             pool,
-            pool_versions,
             base,
             candidates,
             totals,
@@ -782,7 +775,7 @@ impl Scheduler {
         if snapshot.is_empty() {
             return Err(SchedulingError::NoEndpoints);
         }
-        refresh_pool(pool, pool_versions, snapshot.endpoints());
+        refresh_pool(pool, snapshot.endpoints());
         let fresh = |c: &Candidate| {
             self.staleness
                 .is_none_or(|threshold| !c.metrics.is_stale(now, threshold))
@@ -969,27 +962,13 @@ impl Scheduler {
 /// Brings `pool` up to date with `endpoints`: an endpoint already pooled at
 /// its place keeps its entry, reloading metrics only when their version
 /// moved; anything else is replaced.
-fn refresh_pool(pool: &mut Vec<Candidate>, versions: &mut Vec<u64>, endpoints: &[Arc<Endpoint>]) {
+fn refresh_pool(pool: &mut Vec<Candidate>, endpoints: &[Arc<Endpoint>]) {
     pool.truncate(endpoints.len());
-    versions.truncate(endpoints.len());
     for (i, e) in endpoints.iter().enumerate() {
-        // Read before loading: metrics loaded after are at least this recent.
-        let version = e.metrics_version();
         match pool.get_mut(i) {
-            Some(c) if Arc::ptr_eq(&c.endpoint, e) => {
-                if versions[i] != version {
-                    c.metrics = e.metrics();
-                    versions[i] = version;
-                }
-            }
-            Some(c) => {
-                *c = Candidate::new(e);
-                versions[i] = version;
-            }
-            None => {
-                pool.push(Candidate::new(e));
-                versions.push(version);
-            }
+            Some(c) if Arc::ptr_eq(&c.endpoint, e) => c.refresh(),
+            Some(c) => *c = Candidate::new(e),
+            None => pool.push(Candidate::new(e)),
         }
     }
 }
