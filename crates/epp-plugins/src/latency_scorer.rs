@@ -182,11 +182,9 @@ fn deficit(p: &LatencyPrediction) -> u8 {
     }
 }
 
-/// Min and max of `values` (finite ones).
-fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    })
+/// The range `(lo, hi)` widened to hold `v` (a NaN leaves it as it is).
+fn widen((lo, hi): (f64, f64), v: f64) -> (f64, f64) {
+    (lo.min(v), hi.max(v))
 }
 
 impl LatencyScorer {
@@ -222,22 +220,25 @@ impl Scorer for LatencyScorer {
     fn score(&self, cx: &CycleContext<'_>, candidates: &[Candidate], out: &mut [f64]) {
         let latency = &cx.state.latency;
         let prediction = |c: &Candidate| latency.get(c.id());
-        if !candidates.iter().any(|c| prediction(c).is_some()) {
-            self.composite(cx, candidates, out);
-            return;
-        }
         // Which candidates compete: those meeting every objective when any
         // does; else (with objectives) the idle ones when any is, then the
         // best deficit bucket; without objectives, all with a prediction.
+        // What that takes is read in one pass (this runs every cycle, over
+        // every candidate).
         let has_slo = latency.slo.is_set();
-        let any_positive = candidates
-            .iter()
-            .any(|c| prediction(c).is_some_and(LatencyPrediction::meets_slo));
-        let any_idle = has_slo
-            && !any_positive
-            && candidates
-                .iter()
-                .any(|c| prediction(c).is_some() && c.endpoint.inflight().requests() == 0);
+        let (mut any_prediction, mut any_positive, mut any_idle) = (false, false, false);
+        for c in candidates {
+            if let Some(p) = prediction(c) {
+                any_prediction = true;
+                any_positive |= p.meets_slo();
+                any_idle |= has_slo && c.endpoint.inflight().requests() == 0;
+            }
+        }
+        if !any_prediction {
+            self.composite(cx, candidates, out);
+            return;
+        }
+        let any_idle = any_idle && !any_positive;
         let best_bucket = if has_slo && !any_positive {
             candidates
                 .iter()
@@ -272,12 +273,12 @@ impl Scorer for LatencyScorer {
                 p.ttft_headroom_ms - delay
             }
         };
-        let (t_lo, t_hi) = range(candidates.iter().filter_map(competes).map(ttft));
-        let (p_lo, p_hi) = range(
-            candidates
-                .iter()
-                .filter_map(competes)
-                .map(|p| p.tpot_headroom_ms),
+        let ((t_lo, t_hi), (p_lo, p_hi)) = candidates.iter().filter_map(competes).fold(
+            (
+                (f64::INFINITY, f64::NEG_INFINITY),
+                (f64::INFINITY, f64::NEG_INFINITY),
+            ),
+            |(t, p), c| (widen(t, ttft(c)), widen(p, c.tpot_headroom_ms)),
         );
         let mut wt = if t_hi > t_lo {
             self.params.ttft_weight
