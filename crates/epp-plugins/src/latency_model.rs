@@ -166,6 +166,7 @@ impl From<&epp_core::DispatchLoad> for Features {
 impl Features {
     /// The inputs for `load` at an endpoint whose running batch holds at
     /// most `slots` requests (0: not known, no wait for a slot).
+    #[inline]
     #[must_use]
     pub fn at(load: &epp_core::DispatchLoad, slots: u32) -> Self {
         let ahead = load.requests_there() + 1;
@@ -183,6 +184,7 @@ impl Features {
     }
 
     /// The model's input vector.
+    #[inline]
     #[must_use]
     pub fn vector(&self) -> [f64; FEATURES] {
         let uncached_k = self.uncached_tokens / 1000.0;
@@ -419,6 +421,7 @@ impl LatencyModel {
     }
 
     /// The published coefficients θ.
+    #[inline]
     #[must_use]
     pub fn coefficients(&self) -> [f64; FEATURES] {
         loop {
@@ -459,6 +462,7 @@ impl LatencyModel {
     /// to are busier in ways the load inputs miss; a prediction that a
     /// cached token is slower would then steer requests away from their
     /// cached prompts and copy them elsewhere, evicting others.
+    #[inline]
     fn predicting(&self) -> [f64; FEATURES] {
         let mut theta = self.coefficients();
         theta[CACHED] = theta[CACHED].min(theta[UNCACHED_PREFILL]);
@@ -468,6 +472,7 @@ impl LatencyModel {
     /// [`Self::predict_unchecked`] with the part of it that is the
     /// request's own work ([`PredictionParts`]); neither is negative, and
     /// the part does not exceed the whole.
+    #[inline]
     #[must_use]
     pub fn predict_parts(&self, features: &Features) -> Option<PredictionParts> {
         let x = features.vector();

@@ -683,6 +683,7 @@ impl PredictedLatencyProducer {
     /// What the endpoint with these models (or the fleet, where they are
     /// not warm) predicts for `load` (TPOT only when `tpot`); `None` while
     /// neither is warm.
+    #[inline]
     fn predict_with(
         &self,
         own: Option<&Models>,
