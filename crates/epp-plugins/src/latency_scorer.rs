@@ -182,6 +182,9 @@ fn deficit(p: &LatencyPrediction) -> u8 {
     }
 }
 
+/// A range that holds nothing yet.
+const EMPTY: (f64, f64) = (f64::INFINITY, f64::NEG_INFINITY);
+
 /// The range `(lo, hi)` widened to hold `v` (a NaN leaves it as it is).
 fn widen((lo, hi): (f64, f64), v: f64) -> (f64, f64) {
     (lo.min(v), hi.max(v))
@@ -224,14 +227,22 @@ impl Scorer for LatencyScorer {
         // does; else (with objectives) the idle ones when any is, then the
         // best deficit bucket; without objectives, all with a prediction.
         // What that takes is read in one pass (this runs every cycle, over
-        // every candidate).
+        // every candidate), with the ranges of the scores over all the
+        // predictions: without objectives met anywhere, they are the
+        // competitors' (the usual case: no objective stated).
         let has_slo = latency.slo.is_set();
+        let w = self.params.delay_to_others_weight;
         let (mut any_prediction, mut any_positive, mut any_idle) = (false, false, false);
+        let mut all_ranges = (EMPTY, EMPTY);
         for c in candidates {
             if let Some(p) = prediction(c) {
                 any_prediction = true;
                 any_positive |= p.meets_slo();
                 any_idle |= has_slo && c.endpoint.inflight().requests() == 0;
+                all_ranges = (
+                    widen(all_ranges.0, p.ttft_headroom_ms - w * p.delay_to_others_ms),
+                    widen(all_ranges.1, p.tpot_headroom_ms),
+                );
             }
         }
         if !any_prediction {
@@ -264,7 +275,6 @@ impl Scorer for LatencyScorer {
             any_positive && self.params.headroom_selection_strategy == HeadroomStrategy::Least;
         // TTFT headroom, less the delay the request would cause others
         // (added for `least`, whose scale is inverted).
-        let w = self.params.delay_to_others_weight;
         let ttft = |p: &LatencyPrediction| {
             let delay = w * p.delay_to_others_ms;
             if tight {
@@ -273,13 +283,17 @@ impl Scorer for LatencyScorer {
                 p.ttft_headroom_ms - delay
             }
         };
-        let ((t_lo, t_hi), (p_lo, p_hi)) = candidates.iter().filter_map(competes).fold(
-            (
-                (f64::INFINITY, f64::NEG_INFINITY),
-                (f64::INFINITY, f64::NEG_INFINITY),
-            ),
-            |(t, p), c| (widen(t, ttft(c)), widen(p, c.tpot_headroom_ms)),
-        );
+        let ((t_lo, t_hi), (p_lo, p_hi)) = if !has_slo && !any_positive {
+            // Every prediction competes, scored as above.
+            all_ranges
+        } else {
+            candidates
+                .iter()
+                .filter_map(competes)
+                .fold((EMPTY, EMPTY), |(t, p), c| {
+                    (widen(t, ttft(c)), widen(p, c.tpot_headroom_ms))
+                })
+        };
         let mut wt = if t_hi > t_lo {
             self.params.ttft_weight
         } else {
