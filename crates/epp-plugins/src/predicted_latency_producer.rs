@@ -683,7 +683,9 @@ impl PredictedLatencyProducer {
     /// What the endpoint with these models (or the fleet, where they are
     /// not warm) predicts for `load` (TPOT only when `tpot`); `None` while
     /// neither is warm.
-    #[inline]
+    // Always inlined into the cycle's loop: returned through memory, its
+    // result stalled the loop on every candidate.
+    #[inline(always)]
     fn predict_with(
         &self,
         own: Option<&Models>,
@@ -813,27 +815,44 @@ impl DataProducer for PredictedLatencyProducer {
             );
             state.latency.set(c.id(), prediction);
             if debug {
-                tracing::debug!(
-                    request_id = %cx.request.request_id,
-                    endpoint = %c.endpoint.addr_str(),
-                    ttft_ms = prediction.ttft_ms,
-                    tpot_ms = prediction.tpot_ms,
-                    ttft_headroom_ms = prediction.ttft_headroom_ms,
-                    tpot_headroom_ms = prediction.tpot_headroom_ms,
-                    delay_to_others_ms = prediction.delay_to_others_ms,
-                    own_model = own.is_some_and(|m| m.ttft.model.is_warm()),
-                    waiting = load.waiting,
-                    running = load.running,
-                    dispatched = load.dispatched,
-                    kv_usage = load.kv_usage,
-                    uncached_tokens = load.uncached_tokens,
-                    cached_tokens = load.cached_tokens(),
-                    slots = self.slots_of(own),
-                    kv_wait = load.kv_wait(),
-                    "latency prediction"
-                );
+                self.log_prediction(cx.request, c, own, &load, prediction);
             }
         }
+    }
+}
+
+impl PredictedLatencyProducer {
+    /// The debug log's line for one candidate's prediction (out of the
+    /// cycle's loop, which then keeps each prediction in registers).
+    #[cold]
+    #[inline(never)]
+    fn log_prediction(
+        &self,
+        request: &InferenceRequest,
+        c: &Candidate,
+        own: Option<&Models>,
+        load: &DispatchLoad,
+        prediction: LatencyPrediction,
+    ) {
+        tracing::debug!(
+            request_id = %request.request_id,
+            endpoint = %c.endpoint.addr_str(),
+            ttft_ms = prediction.ttft_ms,
+            tpot_ms = prediction.tpot_ms,
+            ttft_headroom_ms = prediction.ttft_headroom_ms,
+            tpot_headroom_ms = prediction.tpot_headroom_ms,
+            delay_to_others_ms = prediction.delay_to_others_ms,
+            own_model = own.is_some_and(|m| m.ttft.model.is_warm()),
+            waiting = load.waiting,
+            running = load.running,
+            dispatched = load.dispatched,
+            kv_usage = load.kv_usage,
+            uncached_tokens = load.uncached_tokens,
+            cached_tokens = load.cached_tokens(),
+            slots = self.slots_of(own),
+            kv_wait = load.kv_wait(),
+            "latency prediction"
+        );
     }
 }
 
