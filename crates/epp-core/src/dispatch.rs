@@ -14,13 +14,62 @@ use crate::{
     ResponseTiming, Scheduler, SchedulingError, SchedulingResult, Usage,
 };
 
+/// How dispatches count their tokens in the endpoints' in-flight counters
+/// ([`crate::InflightCounters`]), as a plugin asks
+/// ([`crate::Plugin::inflight_accounting`]; llm-d's
+/// `inflight-load-producer`). The default: a request's prompt tokens count
+/// from its dispatch until its response ends, and nothing for its output.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InflightAccounting {
+    /// A streamed response's prompt tokens leave the counts when its first
+    /// body bytes arrive (the prefill is done), not when it ends; the
+    /// request itself, and any output estimate, count until it ends. A
+    /// response that is not streamed keeps them all until it ends.
+    pub release_prompt_at_first_token: bool,
+    /// Output tokens estimated per request and counted (as uncached: the
+    /// endpoint computes them) until the response ends; `None`: none.
+    pub output: Option<OutputEstimate>,
+}
+
+/// An estimate of a request's output tokens from its prompt:
+/// `min(round(prompt tokens × ratio), the request's max_tokens when it
+/// states one, max)`, and never above [`OutputEstimate::CEILING`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutputEstimate {
+    /// Output tokens per prompt token (finite, ≥ 0).
+    pub ratio: f64,
+    /// A cap on every estimate, if any.
+    pub max: Option<u64>,
+}
+
+impl OutputEstimate {
+    /// The largest estimate: far more than any request outputs, and small
+    /// enough that the counters it is added to cannot overflow.
+    pub const CEILING: u64 = u32::MAX as u64;
+
+    /// The estimate for a prompt of `prompt_tokens` whose request caps its
+    /// output at `client_max`, if it does.
+    #[must_use]
+    pub fn tokens(&self, prompt_tokens: u64, client_max: Option<u64>) -> u64 {
+        let estimate = (prompt_tokens as f64 * self.ratio).round();
+        // `as` saturates: a NaN or negative ratio gives 0.
+        let estimate = (estimate as u64).min(Self::CEILING);
+        [client_max, self.max]
+            .into_iter()
+            .flatten()
+            .fold(estimate, u64::min)
+    }
+}
+
 /// One request routed to one endpoint, from the pick until its response
 /// completes.
 ///
 /// While it lives, the endpoint's [`crate::InflightCounters`] include the
 /// request: one request, its estimated prompt tokens, and of those the
 /// tokens the endpoint's prefix cache was not expected to hold (what its KV
-/// cache grows by). The load scorers read those counters between scrapes.
+/// cache grows by); how long the tokens count, and whether an estimate of
+/// the output counts too, is the scheduler's [`InflightAccounting`]. The
+/// load scorers read those counters between scrapes.
 ///
 /// Not `Clone`: the counts are released once, by [`Self::complete`] or by
 /// `Drop` (which reports [`RequestOutcome::Aborted`] to the response hooks).
@@ -28,8 +77,13 @@ pub struct Dispatch {
     scheduler: Arc<Scheduler>,
     request: InferenceRequest,
     endpoint: Arc<Endpoint>,
+    /// What the endpoint's counters hold for the request now: tokens, and
+    /// of those uncached ones.
     tokens: u64,
     uncached_tokens: u64,
+    /// The prompt's part of those, while it still counts and is to leave
+    /// at the first streamed bytes ([`InflightAccounting`]).
+    prompt_until_first_token: Option<(u64, u64)>,
     open: bool,
     /// When the request was dispatched, and the endpoint's load then.
     started: Instant,
@@ -116,7 +170,15 @@ impl Dispatch {
         prefix_hit: f64,
     ) -> Self {
         let load = DispatchLoad::of(&Candidate::new(&endpoint), &request, prefix_hit);
-        let (tokens, uncached_tokens) = (load.prompt_tokens, load.uncached_tokens);
+        let accounting = scheduler.inflight_accounting();
+        let prompt = (load.prompt_tokens, load.uncached_tokens);
+        let output = accounting
+            .output
+            .map_or(0, |o| o.tokens(load.prompt_tokens, request.max_tokens));
+        let (tokens, uncached_tokens) = (
+            prompt.0.saturating_add(output),
+            prompt.1.saturating_add(output),
+        );
         endpoint.inflight().start_with(tokens, uncached_tokens);
         if let Some(feed) = scheduler.replica_feed() {
             feed.load_changed();
@@ -127,6 +189,7 @@ impl Dispatch {
             endpoint,
             tokens,
             uncached_tokens,
+            prompt_until_first_token: accounting.release_prompt_at_first_token.then_some(prompt),
             open: true,
             started: Instant::now(),
             load,
@@ -162,11 +225,23 @@ impl Dispatch {
 
     /// The first bytes of the response body arrived; `streamed` = the
     /// response is streamed (server-sent events), so they carry the first
-    /// token. Only the first call counts.
+    /// token. Only the first call counts. With
+    /// [`InflightAccounting::release_prompt_at_first_token`], a streamed
+    /// response's prompt tokens leave the endpoint's counts here.
     pub fn first_body_bytes(&mut self, streamed: bool) {
-        if self.first_byte.is_none() {
-            self.first_byte = Some(Instant::now());
-            self.streamed = streamed;
+        if self.first_byte.is_some() {
+            return;
+        }
+        self.first_byte = Some(Instant::now());
+        self.streamed = streamed;
+        if !streamed || !self.open {
+            return;
+        }
+        if let Some((tokens, uncached)) = self.prompt_until_first_token.take() {
+            self.endpoint.inflight().release_tokens(tokens, uncached);
+            self.tokens -= tokens;
+            self.uncached_tokens -= uncached;
+            self.load_changed();
         }
     }
 
@@ -188,7 +263,9 @@ impl Dispatch {
         &self.scheduler
     }
 
-    /// Estimated prompt tokens counted on the endpoint.
+    /// Tokens the endpoint's counters hold for the request now: its
+    /// estimated prompt tokens (until the first token, or the end, as the
+    /// [`InflightAccounting`] says) and any output estimate.
     #[must_use]
     pub fn tokens(&self) -> u64 {
         self.tokens
@@ -216,6 +293,9 @@ impl Dispatch {
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
         self.uncached_tokens = self.tokens;
+        if let Some(prompt) = &mut self.prompt_until_first_token {
+            prompt.1 = prompt.0;
+        }
         self.load = DispatchLoad::of(&Candidate::new(&served), &self.request, 0.0);
         served
             .inflight()
@@ -353,12 +433,37 @@ mod tests {
     }
 
     fn setup() -> Setup {
+        setup_with(&[])
+    }
+
+    /// Declares an in-flight accounting, as `inflight-load-producer` does.
+    #[derive(Debug)]
+    struct Accounting(InflightAccounting);
+    impl Plugin for Accounting {
+        fn type_name(&self) -> &str {
+            "accounting"
+        }
+        fn name(&self) -> &str {
+            "accounting"
+        }
+        fn inflight_accounting(&self) -> Option<InflightAccounting> {
+            Some(self.0)
+        }
+    }
+
+    /// [`setup`] with a hook plugin declaring each of `accountings`.
+    fn setup_with(accountings: &[InflightAccounting]) -> Setup {
         let picker = Arc::new(FirstAndLog::default());
         let profile =
             SchedulingProfile::new("p").with_picker(PluginRef::new(picker.clone() as Arc<_>));
+        let hooks = std::iter::once(PluginRef::new(picker.clone() as Arc<_>)).chain(
+            accountings
+                .iter()
+                .map(|a| PluginRef::new(Arc::new(Accounting(*a)))),
+        );
         let scheduler = Scheduler::new(vec![profile], Arc::new(SingleProfileHandler::default()))
             .unwrap()
-            .with_hooks([PluginRef::new(picker.clone() as Arc<_>)]);
+            .with_hooks(hooks);
         let endpoint = Arc::new(Endpoint::new(0, "10.0.0.1:8000".parse().unwrap()));
         endpoint.set_metrics(EndpointMetrics::fresh());
         let snapshot = EndpointSnapshot::new(vec![Arc::clone(&endpoint)]);
@@ -395,6 +500,120 @@ mod tests {
             *s.log.0.lock().unwrap(),
             [RequestOutcome::Completed { status: 200 }]
         );
+    }
+
+    fn counts(e: &Endpoint) -> (u32, u64, u64) {
+        let s = e.inflight().sample();
+        (s.requests, s.tokens, s.uncached_tokens)
+    }
+
+    const LLM_D: InflightAccounting = InflightAccounting {
+        release_prompt_at_first_token: true,
+        output: None,
+    };
+
+    #[test]
+    fn by_default_the_prompt_counts_until_the_response_ends() {
+        let s = setup();
+        assert_eq!(
+            s.scheduler.inflight_accounting(),
+            InflightAccounting::default()
+        );
+        let mut dispatch = s.result.dispatch(s.scheduler, s.request).unwrap();
+        dispatch.first_body_bytes(true);
+        assert_eq!(counts(&s.endpoint), (1, 10, 10));
+        dispatch.complete(None, RequestOutcome::Completed { status: 200 });
+        assert_eq!(counts(&s.endpoint), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_streamed_prompt_can_leave_the_counts_at_its_first_token() {
+        let s = setup_with(&[LLM_D]);
+        let mut streamed = s
+            .result
+            .dispatch(Arc::clone(&s.scheduler), s.request.clone())
+            .unwrap();
+        let mut whole = s.result.dispatch(s.scheduler, s.request).unwrap();
+        assert_eq!(counts(&s.endpoint), (2, 20, 20));
+        streamed.first_body_bytes(true);
+        assert_eq!(counts(&s.endpoint), (2, 10, 10), "the streamed prompt left");
+        streamed.first_body_bytes(true);
+        assert_eq!(counts(&s.endpoint), (2, 10, 10), "once");
+        whole.first_body_bytes(false);
+        assert_eq!(
+            counts(&s.endpoint),
+            (2, 10, 10),
+            "a response not streamed keeps its prompt to the end"
+        );
+        streamed.complete(None, RequestOutcome::Completed { status: 200 });
+        assert_eq!(counts(&s.endpoint), (1, 10, 10));
+        drop(whole);
+        assert_eq!(counts(&s.endpoint), (0, 0, 0));
+    }
+
+    #[test]
+    fn an_output_estimate_counts_until_the_end_and_follows_a_fallback() {
+        let estimate = |ratio: f64, max: Option<u64>| InflightAccounting {
+            release_prompt_at_first_token: true,
+            output: Some(OutputEstimate { ratio, max }),
+        };
+        // 10 prompt tokens, ratio 1.5: 15 more.
+        let s = setup_with(&[estimate(1.5, None), LLM_D]);
+        let fallback = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+        let mut dispatch = s.result.dispatch(s.scheduler, s.request).unwrap();
+        assert_eq!(
+            counts(&s.endpoint),
+            (1, 25, 25),
+            "the first declaration holds"
+        );
+        dispatch.first_body_bytes(true);
+        assert_eq!(counts(&s.endpoint), (1, 15, 15));
+        assert!(dispatch.served_by(Arc::clone(&fallback)));
+        assert_eq!(counts(&s.endpoint), (0, 0, 0));
+        assert_eq!(counts(&fallback), (1, 15, 15));
+        dispatch.complete(None, RequestOutcome::Completed { status: 200 });
+        assert_eq!(counts(&fallback), (0, 0, 0));
+
+        // The request's own cap, then the estimate's, bound it.
+        let s = setup_with(&[estimate(1.5, Some(3))]);
+        let mut request = s.request.clone();
+        request.max_tokens = Some(4);
+        let a = s
+            .result
+            .dispatch(Arc::clone(&s.scheduler), s.request)
+            .unwrap();
+        assert_eq!(counts(&s.endpoint), (1, 13, 13));
+        drop(a);
+        let s = setup_with(&[estimate(1.5, None)]);
+        let _b = s
+            .result
+            .dispatch(Arc::clone(&s.scheduler), request)
+            .unwrap();
+        assert_eq!(counts(&s.endpoint), (1, 14, 14));
+    }
+
+    #[test]
+    fn a_fallback_before_the_first_token_moves_the_prompt_as_uncached() {
+        let s = setup_with(&[LLM_D]);
+        let fallback = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+        let mut dispatch = s.result.dispatch(s.scheduler, s.request).unwrap();
+        assert!(dispatch.served_by(Arc::clone(&fallback)));
+        assert_eq!(counts(&fallback), (1, 10, 10));
+        dispatch.first_body_bytes(true);
+        assert_eq!(counts(&fallback), (1, 0, 0));
+        drop(dispatch);
+        assert_eq!(counts(&fallback), (0, 0, 0));
+    }
+
+    #[test]
+    fn output_estimates_round_and_take_the_smallest_cap() {
+        let e = |ratio: f64, max: Option<u64>| OutputEstimate { ratio, max };
+        assert_eq!(e(1.5, None).tokens(5, None), 8, "7.5 rounds up");
+        assert_eq!(e(1.5, None).tokens(5, Some(6)), 6);
+        assert_eq!(e(1.5, Some(4)).tokens(5, Some(6)), 4);
+        assert_eq!(e(0.0, None).tokens(1_000, None), 0);
+        assert_eq!(e(f64::NAN, None).tokens(1_000, None), 0);
+        assert_eq!(e(1e300, None).tokens(1_000, None), OutputEstimate::CEILING);
     }
 
     #[test]

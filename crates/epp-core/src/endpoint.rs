@@ -317,6 +317,14 @@ impl InflightCounters {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(1))
             });
+        self.release_tokens(tokens, uncached_tokens);
+    }
+
+    /// Takes `tokens` (of which `uncached_tokens`) of a request still in
+    /// flight out of the counts: the part of its work that is done (its
+    /// prompt, once the first token came), while the request itself still
+    /// counts until [`Self::finish_with`] releases the rest.
+    pub fn release_tokens(&self, tokens: u64, uncached_tokens: u64) {
         let sub = |counter: &AtomicU64, n: u64| {
             let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(n))

@@ -81,7 +81,7 @@ pub use cycle::{
     Candidate, CycleContext, CycleState, MultimodalMatch, PrefixMatch, PrefixSlot, SinceScrape,
     TokenizedPrompt,
 };
-pub use dispatch::{Dispatch, uncached_tokens};
+pub use dispatch::{Dispatch, InflightAccounting, OutputEstimate, uncached_tokens};
 pub use endpoint::{
     CacheGeometry, Endpoint, EndpointId, EndpointMetrics, EndpointRole, EndpointSnapshot,
     EndpointSource, Extensions, InflightCounters, InflightSample, LoraInfo, ROLE_LABEL,

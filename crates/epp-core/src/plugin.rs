@@ -57,6 +57,13 @@ pub trait Plugin: Send + Sync + Debug {
     fn as_request_hold(&self) -> Option<&dyn RequestHold> {
         None
     }
+    /// How this plugin asks dispatches to count their tokens in the
+    /// endpoints' in-flight counters ([`crate::InflightAccounting`]), if it
+    /// does. The scheduler follows the first plugin that answers; without
+    /// one, a request's prompt tokens count until its response ends.
+    fn inflight_accounting(&self) -> Option<crate::InflightAccounting> {
+        None
+    }
     /// This plugin as an admitter (admission after data producers).
     fn as_admitter(&self) -> Option<&dyn Admitter> {
         None

@@ -10,8 +10,8 @@ use rand::{SeedableRng, rngs::SmallRng};
 
 use crate::{
     Candidate, CycleContext, CycleState, DataProducer, Endpoint, EndpointSnapshot,
-    InferenceRequest, Plugin, PluginRef, ProfileHandler, RequestOutcome, ResponseHeaderSink,
-    ResponseTiming, Result, RouteEdits, SchedulingError, Usage,
+    InferenceRequest, InflightAccounting, Plugin, PluginRef, ProfileHandler, RequestOutcome,
+    ResponseHeaderSink, ResponseTiming, Result, RouteEdits, SchedulingError, Usage,
     observe::{CallSite, CycleRecorder, ExtensionPoint, Laps, ProfileRun, SchedulerObserver},
 };
 
@@ -310,6 +310,8 @@ pub struct Scheduler {
     staleness: Option<Duration>,
     observer: Option<Arc<dyn SchedulerObserver>>,
     replicas: Option<Arc<dyn crate::replicas::ReplicaFeed>>,
+    /// The first hook plugin's [`Plugin::inflight_accounting`].
+    inflight: Option<InflightAccounting>,
 }
 
 impl Scheduler {
@@ -346,6 +348,7 @@ impl Scheduler {
             staleness: None,
             observer: None,
             replicas: None,
+            inflight: None,
         })
     }
 
@@ -380,6 +383,9 @@ impl Scheduler {
             if p.plugin().as_deferred_work().is_some() {
                 self.deferred.push(p.clone());
             }
+            if self.inflight.is_none() {
+                self.inflight = p.plugin().inflight_accounting();
+            }
             if p.plugin().as_response_hooks().is_some() {
                 self.response.push(p);
             }
@@ -401,6 +407,15 @@ impl Scheduler {
             }
         });
         self
+    }
+
+    /// How dispatches count their tokens in the endpoints' in-flight
+    /// counters: as the first hook plugin that asks
+    /// ([`Plugin::inflight_accounting`]), else the default (a request's
+    /// prompt tokens count until its response ends, no output estimate).
+    #[must_use]
+    pub fn inflight_accounting(&self) -> InflightAccounting {
+        self.inflight.unwrap_or_default()
     }
 
     /// Whether a plugin may hold requests before scheduling
