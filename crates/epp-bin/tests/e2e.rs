@@ -11,6 +11,7 @@ mod e2e {
     mod disaggregation;
     mod errors;
     mod flow_control;
+    mod inflight_load;
     mod kubernetes;
     mod latency;
     mod llm_d_keys;

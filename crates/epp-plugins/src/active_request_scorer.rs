@@ -19,6 +19,12 @@ pub struct ActiveRequestParams {
     /// there: in-flight counts end with the request, not after a timeout).
     #[serde(default, rename = "requestTimeout")]
     pub request_timeout: Option<String>,
+    /// llm-d's in-flight load producer to read; this picker counts every
+    /// endpoint's in-flight requests and tokens itself (as a declared
+    /// `inflight-load-producer` says), so the name is accepted for llm-d's
+    /// configs and changes nothing.
+    #[serde(default)]
+    pub in_flight_load_producer_name: Option<String>,
 }
 
 fn default_busy() -> f64 {
@@ -31,6 +37,7 @@ impl Default for ActiveRequestParams {
             idle_threshold: 0,
             max_busy_score: default_busy(),
             request_timeout: None,
+            in_flight_load_producer_name: None,
         }
     }
 }
@@ -119,7 +126,7 @@ mod tests {
             ActiveRequestParams {
                 idle_threshold: 1,
                 max_busy_score: 0.5,
-                request_timeout: None,
+                ..ActiveRequestParams::default()
             },
         )
         .unwrap();

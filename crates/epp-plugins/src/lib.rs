@@ -70,6 +70,7 @@ mod fcfs_ordering_policy;
 mod global_strict_fairness_policy;
 mod header_based_testing_filter;
 mod header_label_affinity_scorer;
+mod inflight_load_producer;
 mod kv_block_index;
 mod label_selector_filter;
 mod latency_model;
@@ -145,6 +146,7 @@ pub use fcfs_ordering_policy::FcfsOrderingPolicy;
 pub use global_strict_fairness_policy::GlobalStrictFairnessPolicy;
 pub use header_based_testing_filter::{ENDPOINT_SELECTION_HEADER, HeaderBasedTestingFilter};
 pub use header_label_affinity_scorer::{HeaderLabelAffinityParams, HeaderLabelAffinityScorer};
+pub use inflight_load_producer::{DEFAULT_OUTPUT_RATIO, InflightLoadParams, InflightLoadProducer};
 pub use kv_block_index::{
     IndexCounters, IndexMirror, KvBlockIndex, block_key, fold_extra, root_key,
 };
@@ -351,6 +353,7 @@ pub fn register_builtins(registry: &mut Registry) {
     }
     reg::<LoraAffinityScorer>(registry);
     reg::<TokenLoadScorer>(registry);
+    reg::<InflightLoadProducer>(registry);
     reg::<LoadAwareScorer>(registry);
     reg::<ActiveRequestScorer>(registry);
     reg::<SessionAffinityScorer>(registry);

@@ -5,13 +5,19 @@ use epp_core::{BuildError, Candidate, CycleContext, Plugin, Scorer};
 use crate::Builtin;
 
 /// Parameters of `token-load-scorer`.
-#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TokenLoadParams {
     /// Tokens at which an endpoint scores 0. Default 4194304; as in llm-d,
     /// 0 or less means the default.
     #[serde(default = "default_tokens")]
     pub queue_threshold_tokens: i64,
+    /// llm-d's in-flight load producer to read; this picker counts every
+    /// endpoint's in-flight requests and tokens itself (as a declared
+    /// `inflight-load-producer` says), so the name is accepted for llm-d's
+    /// configs and changes nothing.
+    #[serde(default)]
+    pub in_flight_load_producer_name: Option<String>,
 }
 
 const DEFAULT_TOKENS: u64 = 4_194_304;
@@ -24,6 +30,7 @@ impl Default for TokenLoadParams {
     fn default() -> Self {
         Self {
             queue_threshold_tokens: default_tokens(),
+            in_flight_load_producer_name: None,
         }
     }
 }
@@ -115,6 +122,7 @@ mod tests {
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 100,
+                ..TokenLoadParams::default()
             },
         )
         .unwrap();
@@ -131,6 +139,7 @@ mod tests {
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 1000,
+                ..TokenLoadParams::default()
             },
         )
         .unwrap();
@@ -143,6 +152,7 @@ mod tests {
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 0,
+                ..TokenLoadParams::default()
             },
         )
         .unwrap();
@@ -156,6 +166,7 @@ mod tests {
             "t",
             TokenLoadParams {
                 queue_threshold_tokens: 1000,
+                ..TokenLoadParams::default()
             },
         )
         .unwrap();

@@ -635,3 +635,47 @@ fn openai_and_anthropic_parsers_under_request_handler() {
         .collect();
     assert!(types.contains(&"anthropic-parser"), "{types:?}");
 }
+
+/// llm-d's `inflight-load-producer`, as its README configures it, with the
+/// scorers that name it: the config loads, and a request dispatched by the
+/// built scheduler counts by its rules: the prompt until the first streamed
+/// bytes, an output estimate (1.5 × the prompt) until the end. Without the
+/// plugin the prompt counts to the end and no output does.
+#[test]
+fn inflight_load_producer_sets_how_tokens_count() {
+    let plugins = |producer: &str| {
+        format!(
+            "{producer}- type: token-load-scorer\n  parameters: {{inFlightLoadProducerName: \
+             inflight-load}}\n- type: active-request-scorer\n  parameters: \
+             {{inFlightLoadProducerName: inflight-load}}\n- type: max-score-picker\n"
+        )
+    };
+    let profile = "  - {pluginRef: token-load-scorer}\n  - {pluginRef: active-request-scorer}\n  \
+                   - {pluginRef: max-score-picker}\n";
+    let producer = "- type: inflight-load-producer\n  name: inflight-load\n  parameters:\n    \
+                    addEstimatedOutputTokens: true\n";
+    // 400 characters: 100 prompt tokens.
+    let run = |text: &str| {
+        let built = load(text);
+        let scheduler = std::sync::Arc::new(built.scheduler);
+        let eps = snapshot(1);
+        let req = request("p".repeat(400));
+        let result = scheduler.schedule(&req, &eps).unwrap();
+        let mut dispatch = result.dispatch(scheduler, req).unwrap();
+        let e = &eps.endpoints()[0];
+        let tokens = |e: &epp_core::Endpoint| e.inflight().tokens();
+        let at_dispatch = tokens(e);
+        dispatch.first_body_bytes(true);
+        let after_first = (e.inflight().requests(), tokens(e));
+        drop(dispatch);
+        assert_eq!(e.inflight().sample(), Default::default());
+        (at_dispatch, after_first)
+    };
+    assert_eq!(run(&config(&plugins(producer), profile)), (250, (1, 150)));
+    assert_eq!(run(&config(&plugins(""), profile)), (100, (1, 100)));
+    let err = load_err(&config(
+        "- type: inflight-load-producer\n  parameters: {outputRatio: -1}\n- type: max-score-picker\n",
+        "  - {pluginRef: max-score-picker}\n",
+    ));
+    assert!(err.contains("outputRatio"), "{err}");
+}
