@@ -790,7 +790,7 @@ impl DataProducer for PredictedLatencyProducer {
                     let learned = m.note_batch(at, c.metrics.running, c.metrics.waiting);
                     // A locked read-modify-write only when there is
                     // something to raise it with: run for every candidate,
-                    // it was a fifth of this loop's time.
+                    // it took over a quarter of this loop's own time.
                     if learned > self.fleet.slots.load(Ordering::Relaxed) {
                         self.fleet.slots.fetch_max(learned, Ordering::Relaxed);
                     }
