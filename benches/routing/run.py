@@ -420,7 +420,7 @@ LABELS = {
     "epp-scraped-only": "Envoy + epp (default, countDispatched: false)",
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
-    "epp-latency": "Envoy + epp (learned latency: latency-scorer)",
+    "epp-latency": "Envoy + epp (predicted-latency.yaml: the default profile + latency-scorer ×4)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-peers": "Envoy + epp (default config, replicas sharing load and picks over udp-peer-syncer)",
