@@ -232,6 +232,8 @@ impl Scorer for LatencyScorer {
         // competitors' (the usual case: no objective stated).
         let has_slo = latency.slo.is_set();
         let w = self.params.delay_to_others_weight;
+        // TTFT headroom, less the delay the request would cause others.
+        let less_delay = |p: &LatencyPrediction| p.ttft_headroom_ms - w * p.delay_to_others_ms;
         let (mut any_prediction, mut any_positive, mut any_idle) = (false, false, false);
         let mut all_ranges = (EMPTY, EMPTY);
         for c in candidates {
@@ -240,7 +242,7 @@ impl Scorer for LatencyScorer {
                 any_positive |= p.meets_slo();
                 any_idle |= has_slo && c.endpoint.inflight().requests() == 0;
                 all_ranges = (
-                    widen(all_ranges.0, p.ttft_headroom_ms - w * p.delay_to_others_ms),
+                    widen(all_ranges.0, less_delay(p)),
                     widen(all_ranges.1, p.tpot_headroom_ms),
                 );
             }
@@ -273,14 +275,12 @@ impl Scorer for LatencyScorer {
         };
         let tight =
             any_positive && self.params.headroom_selection_strategy == HeadroomStrategy::Least;
-        // TTFT headroom, less the delay the request would cause others
-        // (added for `least`, whose scale is inverted).
+        // For `least`, whose scale is inverted, the delay is added.
         let ttft = |p: &LatencyPrediction| {
-            let delay = w * p.delay_to_others_ms;
             if tight {
-                p.ttft_headroom_ms + delay
+                p.ttft_headroom_ms + w * p.delay_to_others_ms
             } else {
-                p.ttft_headroom_ms - delay
+                less_delay(p)
             }
         };
         let ((t_lo, t_hi), (p_lo, p_hi)) = if !has_slo && !any_positive {
