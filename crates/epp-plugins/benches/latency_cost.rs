@@ -28,42 +28,21 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::sync::Arc;
+mod common;
 
-use epp_plugins::{
-    Builtin, PrefixCacheScorer, PrefixCacheScorerParams, RecordMode, builtin_registry,
-};
-use epp_test_support::workload::{Profile, Workload};
+use common::warmed_workload;
+use epp_plugins::RecordMode;
+use epp_test_support::{stats::percentile, workload::Profile};
 
 /// Cycles timed per workload per round.
 const PER_ROUND: u64 = 400;
 
-/// Endpoints and prompt size, as `benches/cycle.rs`'s `cycle/64ep/16KiB`.
-const ENDPOINTS: usize = 64;
-const PROMPT_KIB: usize = 16;
-
-fn workload(profile: Profile) -> Workload<PrefixCacheScorer> {
-    let mut params = PrefixCacheScorerParams::default();
-    params.index.record_mode = RecordMode::InPlace;
-    let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params)
-        .expect("default parameters are valid");
-    let mut w = Workload::with_profile(
-        ENDPOINTS,
-        PROMPT_KIB,
-        &builtin_registry(),
-        Arc::new(prefix),
-        profile,
-    );
-    w.warm(10_000);
-    w.prefix.index().flush();
-    w
-}
-
-/// The value at quantile `q` of `v` (sorted in place).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
+/// The 10th, 50th and 90th percentiles of `v`.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    let i = ((v.len() - 1) as f64 * q).round() as usize;
-    v[i]
+    let at = |p| percentile(&v, p).unwrap_or(f64::NAN);
+    (at(10.0), at(50.0), at(90.0))
 }
 
 fn main() {
@@ -82,7 +61,7 @@ fn main() {
     let (names, mut workloads): (Vec<&str>, Vec<_>) = all
         .into_iter()
         .filter(|(name, _)| only.as_deref().is_none_or(|o| o == *name))
-        .map(|(name, profile)| (name, workload(profile)))
+        .map(|(name, profile)| (name, warmed_workload(profile, RecordMode::InPlace)))
         .unzip();
     assert!(
         !names.is_empty(),
@@ -101,7 +80,7 @@ fn main() {
         }
     }
     println!(
-        "latency_cost: {ENDPOINTS} endpoints × {PROMPT_KIB} KiB, {rounds} rounds of {PER_ROUND} \
+        "latency_cost: 64 endpoints × 16 KiB, {rounds} rounds of {PER_ROUND} \
          cycles each, interleaved; µs per cycle"
     );
     println!(
@@ -109,22 +88,13 @@ fn main() {
         "profile", "median", "p10–p90", "÷ default", "ratio p10–p90"
     );
     for (i, name) in names.iter().enumerate() {
-        let mut ratios: Vec<f64> = per_cycle[i]
+        let ratios: Vec<f64> = per_cycle[i]
             .iter()
             .zip(&per_cycle[0])
             .map(|(x, d)| x / d)
             .collect();
-        let mut own = per_cycle[i].clone();
-        let (p10, p50, p90) = (
-            quantile(&mut own, 0.1),
-            quantile(&mut own, 0.5),
-            quantile(&mut own, 0.9),
-        );
-        let (r10, r50, r90) = (
-            quantile(&mut ratios, 0.1),
-            quantile(&mut ratios, 0.5),
-            quantile(&mut ratios, 0.9),
-        );
+        let (p10, p50, p90) = spread(&per_cycle[i]);
+        let (r10, r50, r90) = spread(&ratios);
         println!(
             "{name:<16} {p50:>8.2} {:>16} {r50:>13.3}× {:>16}",
             format!("{p10:.2}–{p90:.2}"),

@@ -31,20 +31,16 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::{
     hint::black_box,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
-use epp_plugins::{
-    Builtin, PrefixCacheScorer, PrefixCacheScorerParams, RecordMode, builtin_registry,
-};
-use epp_test_support::{
-    process::cpu_seconds,
-    stats::percentile,
-    workload::{Profile, Workload},
-};
+use common::warmed_workload;
+use epp_plugins::RecordMode;
+use epp_test_support::{process::cpu_seconds, stats::percentile, workload::Profile};
 
 const CYCLES: usize = 20_000;
 const PACE: Duration = Duration::from_micros(300);
@@ -72,21 +68,11 @@ fn label(mode: RecordMode) -> &'static str {
     }
 }
 
-fn workload(profile: Profile, mode: RecordMode) -> Workload<PrefixCacheScorer> {
-    let mut params = PrefixCacheScorerParams::default();
-    params.index.record_mode = mode;
-    let prefix = PrefixCacheScorer::build(PrefixCacheScorer::TYPE, params).expect("valid");
-    let mut w = Workload::with_profile(64, 16, &builtin_registry(), Arc::new(prefix), profile);
-    w.warm(10_000);
-    w.prefix.index().flush();
-    w
-}
-
 /// CPU µs per decision, all threads, at one decision every 5 ms; and the
 /// median decision, µs.
 fn cpu_at_200(profile: Profile, mode: RecordMode) -> (Option<f64>, f64) {
     const N: usize = 2_000;
-    let mut w = workload(profile, mode);
+    let mut w = warmed_workload(profile, mode);
     // Let a writer that was busy warming the index settle into its pace.
     std::thread::sleep(Duration::from_millis(50));
     let before = cpu_seconds(std::process::id());
@@ -107,7 +93,7 @@ fn cpu_at_200(profile: Profile, mode: RecordMode) -> (Option<f64>, f64) {
 }
 
 fn run(profile: Profile, mode: RecordMode, paced: bool) -> (f64, f64) {
-    let mut w = workload(profile, mode);
+    let mut w = warmed_workload(profile, mode);
     let mut times = Vec::with_capacity(CYCLES);
     for _ in 0..CYCLES {
         w.next();
