@@ -10,8 +10,8 @@
 use std::{fmt, sync::Arc, time::Instant};
 
 use crate::{
-    Candidate, DispatchLoad, Endpoint, InferenceRequest, RequestOutcome, ResponseHeaderSink,
-    ResponseTiming, Scheduler, SchedulingError, SchedulingResult, Usage,
+    Candidate, DispatchLoad, Endpoint, InferenceRequest, LatencyPrediction, RequestOutcome,
+    ResponseHeaderSink, ResponseTiming, Scheduler, SchedulingError, SchedulingResult, Usage,
 };
 
 /// How dispatches count their tokens in the endpoints' in-flight counters
@@ -88,6 +88,8 @@ pub struct Dispatch {
     /// When the request was dispatched, and the endpoint's load then.
     started: Instant,
     load: DispatchLoad,
+    /// The endpoint's latency prediction when it was picked, if any.
+    prediction: Option<LatencyPrediction>,
     /// When the first response body bytes came, and whether the response
     /// is streamed.
     first_byte: Option<Instant>,
@@ -153,6 +155,7 @@ impl SchedulingResult {
             });
         let mut dispatch = Dispatch::start(scheduler, request, endpoint, self.primary_prefix_hit);
         dispatch.prefill = prefill;
+        dispatch.prediction = self.primary_prediction;
         Ok(dispatch)
     }
 }
@@ -193,6 +196,7 @@ impl Dispatch {
             open: true,
             started: Instant::now(),
             load,
+            prediction: None,
             first_byte: None,
             streamed: false,
             prefill: None,
@@ -297,6 +301,8 @@ impl Dispatch {
             prompt.1 = prompt.0;
         }
         self.load = DispatchLoad::of(&Candidate::new(&served), &self.request, 0.0);
+        // The prediction was for the pick, not for where the request went.
+        self.prediction = None;
         served
             .inflight()
             .start_with(self.tokens, self.uncached_tokens);
@@ -343,6 +349,7 @@ impl Dispatch {
         let timing = match outcome {
             RequestOutcome::Completed { status } => Some(ResponseTiming {
                 load: self.load,
+                predicted: self.prediction,
                 first_byte: self.first_byte.map(|t| t - self.started),
                 total: self.started.elapsed(),
                 streamed: self.streamed,
@@ -500,6 +507,64 @@ mod tests {
             *s.log.0.lock().unwrap(),
             [RequestOutcome::Completed { status: 200 }]
         );
+    }
+
+    /// Predicts 42 ms to the first token and 3 ms per token for every
+    /// candidate.
+    #[derive(Debug)]
+    struct Predicting;
+    impl Plugin for Predicting {
+        fn type_name(&self) -> &str {
+            "predicting"
+        }
+        fn name(&self) -> &str {
+            "predicting"
+        }
+        fn as_data_producer(&self) -> Option<&dyn crate::DataProducer> {
+            Some(self)
+        }
+    }
+    impl crate::DataProducer for Predicting {
+        fn produce(&self, cx: &mut CycleContext<'_>, candidates: &[Candidate]) {
+            for c in candidates {
+                let p = LatencyPrediction::new(42.0, Some(3.0), crate::LatencySlo::default());
+                cx.state.latency.set(c.id(), p);
+            }
+        }
+    }
+
+    #[test]
+    fn the_response_is_told_the_prediction_its_endpoint_was_picked_by() {
+        let s = setup();
+        assert_eq!(s.result.primary_prediction, None, "no predictor ran");
+        let scheduler = Arc::new(
+            Arc::into_inner(s.scheduler)
+                .unwrap()
+                .with_hooks([PluginRef::new(Arc::new(Predicting))]),
+        );
+        let snapshot = EndpointSnapshot::new(vec![Arc::clone(&s.endpoint)]);
+        let result = scheduler.schedule(&s.request, &snapshot).unwrap();
+        let predicted = result.primary_prediction.expect("the pick's prediction");
+        assert_eq!((predicted.ttft_ms, predicted.tpot_ms), (42.0, 3.0));
+
+        let dispatch = result
+            .dispatch(Arc::clone(&scheduler), s.request.clone())
+            .unwrap();
+        dispatch.complete(None, RequestOutcome::Completed { status: 200 });
+        // Served elsewhere than picked: the prediction was not for it.
+        let mut moved = result.dispatch(scheduler, s.request).unwrap();
+        let other = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+        assert!(moved.served_by(other));
+        moved.complete(None, RequestOutcome::Completed { status: 200 });
+        let told: Vec<_> = s
+            .log
+            .1
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.predicted)
+            .collect();
+        assert_eq!(told, [Some(predicted), None]);
     }
 
     fn counts(e: &Endpoint) -> (u32, u64, u64) {

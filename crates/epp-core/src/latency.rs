@@ -188,6 +188,10 @@ impl DispatchLoad {
 pub struct ResponseTiming {
     /// The endpoint's load when the request was dispatched to it.
     pub load: DispatchLoad,
+    /// The endpoint's latency prediction in the cycle that picked it, when
+    /// a predictor ran and the request was served where it was picked
+    /// ([`crate::SchedulingResult::primary_prediction`]).
+    pub predicted: Option<LatencyPrediction>,
     /// From dispatch to the first bytes of the response body, when any came.
     pub first_byte: Option<Duration>,
     /// From dispatch to the end of the response.

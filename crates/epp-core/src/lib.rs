@@ -66,6 +66,7 @@ mod endpoint;
 mod error;
 mod extract;
 pub mod flow;
+mod histogram;
 mod kv_events;
 mod label_cap;
 mod latency;
@@ -88,6 +89,7 @@ pub use endpoint::{
 };
 pub use error::{Result, SchedulingError};
 pub use extract::{EndpointDiscovery, ExtractError, Extractor, MetricsSource, TlsFiles};
+pub use histogram::{AtomicHistogram, HistogramValue};
 pub use kv_events::{
     BlockStored, ExtraKey, KvEvent, KvEventBatch, KvEventSink, KvEventsConfig, NotificationSource,
     PodDiscoveryConfig,

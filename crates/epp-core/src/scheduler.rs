@@ -10,8 +10,8 @@ use rand::{SeedableRng, rngs::SmallRng};
 
 use crate::{
     Candidate, CycleContext, CycleState, DataProducer, Endpoint, EndpointSnapshot,
-    InferenceRequest, InflightAccounting, Plugin, PluginRef, ProfileHandler, RequestOutcome,
-    ResponseHeaderSink, ResponseTiming, Result, RouteEdits, SchedulingError, Usage,
+    InferenceRequest, InflightAccounting, LatencyPrediction, Plugin, PluginRef, ProfileHandler,
+    RequestOutcome, ResponseHeaderSink, ResponseTiming, Result, RouteEdits, SchedulingError, Usage,
     observe::{CallSite, CycleRecorder, ExtensionPoint, Laps, ProfileRun, SchedulerObserver},
 };
 
@@ -174,6 +174,10 @@ pub struct SchedulingResult {
     /// As [`Self::primary_prefix_hit`], for the prefill pick of a P/D
     /// decision (0 without one).
     pub prefill_prefix_hit: f64,
+    /// The primary target's latency prediction in the cycle that picked it
+    /// (`None` when no predictor ran or it predicted nothing for it):
+    /// what the request was routed by, which its response is compared with.
+    pub primary_prediction: Option<LatencyPrediction>,
 }
 
 impl SchedulingResult {
@@ -200,6 +204,7 @@ impl SchedulingResult {
         self.primary = 0;
         self.primary_prefix_hit = 0.0;
         self.prefill_prefix_hit = 0.0;
+        self.primary_prediction = None;
         self.edits.clear();
     }
 
@@ -942,8 +947,9 @@ impl Scheduler {
         match handler.primary(&self.profiles, &result.runs) {
             Some(p) if result.runs.get(p).is_some_and(|r| !r.targets.is_empty()) => {
                 result.primary = p;
-                if let Some(target) = result.primary() {
-                    result.primary_prefix_hit = cx.state.prefix.ratio(target.id());
+                if let Some(target) = result.primary().map(|t| t.id()) {
+                    result.primary_prefix_hit = cx.state.prefix.ratio(target);
+                    result.primary_prediction = cx.state.latency.get(target).copied();
                 }
                 handler.route(&cx, &self.profiles, &result.runs, &mut result.edits);
                 if let Some(prefill) = result.prefill() {

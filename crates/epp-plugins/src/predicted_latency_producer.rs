@@ -33,7 +33,11 @@
 //! allocating; fitting runs on the response path, one short lock per model.
 //! Prediction quality is exported per endpoint
 //! (`epp_latency_prediction_relative_error`: |predicted − observed| /
-//! observed of each sample, predicted before the sample is learned).
+//! observed of each sample, predicted before the sample is learned), and
+//! llm-d's per-model series of predictions and objectives are kept too
+//! ([`request_metrics`]).
+
+mod request_metrics;
 
 use std::{
     net::SocketAddr,
@@ -44,9 +48,9 @@ use std::{
 };
 
 use epp_core::{
-    BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer, DispatchLoad,
-    Endpoint, EndpointId, InferenceRequest, LatencyPrediction, LatencySlo, MetricFamily,
-    MetricSink, Plugin, PluginMetrics, ResponseHooks, ResponseTiming,
+    AtomicHistogram, BuildError, Candidate, CycleContext, DEFAULT_PREFIX_PRODUCER, DataProducer,
+    DispatchLoad, Endpoint, EndpointId, InferenceRequest, LatencyPrediction, LatencySlo,
+    MetricFamily, MetricSink, Plugin, PluginMetrics, ResponseHooks, ResponseTiming,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -174,51 +178,14 @@ impl Default for PredictedLatencyParams {
     }
 }
 
-/// Upper bounds of the relative-error histogram.
-const ERROR_BOUNDS: [f64; 12] = [
-    0.05,
-    0.1,
-    0.15,
-    0.2,
-    0.25,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.0,
-    f64::MAX,
-];
+/// Upper bounds of the relative-error histogram (`+Inf` follows).
+const ERROR_BOUNDS: &[f64] = &[0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0];
 
-/// Counts of |predicted − observed| / observed, by [`ERROR_BOUNDS`].
-#[derive(Debug, Default)]
-struct ErrorHistogram {
-    buckets: [AtomicU64; ERROR_BOUNDS.len()],
-    /// Sum of the ratios, in millionths.
-    sum_micros: AtomicU64,
-}
-
-impl ErrorHistogram {
-    fn observe(&self, predicted: f64, observed: f64) {
-        if !(observed > 0.0 && predicted.is_finite()) {
-            return;
-        }
-        let ratio = (predicted - observed).abs() / observed;
-        let i = ERROR_BOUNDS
-            .iter()
-            .position(|&b| ratio <= b)
-            .unwrap_or(ERROR_BOUNDS.len() - 1);
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((ratio.min(1e6) * 1e6) as u64, Ordering::Relaxed);
-    }
-
-    fn report(&self, out: &mut dyn MetricSink, labels: &[(&str, &str)]) {
-        let buckets: [(f64, u64); ERROR_BOUNDS.len()] =
-            std::array::from_fn(|i| (ERROR_BOUNDS[i], self.buckets[i].load(Ordering::Relaxed)));
-        let count = buckets.iter().map(|b| b.1).sum();
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        out.histogram(RELATIVE_ERROR, labels, &buckets, sum, count);
+/// Counts |predicted − observed| / observed (a sample with no positive
+/// observation or no finite prediction is not counted).
+fn observe_error(errors: &AtomicHistogram, predicted: f64, observed: f64) {
+    if observed > 0.0 && predicted.is_finite() {
+        errors.observe(((predicted - observed).abs() / observed).min(1e6));
     }
 }
 
@@ -348,7 +315,7 @@ impl FleetRatio {
 #[repr(C)]
 struct Learner {
     model: LatencyModel,
-    errors: ErrorHistogram,
+    errors: AtomicHistogram,
     /// Unused in the fleet's own learners.
     to_fleet: FleetRatio,
 }
@@ -357,7 +324,7 @@ impl Learner {
     fn new(settings: ModelSettings, prior: [f64; crate::FEATURES]) -> Self {
         Self {
             model: LatencyModel::with_prior(settings, prior),
-            errors: ErrorHistogram::default(),
+            errors: AtomicHistogram::new(ERROR_BOUNDS),
             to_fleet: FleetRatio::default(),
         }
     }
@@ -515,6 +482,8 @@ pub struct PredictedLatencyProducer {
     endpoints: RwLock<Vec<Option<Arc<Models>>>>,
     /// When the producer was built (the clock of [`Models::seen`]).
     started: std::time::Instant,
+    /// llm-d's per-model prediction and objective series.
+    requests: request_metrics::RequestMetrics,
 }
 
 impl Builtin for PredictedLatencyProducer {
@@ -572,6 +541,7 @@ impl Builtin for PredictedLatencyProducer {
             fleet: Models::new(settings, None, None),
             endpoints: RwLock::new(Vec::new()),
             started: std::time::Instant::now(),
+            requests: request_metrics::RequestMetrics::default(),
             params,
         })
     }
@@ -727,11 +697,11 @@ impl PredictedLatencyProducer {
     /// predicts, and how the endpoint compares with the fleet's model).
     fn learn(own: &Learner, fleet: &Learner, features: &Features, observed_ms: f64) {
         if let Some(p) = own.model.predict(features) {
-            own.errors.observe(p, observed_ms);
+            observe_error(&own.errors, p, observed_ms);
         }
         let fleet_predicted = fleet.model.predict(features);
         if let Some(p) = fleet_predicted {
-            fleet.errors.observe(p, observed_ms);
+            observe_error(&fleet.errors, p, observed_ms);
         }
         own.to_fleet.observe(features, observed_ms, fleet_predicted);
         own.model.observe(features, observed_ms);
@@ -772,6 +742,8 @@ impl DataProducer for PredictedLatencyProducer {
         let displaced_per_token = self.params.displaced_cache_weight
             * self.fleet.ttft.model.prefill_a_hit_saves_per_1k()
             / 1000.0;
+        let started = std::time::Instant::now();
+        let mut predicted = false;
         for c in candidates {
             let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
             let own = map
@@ -814,9 +786,13 @@ impl DataProducer for PredictedLatencyProducer {
                 p.own_work_ms * load.requests_there() as f64 + displaced + queued_behind,
             );
             state.latency.set(c.id(), prediction);
+            predicted = true;
             if debug {
                 self.log_prediction(cx.request, c, own, &load, prediction);
             }
+        }
+        if predicted {
+            self.requests.predicted(cx.request, started.elapsed());
         }
     }
 }
@@ -856,10 +832,54 @@ impl PredictedLatencyProducer {
     }
 }
 
+impl PredictedLatencyProducer {
+    /// Records a completed response in llm-d's per-model series
+    /// ([`request_metrics`]), before it is learned: its observed TTFT (as
+    /// the client saw it) and `tpot`, what was predicted for it when its
+    /// endpoint was picked, and whether it met the request's objectives.
+    /// A TPOT the cycle did not predict (it does only against a TPOT
+    /// objective) is what `models` predict now for the same load.
+    fn record_response(
+        &self,
+        request: &InferenceRequest,
+        models: &Models,
+        timing: &ResponseTiming,
+        tpot: Option<f64>,
+    ) {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let ttft_ms = match timing.first_byte {
+            Some(first) if timing.streamed => ms(first),
+            _ => ms(timing.total),
+        };
+        let predicted_tpot_ms = tpot.and_then(|_| {
+            timing
+                .predicted
+                .map(|p| p.tpot_ms)
+                .filter(|t| *t > 0.0)
+                .or_else(|| {
+                    self.predict_with(Some(models), &timing.load, true)
+                        .and_then(|p| p.tpot_ms)
+                })
+        });
+        let slo = LatencySlo::of(request);
+        self.requests.completed(
+            request,
+            &request_metrics::Observed {
+                ttft_ms,
+                tpot_ms: tpot,
+                predicted_ttft_ms: timing.predicted.map(|p| p.ttft_ms),
+                predicted_tpot_ms,
+                ttft_objective_ms: slo.ttft_ms,
+                tpot_objective_ms: slo.tpot_ms,
+            },
+        );
+    }
+}
+
 impl ResponseHooks for PredictedLatencyProducer {
     fn response_timing(
         &self,
-        _request: &InferenceRequest,
+        request: &InferenceRequest,
         endpoint: &Endpoint,
         timing: &ResponseTiming,
     ) {
@@ -908,6 +928,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             kv_wait = timing.load.kv_wait(),
             "latency sample"
         );
+        self.record_response(request, &models, timing, tpot);
         Self::learn(&models.ttft, &self.fleet.ttft, &f, ttft);
         if let Some(tpot) = tpot {
             Self::learn(&models.tpot, &self.fleet.tpot, &f, tpot);
@@ -930,7 +951,7 @@ impl PluginMetrics for PredictedLatencyProducer {
         for m in all {
             for (latency, learner) in [("ttft", &m.ttft), ("tpot", &m.tpot)] {
                 let labels = [("endpoint", m.name.as_str()), ("latency", latency)];
-                learner.errors.report(out, &labels);
+                learner.errors.report(out, RELATIVE_ERROR, &labels);
                 out.counter(SAMPLES, &labels, learner.model.samples());
                 out.gauge(WARM, &labels, f64::from(u8::from(learner.model.is_warm())));
                 out.gauge(MEAN_ERROR, &labels, learner.model.mean_abs_error() / 1e3);
@@ -943,6 +964,11 @@ impl PluginMetrics for PredictedLatencyProducer {
                 }
             }
         }
+        drop(map);
+        self.requests.report(
+            out,
+            [("plugin_name", &self.name), ("plugin_type", Self::TYPE)],
+        );
     }
 }
 
@@ -980,6 +1006,7 @@ mod tests {
         let first = Duration::from_secs_f64(ttft_ms / 1e3);
         ResponseTiming {
             load,
+            predicted: None,
             first_byte: Some(first),
             total: first + Duration::from_secs_f64(tpot_ms * (tokens - 1) as f64 / 1e3),
             streamed: true,
@@ -1117,6 +1144,7 @@ mod tests {
         // expected decode (100 · 10 ms) is taken off.
         let whole = ResponseTiming {
             load: l,
+            predicted: None,
             first_byte: Some(Duration::from_millis(1039)),
             total: Duration::from_millis(1040),
             streamed: false,
@@ -1415,6 +1443,88 @@ mod tests {
             Some(3.0)
         );
         assert_eq!(get("epp_latency_model_samples", "fleet"), Some(5.0));
+    }
+
+    #[test]
+    fn reports_llm_ds_prediction_and_objective_series_per_model() {
+        let p = producer(2);
+        let e = endpoint(0, EndpointMetrics::fresh());
+        for _ in 0..3 {
+            p.response_timing(&request(), &e, &streamed(load(0, 10), 50.0, 2.0, 4));
+        }
+        let req = InferenceRequest::builder("m")
+            .target_model("m-lora")
+            .header(TTFT_SLO_HEADER, "40")
+            .header(TPOT_SLO_HEADER, "10")
+            .build();
+        // A cycle that predicts records how long predicting took; one
+        // that predicts nothing (no candidates) records nothing.
+        let mut picked = None;
+        with_cx(&req, 1, |cx| {
+            p.produce(cx, &[Candidate::new(&e)]);
+            picked = cx.state.latency.get(e.id()).copied();
+        });
+        with_cx(&req, 1, |cx| p.produce(cx, &[]));
+        let picked = picked.expect("a prediction");
+        // Streamed, 55 ms to the first token (over the 40 ms objective),
+        // then 2 ms per token (within 10).
+        let timing = ResponseTiming {
+            predicted: Some(picked),
+            ..streamed(load(0, 10), 55.0, 2.0, 4)
+        };
+        p.response_timing(&req, &e, &timing);
+        // Whole, 30 ms: within the TTFT objective, no TPOT observed.
+        let whole = ResponseTiming {
+            streamed: false,
+            first_byte: None,
+            total: Duration::from_millis(30),
+            ..streamed(load(0, 10), 30.0, 2.0, 4)
+        };
+        p.response_timing(&req, &e, &whole);
+
+        let mut sink = crate::test_sink::Sink::default();
+        p.report(&mut sink);
+        let full = ["p", PredictedLatencyProducer::TYPE, "m", "m-lora"];
+        let get = |name: &str, ty: Option<&str>| {
+            let labels: Vec<&str> = full.iter().copied().chain(ty).collect();
+            sink.get(name, &labels)
+        };
+        let deprecated = |name: &str, ty: &str| sink.get(name, &["m", "m-lora", ty]);
+        // Histogram values are counts here.
+        assert_eq!(
+            get("llm_d_epp_request_predicted_ttft_seconds", None),
+            Some(1.0)
+        );
+        assert_eq!(
+            get("llm_d_epp_request_predicted_tpot_seconds", None),
+            Some(1.0)
+        );
+        for latency in ["ttft", "tpot"] {
+            let name = format!("llm_d_epp_request_{latency}_prediction_duration_seconds");
+            assert_eq!(get(&name, None), Some(1.0), "{name}");
+        }
+        assert_eq!(
+            get("llm_d_epp_request_slo_violation", Some("ttft")),
+            Some(1.0)
+        );
+        assert_eq!(get("llm_d_epp_request_slo_violation", Some("tpot")), None);
+        assert_eq!(
+            deprecated("inference_objective_request_slo_violation", "ttft"),
+            Some(1.0)
+        );
+        let last = |ty: &str| get("llm_d_epp_inference_request_metric", Some(ty));
+        // The last response met the TTFT objective; the last one with a
+        // TPOT met that one.
+        assert_eq!(last("ttft_slo_violation"), Some(0.0));
+        assert_eq!(last("tpot_slo_violation"), Some(0.0));
+        assert_eq!(last("ttft"), Some(0.03));
+        assert_eq!(last("tpot"), Some(0.002));
+        assert_eq!(last("predicted_ttft"), Some(picked.ttft_ms / 1e3));
+        assert!(last("ttft_prediction_duration").is_some_and(|d| d > 0.0));
+        assert_eq!(
+            deprecated("inference_objective_inference_request_metric", "ttft"),
+            Some(0.03)
+        );
     }
 
     #[test]

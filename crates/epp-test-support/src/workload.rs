@@ -207,6 +207,7 @@ pub fn complete_streamed(
 ) {
     let timing = ResponseTiming {
         load,
+        predicted: None,
         first_byte: Some(Duration::from_secs_f64(ttft_ms / 1e3)),
         total: Duration::from_secs_f64(total_ms / 1e3),
         streamed: true,

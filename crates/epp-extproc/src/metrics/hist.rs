@@ -1,73 +1,7 @@
-//! A lock-free histogram over fixed bucket bounds, read at scrape time by
-//! the collector (which may add several together for a coarser label set).
+//! Histogram bucket bounds, per metric (the reference's), and the
+//! lock-free histogram they are recorded in.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-/// Bucket counts (not cumulative; the last one is `+Inf`), their sum and
-/// their count.
-#[derive(Debug)]
-pub(crate) struct AtomicHistogram {
-    bounds: &'static [f64],
-    counts: Box<[AtomicU64]>,
-    /// `f64` bits.
-    sum: AtomicU64,
-}
-
-impl AtomicHistogram {
-    pub(crate) fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0f64.to_bits()),
-        }
-    }
-
-    pub(crate) fn observe(&self, v: f64) {
-        let i = self.bounds.partition_point(|b| *b < v);
-        self.counts[i].fetch_add(1, Relaxed);
-        // No other writer contends for long: a CAS loop on the bits.
-        let _ = self.sum.fetch_update(Relaxed, Relaxed, |s| {
-            Some((f64::from_bits(s) + v).to_bits())
-        });
-    }
-
-    /// Adds this histogram's values into `into`.
-    pub(crate) fn add_to(&self, into: &mut HistogramValue) {
-        if into.counts.len() != self.counts.len() {
-            into.bounds = self.bounds;
-            into.counts = vec![0; self.counts.len()];
-        }
-        for (i, c) in self.counts.iter().enumerate() {
-            into.counts[i] += c.load(Relaxed);
-        }
-        into.sum += f64::from_bits(self.sum.load(Relaxed));
-    }
-}
-
-/// A histogram's values at one scrape.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct HistogramValue {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    pub(crate) sum: f64,
-}
-
-impl HistogramValue {
-    pub(crate) fn count(&self) -> u64 {
-        self.counts.iter().sum()
-    }
-
-    /// `(upper bound, count)` per bucket, not cumulative, the last `+Inf`
-    /// (what `prometheus_client`'s encoder takes).
-    pub(crate) fn buckets(&self) -> Vec<(f64, u64)> {
-        self.bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::MAX))
-            .zip(self.counts.iter().copied())
-            .collect()
-    }
-}
+pub(crate) use epp_core::{AtomicHistogram, HistogramValue};
 
 // === bucket bounds (the reference's, per metric) ===
 
@@ -148,20 +82,6 @@ pub(crate) const HIT_BYTES: &[f64] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn observations_land_in_the_first_bucket_whose_bound_is_not_below() {
-        let h = AtomicHistogram::new(&[1.0, 2.0]);
-        for v in [0.5, 1.0, 1.5, 3.0, 3.0] {
-            h.observe(v);
-        }
-        let mut v = HistogramValue::default();
-        h.add_to(&mut v);
-        h.add_to(&mut v);
-        assert_eq!(v.buckets(), [(1.0, 4), (2.0, 2), (f64::MAX, 4)]);
-        assert_eq!(v.count(), 10);
-        assert!((v.sum - 18.0).abs() < 1e-9);
-    }
 
     #[test]
     fn byte_and_token_bounds_are_the_references() {
