@@ -23,10 +23,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
@@ -174,60 +171,65 @@ pub(super) struct Observed {
     pub(super) tpot_objective_ms: Option<f64>,
 }
 
+/// Target model → series.
+type Targets = HashMap<String, ModelSeries, foldhash::fast::RandomState>;
+
 /// The series of every (model, target model) seen.
 #[derive(Debug, Default)]
 pub(super) struct RequestMetrics {
     /// Caps the values of both model labels together.
     models: LabelCap,
     /// Model → target model → series.
-    series: RwLock<HashMap<String, HashMap<String, Arc<ModelSeries>>>>,
+    series: RwLock<HashMap<String, Targets, foldhash::fast::RandomState>>,
 }
 
 impl RequestMetrics {
-    /// The series of `request`'s model and target model (created on first
-    /// use; a read lock and no allocation after that).
-    fn of(&self, request: &InferenceRequest) -> Arc<ModelSeries> {
-        let model = self.models.label(&request.model);
-        let target = self.models.label(&request.target_model);
+    /// Runs `f` on the series of `request`'s model and target model
+    /// (created on first use). Every cycle that predicts comes here: a
+    /// model pair already seen costs a read lock and two lookups, without
+    /// consulting the cap (a value past it has no series of its own, so it
+    /// takes the slow way, to `other`'s).
+    fn with(&self, request: &InferenceRequest, f: impl FnOnce(&ModelSeries)) {
+        let (model, target) = (request.model.as_str(), request.target_model.as_str());
         if let Some(s) = self.series.read().get(model).and_then(|m| m.get(target)) {
-            return Arc::clone(s);
+            return f(s);
         }
+        let model = self.models.label(model);
+        let target = self.models.label(target);
         let mut map = self.series.write();
-        Arc::clone(
-            map.entry(model.to_owned())
-                .or_default()
-                .entry(target.to_owned())
-                .or_default(),
-        )
+        let targets = map.entry(model.to_owned()).or_default();
+        f(targets.entry(target.to_owned()).or_default());
     }
 
     /// A scheduling cycle spent `took` predicting for `request`'s
     /// candidates.
     pub(super) fn predicted(&self, request: &InferenceRequest, took: Duration) {
-        let s = self.of(request);
         let secs = took.as_secs_f64();
-        s.duration.observe(secs);
-        s.set(TTFT_DURATION_LAST, secs);
-        s.set(TPOT_DURATION_LAST, secs);
+        self.with(request, |s| {
+            s.duration.observe(secs);
+            s.set(TTFT_DURATION_LAST, secs);
+            s.set(TPOT_DURATION_LAST, secs);
+        });
     }
 
     /// `request`'s response completed (2xx) as `o` says.
     pub(super) fn completed(&self, request: &InferenceRequest, o: &Observed) {
-        let s = self.of(request);
-        s.set(TTFT, o.ttft_ms / 1e3);
-        if let Some(p) = o.predicted_ttft_ms.filter(|p| p.is_finite() && *p >= 0.0) {
-            s.predicted_ttft.observe(p / 1e3);
-            s.set(PREDICTED_TTFT_LAST, p / 1e3);
-        }
-        s.judge(o.ttft_ms, o.ttft_objective_ms, 0, TTFT_VIOLATION);
-        if let Some(tpot) = o.tpot_ms {
-            s.set(TPOT, tpot / 1e3);
-            if let Some(p) = o.predicted_tpot_ms.filter(|p| p.is_finite() && *p >= 0.0) {
-                s.predicted_tpot.observe(p / 1e3);
-                s.set(PREDICTED_TPOT_LAST, p / 1e3);
+        self.with(request, |s| {
+            s.set(TTFT, o.ttft_ms / 1e3);
+            if let Some(p) = o.predicted_ttft_ms.filter(|p| p.is_finite() && *p >= 0.0) {
+                s.predicted_ttft.observe(p / 1e3);
+                s.set(PREDICTED_TTFT_LAST, p / 1e3);
             }
-            s.judge(tpot, o.tpot_objective_ms, 1, TPOT_VIOLATION);
-        }
+            s.judge(o.ttft_ms, o.ttft_objective_ms, 0, TTFT_VIOLATION);
+            if let Some(tpot) = o.tpot_ms {
+                s.set(TPOT, tpot / 1e3);
+                if let Some(p) = o.predicted_tpot_ms.filter(|p| p.is_finite() && *p >= 0.0) {
+                    s.predicted_tpot.observe(p / 1e3);
+                    s.set(PREDICTED_TPOT_LAST, p / 1e3);
+                }
+                s.judge(tpot, o.tpot_objective_ms, 1, TPOT_VIOLATION);
+            }
+        });
     }
 
     /// Reports every series; `plugin` is `[("plugin_name", …), ("plugin_type", …)]`.
