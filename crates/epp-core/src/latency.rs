@@ -64,7 +64,11 @@ impl LatencySlo {
 /// would be) sent there: the inputs of a latency model.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DispatchLoad {
-    /// Requests waiting in its queue at the last scrape.
+    /// Requests waiting in its queue at the last scrape that are ahead of
+    /// the request: when every adapter place is held and the request's own
+    /// adapter can run (it is active there, or the request names none), one
+    /// fewer for each adapter waiting there that is not active — the
+    /// engine passes its requests over until it can load.
     pub waiting: u32,
     /// Requests running at the last scrape.
     pub running: u32,
@@ -110,9 +114,19 @@ impl DispatchLoad {
             && !m.lora.is_active(adapter);
         let places_full = m.lora.max_loras > 0 && m.lora.active.len() >= m.lora.max_loras as usize;
         let adapter_blocked = adapter_cold && (places_full || m.lora.is_waiting(adapter));
+        // Requests waiting for an adapter that cannot load are passed over
+        // by the engine's scheduler: they hold up neither a place in the
+        // batch nor a request whose adapter can run. At least one waits per
+        // such adapter.
+        let passed_over = if places_full && !adapter_blocked {
+            let blocked = m.lora.waiting.iter().filter(|a| !m.lora.is_active(a));
+            u32::try_from(blocked.count()).unwrap_or(u32::MAX)
+        } else {
+            0
+        };
         let since = candidate.since_scrape();
         Self {
-            waiting: m.waiting,
+            waiting: m.waiting.saturating_sub(passed_over),
             running: m.running,
             kv_usage: if m.kv_usage.is_finite() {
                 m.kv_usage.clamp(0.0, 1.0)
@@ -455,6 +469,25 @@ mod tests {
             (false, false)
         );
         assert_eq!(blocked(lora(&["a", "c"], &[]), &base), (false, false));
+
+        // Both places held: the requests waiting for the cold adapters
+        // "b" and "d" are passed over, so they are not ahead of a request
+        // whose adapter runs (nor of one for the base model); "c" is
+        // active, its waiting requests wait for their turn like any other.
+        // A request that is blocked itself waits behind all of them.
+        let waiting = |active: &[&str], waiting_adapters: &[&str], r: &InferenceRequest| {
+            e.set_metrics(EndpointMetrics {
+                waiting: 5,
+                ..lora(active, waiting_adapters)
+            });
+            DispatchLoad::of(&Candidate::new(&e), r, 0.0).waiting
+        };
+        let full = ["a", "c"];
+        assert_eq!(waiting(&full, &["b", "c", "d"], &direct_warm), 3);
+        assert_eq!(waiting(&full, &["b", "c", "d"], &base), 3);
+        assert_eq!(waiting(&full, &["b", "c", "d"], &direct), 5, "blocked");
+        // A free place: a cold adapter's requests can load, none passed over.
+        assert_eq!(waiting(&["a"], &["b"], &direct_warm), 5);
     }
 
     #[test]

@@ -23,11 +23,19 @@
 //! expected to hold), `running · uncached/1000` for a prefill slowed by the
 //! batch it shares the engine with, `cached/1000` for reading a cached prefix,
 //! `adapter_cold` (1 when the request's LoRA adapter is not active there)
-//! for loading it, `adapter_blocked` (1 when it cannot load yet: it is
+//! for loading it, `adapter_blocked` (when it cannot load yet — it is
 //! already waiting there, or every place for an adapter is held by one with
-//! running requests) for the wait until one of those has none left — in the
-//! routing benchmark's LoRA mix a wait of hundreds of milliseconds where a
-//! load takes 50; one input for both priced neither right. The wait is not
+//! running requests — the requests at the endpoint, at least 1; else 0) for
+//! the wait until one of those adapters has none left — in the routing
+//! benchmark's LoRA mix a wait of hundreds of milliseconds where a load
+//! takes 50; one input for both priced neither right. The wait grows with
+//! the requests there (medians of one run's blocked samples: ~330 ms with
+//! two running, 700–830 with three or four, ~900 with one more queued):
+//! each adapter holding a place has more of them to finish, and more
+//! arrive for it meanwhile. As an indicator, the blocked samples' misfit
+//! went to the running-request input, and a warm adapter's request was
+//! predicted 50 % slower with four running than with one, where it took
+//! the same. The wait is not
 //! work others wait through (the engine runs other requests meanwhile), so
 //! it is not in [`OWN_WORK`]. `kv_wait²` (the running requests the prompt
 //! waits behind for room in the KV cache, squared) lets the wait for room
@@ -130,8 +138,10 @@ pub struct Features {
     pub cached_tokens: f64,
     /// 1 when the request's LoRA adapter is not active on the endpoint.
     pub adapter_cold: f64,
-    /// 1 when that adapter cannot load yet
-    /// ([`epp_core::DispatchLoad::adapter_blocked`]).
+    /// When that adapter cannot load yet
+    /// ([`epp_core::DispatchLoad::adapter_blocked`]): the requests at the
+    /// endpoint ([`epp_core::DispatchLoad::requests_there`], at least 1),
+    /// whose adapters it waits for; else 0.
     pub adapter_blocked: f64,
     /// Requests that must leave the endpoint's running batch before this
     /// one gets a place in it: the larger of the wait for a slot, when the
@@ -156,7 +166,11 @@ impl From<&epp_core::DispatchLoad> for Features {
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
             adapter_cold: f64::from(u8::from(load.adapter_cold)),
-            adapter_blocked: f64::from(u8::from(load.adapter_blocked)),
+            adapter_blocked: if load.adapter_blocked {
+                load.requests_there().max(1) as f64
+            } else {
+                0.0
+            },
             slot_wait: 0.0,
             kv_wait: 0.0,
         }
@@ -549,12 +563,12 @@ mod tests {
 
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
     /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
-    /// running request + 150 for a cold adapter, 400 more when it cannot
-    /// load yet + 60 per request ahead of it for a place in the batch + 15
+    /// running request + 150 for a cold adapter, 100 more per request at
+    /// the endpoint when it cannot load yet + 60 per request ahead of it for a place in the batch + 15
     /// per square of the running requests it waits for room behind, with
     /// ±5 % noise.
     const TRUE: [f64; FEATURES] = [
-        20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0, 400.0, 15.0,
+        20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0, 100.0, 15.0,
     ];
     const ADAPTER_BLOCKED: usize = 10;
 
@@ -568,8 +582,11 @@ mod tests {
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
             adapter_cold,
-            // Only a cold adapter can be blocked: half of them are.
-            adapter_blocked: adapter_cold * f64::from(rng.random_range(0..2u32)),
+            // Only a cold adapter can be blocked: half of them are, behind
+            // 1 to 8 requests.
+            adapter_blocked: adapter_cold
+                * f64::from(rng.random_range(0..2u32))
+                * f64::from(rng.random_range(1..9u32)),
             slot_wait: f64::from(rng.random_range(0..12u32).saturating_sub(6)),
             kv_wait: f64::from(rng.random_range(0..12u32).saturating_sub(6)),
         }
