@@ -29,13 +29,13 @@
 //! the wait until one of those adapters has none left — in the routing
 //! benchmark's LoRA mix a wait of hundreds of milliseconds where a load
 //! takes 50; one input for both priced neither right. The wait grows with
-//! the requests there (medians of one run's blocked samples: ~330 ms with
-//! two running, 700–830 with three or four, ~900 with one more queued):
-//! each adapter holding a place has more of them to finish, and more
-//! arrive for it meanwhile. As an indicator, the blocked samples' misfit
-//! went to the running-request input, and a warm adapter's request was
-//! predicted 50 % slower with four running than with one, where it took
-//! the same. The wait is not
+//! the requests there (medians of two runs' blocked samples: 310–350 ms
+//! with two running, 575–835 with three or four, 850–970 with one more
+//! queued): each adapter holding a place has more of them to finish, and
+//! more arrive for it meanwhile. As a 0/1 input, the blocked samples'
+//! misfit went to the running-request input, and a warm adapter's request
+//! was predicted 40–90 % slower with three or four running than with one,
+//! where it took about the same. The wait is not
 //! work others wait through (the engine runs other requests meanwhile), so
 //! it is not in [`OWN_WORK`]. `kv_wait²` (the running requests the prompt
 //! waits behind for room in the KV cache, squared) lets the wait for room
@@ -564,9 +564,9 @@ mod tests {
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
     /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
     /// running request + 150 for a cold adapter, 100 more per request at
-    /// the endpoint when it cannot load yet + 60 per request ahead of it for a place in the batch + 15
-    /// per square of the running requests it waits for room behind, with
-    /// ±5 % noise.
+    /// the endpoint when it cannot load yet + 60 per request ahead of it
+    /// for a place in the batch + 15 per square of the running requests it
+    /// waits for room behind, with ±5 % noise.
     const TRUE: [f64; FEATURES] = [
         20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0, 100.0, 15.0,
     ];
