@@ -196,6 +196,11 @@ impl RequestMetrics {
         }
         let model = self.models.label(model);
         let target = self.models.label(target);
+        // Past the cap, every new name shares `other`'s series: a read lock
+        // again, not a write lock per request.
+        if let Some(s) = self.series.read().get(model).and_then(|m| m.get(target)) {
+            return f(s);
+        }
         let mut map = self.series.write();
         let targets = map.entry(model.to_owned()).or_default();
         f(targets.entry(target.to_owned()).or_default());
