@@ -92,12 +92,16 @@ async fn the_faster_of_two_servers_wins_once_learned() {
     // the ratio is pulled towards 1 by two samples of no difference; 1.0
     // unscaled, and 1.15 when it was kept against the fleet's model as it
     // was at each sample).
-    let ratio = |addr: String| {
-        let series =
-            format!("epp_latency_model_fleet_ratio{{endpoint=\"{addr}\",latency=\"ttft\"}} ");
-        let line = metrics.lines().find(|l| l.starts_with(&series));
+    // The value of the series whose line starts with `series`.
+    let value = |series: &str| {
+        let line = metrics.lines().find(|l| l.starts_with(series));
         let value = line.and_then(|l| l[series.len()..].trim().parse::<f64>().ok());
         value.unwrap_or_else(|| panic!("{series} missing from:\n{metrics}"))
+    };
+    let ratio = |addr: String| {
+        value(&format!(
+            "epp_latency_model_fleet_ratio{{endpoint=\"{addr}\",latency=\"ttft\"}} "
+        ))
     };
     let (fast_ratio, slow_ratio) = (ratio(fast.addr()), ratio(slow.addr()));
     assert!(
@@ -111,11 +115,6 @@ async fn the_faster_of_two_servers_wins_once_learned() {
     let plugin =
         "plugin_name=\"predicted-latency-producer\",plugin_type=\"predicted-latency-producer\"";
     let models = format!("model_name=\"{model}\",target_model_name=\"{model}\"");
-    let value = |series: &str| {
-        let line = metrics.lines().find(|l| l.starts_with(series));
-        let value = line.and_then(|l| l[series.len()..].trim().parse::<f64>().ok());
-        value.unwrap_or_else(|| panic!("{series} missing from:\n{metrics}"))
-    };
     let predicted = value(&format!(
         "llm_d_epp_request_predicted_ttft_seconds_count{{{plugin},{models}}} "
     ));

@@ -28,7 +28,7 @@ use std::{
 };
 
 use epp_core::{AtomicHistogram, InferenceRequest, LabelCap, MetricFamily, MetricSink};
-use parking_lot::RwLock;
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 
 /// Latency bounds, seconds: 5 ms … 1 h (llm-d's).
 const LATENCY_BOUNDS: &[f64] = &[
@@ -157,7 +157,7 @@ impl ModelSeries {
 }
 
 /// A completed response as these series see it, milliseconds.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Observed {
     /// Time to first token as the client saw it.
     pub(super) ttft_ms: f64,
@@ -190,20 +190,25 @@ impl RequestMetrics {
     /// consulting the cap (a value past it has no series of its own, so it
     /// takes the slow way, to `other`'s).
     fn with(&self, request: &InferenceRequest, f: impl FnOnce(&ModelSeries)) {
-        let (model, target) = (request.model.as_str(), request.target_model.as_str());
-        if let Some(s) = self.series.read().get(model).and_then(|m| m.get(target)) {
-            return f(s);
+        if let Some(s) = self.read(&request.model, &request.target_model) {
+            return f(&s);
         }
-        let model = self.models.label(model);
-        let target = self.models.label(target);
+        let model = self.models.label(&request.model);
+        let target = self.models.label(&request.target_model);
         // Past the cap, every new name shares `other`'s series: a read lock
         // again, not a write lock per request.
-        if let Some(s) = self.series.read().get(model).and_then(|m| m.get(target)) {
-            return f(s);
+        if let Some(s) = self.read(model, target) {
+            return f(&s);
         }
         let mut map = self.series.write();
         let targets = map.entry(model.to_owned()).or_default();
         f(targets.entry(target.to_owned()).or_default());
+    }
+
+    /// The series of `model` and `target`, if they have one, under the read
+    /// lock.
+    fn read(&self, model: &str, target: &str) -> Option<MappedRwLockReadGuard<'_, ModelSeries>> {
+        RwLockReadGuard::try_map(self.series.read(), |m| m.get(model)?.get(target)).ok()
     }
 
     /// A scheduling cycle spent `took` predicting for `request`'s
