@@ -507,10 +507,94 @@ pub fn start_envoy_tls(dir: &Path, ext_proc_port: u16) -> Envoy {
 }
 
 /// Starts Envoy with `config`, waiting until it is ready and its listener port known.
+///
+/// A listener left on port 0 (`listener_0`'s first `port_value: 0`) is
+/// given a port below the kernel's ephemeral range ([`listener_port`])
+/// rather than one the kernel picks: a port the kernel hands out is one a
+/// finished test's processes may still be calling — an epp still scraping
+/// a simulator stopped mid-test, or an address kept dead on purpose — and
+/// each such call reaching this Envoy would be a request its epp routes
+/// and counts, in a test that counts what it sent.
 pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
+    let mut refused = Vec::new();
+    for _ in 0..8 {
+        let port = listener_port();
+        let text = match port {
+            Some(port) => with_listener_port(config, port),
+            None => config.to_owned(),
+        };
+        match spawn_envoy(dir, file, &text) {
+            Ok(envoy) => return envoy,
+            // Taken between the check and Envoy's bind: try the next one.
+            Err(log) if port.is_some() && log.contains("ddress already in use") => {
+                refused.extend(port);
+            }
+            Err(log) => panic!("envoy exited: {log}"),
+        }
+    }
+    panic!("envoy could not bind a listener port; tried {refused:?}");
+}
+
+/// `config` with `listener_0`'s first `port_value: 0` set to `port`.
+fn with_listener_port(config: &str, port: u16) -> String {
+    const ZERO: &str = "port_value: 0";
+    let Some(listener) = config.find("listener_0") else {
+        return config.to_owned();
+    };
+    match config[listener..].find(ZERO) {
+        // Not `port_value: 0X`: a port that merely starts with 0 is a port.
+        Some(at)
+            if !config[listener + at + ZERO.len()..].starts_with(|c: char| c.is_ascii_digit()) =>
+        {
+            let at = listener + at;
+            format!(
+                "{}port_value: {port}{}",
+                &config[..at],
+                &config[at + ZERO.len()..]
+            )
+        }
+        _ => config.to_owned(),
+    }
+}
+
+/// A port for a test's Envoy listener, free on 127.0.0.1 now and never one
+/// the kernel hands out by itself: taken in turn from the 8,192 ports below
+/// the ephemeral range (`net.ipv4.ip_local_port_range`), starting at a
+/// place set by the process id so that test binaries run one after another
+/// do not begin alike. `None` when that range would reach below 1024 (the
+/// kernel then picks, as before).
+pub fn listener_port() -> Option<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const SPAN: u32 = 8192;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let base = low.checked_sub(SPAN).filter(|b| *b >= 1024)?;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = u16::try_from(base + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN).ok()?;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Some(port);
+        }
+    }
+    None
+}
+
+/// Spawns Envoy with `config` and waits until it is ready; the log when it
+/// exits first.
+fn spawn_envoy(dir: &Path, file: &str, config: &str) -> Result<Envoy, String> {
     let config_path = dir.join(file);
     std::fs::write(&config_path, config).unwrap();
     let admin_path = dir.join(format!("{file}.admin-address"));
+    // An earlier Envoy's address is not this one's.
+    let _ = std::fs::remove_file(&admin_path);
     let mut cmd = Command::new(envoy_bin());
     cmd.arg("-c")
         .arg(&config_path)
@@ -544,10 +628,10 @@ pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
             break port;
         }
         if let Ok(Some(status)) = proc.child.try_wait() {
-            panic!(
-                "envoy exited ({status}): {}",
+            return Err(format!(
+                "({status}) {}",
                 std::fs::read_to_string(&log).unwrap_or_default()
-            );
+            ));
         }
         assert!(
             Instant::now() < deadline,
@@ -581,24 +665,28 @@ pub fn start_envoy_with(dir: &Path, file: &str, config: &str) -> Envoy {
         std::thread::sleep(Duration::from_millis(20));
     }
     proc.name = format!("envoy:{port}");
-    Envoy {
+    Ok(Envoy {
         proc,
         port,
         admin_port,
-    }
+    })
 }
 
 /// Simulators + epp + Envoy, the whole request path.
 #[derive(Debug)]
+///
+/// Dropped in the reverse of the order started (fields drop in order):
+/// Envoy, then epp, then the simulators, so that no process outlives the
+/// one it calls.
 pub struct Stack {
-    /// The scratch directory holding every process's log and config.
-    pub dir: PathBuf,
-    /// The simulators, `sim-0` first.
-    pub sims: Vec<Sim>,
-    /// epp, over the simulators.
-    pub epp: Epp,
     /// Envoy, calling epp.
     pub envoy: Envoy,
+    /// epp, over the simulators.
+    pub epp: Epp,
+    /// The simulators, `sim-0` first.
+    pub sims: Vec<Sim>,
+    /// The scratch directory holding every process's log and config.
+    pub dir: PathBuf,
 }
 
 impl Stack {
@@ -679,4 +767,47 @@ pub fn wait_scraped(metrics_port: u16, addrs: &[String]) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("epp did not scrape {addrs:?}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_listeners_zero_port_is_set() {
+        let config = "admin:\n  address: { socket_address: { address: 127.0.0.1, port_value: 0 } }\n\
+                      listeners:\n  - name: listener_0\n    address:\n      socket_address: { address: 127.0.0.1, port_value: 0 }\n\
+                      clusters:\n  - port_value: 0\n";
+        let set = with_listener_port(config, 24_001);
+        assert_eq!(set.matches("port_value: 0").count(), 2, "{set}");
+        assert!(
+            set.contains("name: listener_0\n    address:\n      socket_address: { address: 127.0.0.1, port_value: 24001 }"),
+            "{set}"
+        );
+        // A listener on a port of its own is left alone, as is a config
+        // without one.
+        let fixed = config.replace("listener_0\n    address:\n      socket_address: { address: 127.0.0.1, port_value: 0", "listener_0\n    address:\n      socket_address: { address: 127.0.0.1, port_value: 0815");
+        assert_eq!(with_listener_port(&fixed, 24_001), fixed);
+        assert_eq!(with_listener_port("admin: {}", 24_001), "admin: {}");
+    }
+
+    #[test]
+    fn listener_ports_are_below_the_ephemeral_range_and_not_repeated() {
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let ports: Vec<u16> = (0..50).map(|_| listener_port().unwrap()).collect();
+        assert!(
+            ports.iter().all(|p| *p < low && *p >= low - 8192),
+            "{ports:?}"
+        );
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
+    }
 }
