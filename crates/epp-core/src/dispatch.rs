@@ -10,8 +10,9 @@
 use std::{fmt, sync::Arc, time::Instant};
 
 use crate::{
-    Candidate, DispatchLoad, Endpoint, InferenceRequest, LatencyPrediction, RequestOutcome,
-    ResponseHeaderSink, ResponseTiming, Scheduler, SchedulingError, SchedulingResult, Usage,
+    AdapterTicket, Candidate, DispatchLoad, Endpoint, InferenceRequest, LatencyPrediction,
+    RequestOutcome, ResponseHeaderSink, ResponseTiming, Scheduler, SchedulingError,
+    SchedulingResult, Usage,
 };
 
 /// How dispatches count their tokens in the endpoints' in-flight counters
@@ -97,6 +98,9 @@ pub struct Dispatch {
     /// P/D: the prefill endpoint and what it counts for this request
     /// (tokens, uncached tokens), until the prefill is done.
     prefill: Option<(Arc<Endpoint>, u64, u64)>,
+    /// Its place in the endpoint's [`crate::AdapterInflight`], when it
+    /// names a LoRA adapter there.
+    adapter: Option<AdapterTicket>,
 }
 
 impl fmt::Debug for Dispatch {
@@ -123,6 +127,20 @@ pub fn uncached_tokens(tokens: u64, prefix_hit: f64) -> u64 {
         prefix_hit.clamp(0.0, 1.0)
     };
     ((tokens as f64 * (1.0 - hit)).ceil() as u64).min(tokens)
+}
+
+/// Registers `request` in its endpoint's [`crate::AdapterInflight`] when it
+/// names a LoRA adapter the endpoint serves.
+fn register_adapter(candidate: &Candidate, request: &InferenceRequest) -> Option<AdapterTicket> {
+    let lora = &candidate.metrics.lora;
+    (lora.serves_adapters() && lora.names_adapter(&request.target_model, &request.model)).then(
+        || {
+            candidate
+                .endpoint
+                .adapter_inflight()
+                .start(&request.target_model, request.max_tokens)
+        },
+    )
 }
 
 impl SchedulingResult {
@@ -172,7 +190,9 @@ impl Dispatch {
         endpoint: Arc<Endpoint>,
         prefix_hit: f64,
     ) -> Self {
-        let load = DispatchLoad::of(&Candidate::new(&endpoint), &request, prefix_hit);
+        let candidate = Candidate::new(&endpoint);
+        let load = DispatchLoad::of(&candidate, &request, prefix_hit);
+        let adapter = register_adapter(&candidate, &request);
         let accounting = scheduler.inflight_accounting();
         let prompt = (load.prompt_tokens, load.uncached_tokens);
         let output = accounting
@@ -200,6 +220,7 @@ impl Dispatch {
             first_byte: None,
             streamed: false,
             prefill: None,
+            adapter,
         }
     }
 
@@ -300,7 +321,12 @@ impl Dispatch {
         if let Some(prompt) = &mut self.prompt_until_first_token {
             prompt.1 = prompt.0;
         }
-        self.load = DispatchLoad::of(&Candidate::new(&served), &self.request, 0.0);
+        if let Some(ticket) = self.adapter.take() {
+            self.endpoint.adapter_inflight().forget(ticket);
+        }
+        let candidate = Candidate::new(&served);
+        self.load = DispatchLoad::of(&candidate, &self.request, 0.0);
+        self.adapter = register_adapter(&candidate, &self.request);
         // The prediction was for the pick, not for where the request went.
         self.prediction = None;
         served
@@ -345,6 +371,15 @@ impl Dispatch {
         self.endpoint
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
+        if let Some(ticket) = self.adapter.take() {
+            let adapters = self.endpoint.adapter_inflight();
+            match outcome {
+                RequestOutcome::Completed { status } if (200..300).contains(&status) => {
+                    adapters.finish(ticket, usage.map(|u| u.completion_tokens));
+                }
+                _ => adapters.forget(ticket),
+            }
+        }
         self.load_changed();
         let timing = match outcome {
             RequestOutcome::Completed { status } => Some(ResponseTiming {
@@ -378,7 +413,7 @@ impl Drop for Dispatch {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::{sync::Mutex, time::Duration};
 
     use super::*;
     use crate::{
@@ -485,6 +520,84 @@ mod tests {
             result,
             endpoint,
         }
+    }
+
+    /// A request naming an adapter is registered at its endpoint while in
+    /// flight; completed, it teaches the endpoint's time per output token;
+    /// a request whose adapter cannot load is told how long until a place
+    /// frees from the holders' requests in flight there.
+    #[test]
+    fn adapter_requests_in_flight_say_when_a_place_frees() {
+        let s = setup();
+        let e = &s.endpoint;
+        e.set_metrics(EndpointMetrics {
+            lora: crate::LoraInfo {
+                active: vec!["a".into(), "c".into()],
+                max_loras: 2,
+                base_model: Some("base".into()),
+                ..crate::LoraInfo::default()
+            },
+            ..EndpointMetrics::fresh()
+        });
+        let ask = |adapter: &str, tokens: u64| {
+            InferenceRequest::builder(adapter)
+                .target_model(adapter)
+                .max_tokens(tokens)
+                .prompt("x".repeat(40))
+                .build()
+        };
+        let start =
+            |r: InferenceRequest| Dispatch::start(Arc::clone(&s.scheduler), r, Arc::clone(e), 0.0);
+        let blocked = |r: &InferenceRequest| DispatchLoad::of(&Candidate::new(e), r, 0.0);
+
+        // The base model is not registered; an adapter is.
+        drop(start(InferenceRequest::builder("base").build()));
+        let first = start(ask("a", 10));
+        assert_eq!(e.adapter_inflight().len(), 1);
+        let b = ask("b", 10);
+        let load = blocked(&b);
+        assert!(load.adapter_blocked);
+        assert_eq!(load.adapter_release_ms, None, "no time per token known yet");
+        // 10 tokens in at least 20 ms: at least 2 ms per token.
+        std::thread::sleep(Duration::from_millis(20));
+        let usage = Usage {
+            completion_tokens: 10,
+            ..Usage::default()
+        };
+        first.complete(Some(&usage), RequestOutcome::Completed { status: 200 });
+        assert!(e.adapter_inflight().is_empty());
+
+        // "a" holds a place for 100 tokens more, "c" for 1,000.
+        let _a = start(ask("a", 100));
+        let _c = start(ask("c", 1_000));
+        let soon = blocked(&b).adapter_release_ms.unwrap();
+        assert!(soon >= 150.0, "{soon}");
+        // Another cold adapter already waiting takes the first place.
+        e.set_metrics(EndpointMetrics {
+            lora: crate::LoraInfo {
+                active: vec!["a".into(), "c".into()],
+                waiting: vec!["d".into()],
+                max_loras: 2,
+                base_model: Some("base".into()),
+            },
+            ..EndpointMetrics::fresh()
+        });
+        let later = blocked(&b).adapter_release_ms.unwrap();
+        assert!((8.0..12.0).contains(&(later / soon)), "{later} / {soon}");
+        // A request whose adapter runs there is not blocked.
+        assert_eq!(blocked(&ask("a", 5)).adapter_release_ms, None);
+
+        // Aborted, or moved to another endpoint: no longer registered.
+        let mut moved = start(ask("c", 5));
+        assert_eq!(e.adapter_inflight().len(), 3);
+        let other = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+        other.set_metrics(EndpointMetrics::fresh());
+        assert!(moved.served_by(Arc::clone(&other)));
+        assert_eq!(e.adapter_inflight().len(), 2);
+        assert!(other.adapter_inflight().is_empty(), "serves no adapters");
+        drop(moved);
+        drop(_c);
+        assert_eq!(e.adapter_inflight().len(), 1);
     }
 
     #[test]

@@ -15,6 +15,8 @@ use std::{
 
 use arc_swap::ArcSwap;
 
+use crate::AdapterInflight;
+
 /// Dense identifier given to an endpoint when it is discovered.
 ///
 /// Ids are small integers so per-endpoint tables (prefix index, in-flight
@@ -405,6 +407,7 @@ pub struct Endpoint {
     /// can tell, with one plain load, whether they are still current.
     metrics_version: AtomicU64,
     inflight: InflightCounters,
+    adapters: AdapterInflight,
 }
 
 impl Endpoint {
@@ -427,6 +430,7 @@ impl Endpoint {
             metrics: ArcSwap::from_pointee(EndpointMetrics::default()),
             metrics_version: AtomicU64::new(0),
             inflight: InflightCounters::default(),
+            adapters: AdapterInflight::default(),
         }
     }
 
@@ -517,6 +521,14 @@ impl Endpoint {
     #[must_use]
     pub fn inflight(&self) -> &InflightCounters {
         &self.inflight
+    }
+
+    /// The requests this picker routed here that name a LoRA adapter, by
+    /// adapter, while they are in flight.
+    #[inline]
+    #[must_use]
+    pub fn adapter_inflight(&self) -> &AdapterInflight {
+        &self.adapters
     }
 }
 

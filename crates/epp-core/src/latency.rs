@@ -90,6 +90,13 @@ pub struct DispatchLoad {
     /// waits until one of those adapters has no request left running, which
     /// takes far longer than loading one.
     pub adapter_blocked: bool,
+    /// When the adapter is blocked: how long until a place frees for it,
+    /// in milliseconds, from the requests this picker has in flight there
+    /// for the adapters holding the places
+    /// ([`crate::AdapterInflight::release_ms`], counting the other adapters
+    /// already waiting as ahead of it). `None` when not blocked, or before
+    /// the endpoint's time per output token is known.
+    pub adapter_release_ms: Option<f64>,
     /// The endpoint's KV cache in tokens, as it reports its geometry
     /// (`num_blocks × block_size`); 0 when it does not.
     pub kv_capacity_tokens: u64,
@@ -124,6 +131,21 @@ impl DispatchLoad {
         } else {
             0
         };
+        let adapter_release_ms = if adapter_blocked {
+            let ahead = m
+                .lora
+                .waiting
+                .iter()
+                .filter(|a| a.as_str() != adapter && !m.lora.is_active(a))
+                .count();
+            candidate.endpoint.adapter_inflight().release_ms(
+                &m.lora.active,
+                ahead,
+                std::time::Instant::now(),
+            )
+        } else {
+            None
+        };
         let since = candidate.since_scrape();
         Self {
             waiting: m.waiting.saturating_sub(passed_over),
@@ -138,6 +160,7 @@ impl DispatchLoad {
             uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
             adapter_cold,
             adapter_blocked,
+            adapter_release_ms,
             kv_capacity_tokens: m.cache.map_or(0, |g| {
                 g.num_blocks.saturating_mul(u64::from(g.block_size_tokens))
             }),
@@ -409,6 +432,7 @@ mod tests {
                 uncached_tokens: 25,
                 adapter_cold: true,
                 adapter_blocked: false,
+                adapter_release_ms: None,
                 kv_capacity_tokens: 0,
                 dispatched_uncached_tokens: 20,
             }

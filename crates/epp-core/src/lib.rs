@@ -59,6 +59,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod adapter_inflight;
 pub mod config;
 mod cycle;
 mod dispatch;
@@ -78,6 +79,7 @@ mod request;
 mod scheduler;
 mod shared_index;
 
+pub use adapter_inflight::{AdapterInflight, AdapterTicket};
 pub use cycle::{
     Candidate, CycleContext, CycleState, MultimodalMatch, PrefixMatch, PrefixSlot, SinceScrape,
     TokenizedPrompt,

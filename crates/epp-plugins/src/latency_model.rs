@@ -25,17 +25,21 @@
 //! `adapter_cold` (1 when the request's LoRA adapter is not active there)
 //! for loading it, `adapter_blocked` (when it cannot load yet — it is
 //! already waiting there, or every place for an adapter is held by one with
-//! running requests — the requests at the endpoint, at least 1; else 0) for
-//! the wait until one of those adapters has none left — in the routing
-//! benchmark's LoRA mix a wait of hundreds of milliseconds where a load
-//! takes 50; one input for both priced neither right. The wait grows with
-//! the requests there (medians of two runs' blocked samples: 310–350 ms
-//! with two running, 575–835 with three or four, 850–970 with one more
-//! queued): each adapter holding a place has more of them to finish, and
-//! more arrive for it meanwhile. As a 0/1 input, the blocked samples'
-//! misfit went to the running-request input, and a warm adapter's request
-//! was predicted 40–90 % slower with three or four running than with one,
-//! where it took about the same. The wait is not
+//! running requests; else 0) for the wait until one of those adapters has
+//! none left — in the routing benchmark's LoRA mix a wait of hundreds of
+//! milliseconds where a load takes 50; one input for both priced neither
+//! right. Its value is that wait as the picker's own requests in flight
+//! there tell it, in hundreds of milliseconds
+//! ([`epp_core::DispatchLoad::adapter_release_ms`]: when the holders'
+//! longest requests end, at the endpoint's time per output token), or,
+//! before that time is known, the requests at the endpoint (at least 1).
+//! As a 0/1 input, the blocked samples' misfit went to the running-request
+//! input, and a warm adapter's request was predicted 40–90 % slower with
+//! three or four running than with one, where it took about the same; as
+//! the requests there, the blocked samples (12–18 % of the LoRA mix's) were
+//! still predicted at about half their wait (median error 0.55–0.62 against
+//! ~0.16 for the rest), since it depends on how long the holders' requests
+//! have left, which no count shows. The wait is not
 //! work others wait through (the engine runs other requests meanwhile), so
 //! it is not in [`OWN_WORK`]. `kv_wait²` (the running requests the prompt
 //! waits behind for room in the KV cache, squared) lets the wait for room
@@ -139,9 +143,12 @@ pub struct Features {
     /// 1 when the request's LoRA adapter is not active on the endpoint.
     pub adapter_cold: f64,
     /// When that adapter cannot load yet
-    /// ([`epp_core::DispatchLoad::adapter_blocked`]): the requests at the
-    /// endpoint ([`epp_core::DispatchLoad::requests_there`], at least 1),
-    /// whose adapters it waits for; else 0.
+    /// ([`epp_core::DispatchLoad::adapter_blocked`]): the wait until a place
+    /// frees, in hundreds of milliseconds
+    /// ([`epp_core::DispatchLoad::adapter_release_ms`]), or, while the
+    /// endpoint's time per token is not known, the requests at the
+    /// endpoint ([`epp_core::DispatchLoad::requests_there`], at least 1);
+    /// else 0.
     pub adapter_blocked: f64,
     /// Requests that must leave the endpoint's running batch before this
     /// one gets a place in it: the larger of the wait for a slot, when the
@@ -166,10 +173,10 @@ impl From<&epp_core::DispatchLoad> for Features {
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
             adapter_cold: f64::from(u8::from(load.adapter_cold)),
-            adapter_blocked: if load.adapter_blocked {
-                load.requests_there().max(1) as f64
-            } else {
-                0.0
+            adapter_blocked: match (load.adapter_blocked, load.adapter_release_ms) {
+                (false, _) => 0.0,
+                (true, Some(ms)) => ms / 100.0,
+                (true, None) => load.requests_there().max(1) as f64,
             },
             slot_wait: 0.0,
             kv_wait: 0.0,
@@ -563,8 +570,8 @@ mod tests {
 
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
     /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
-    /// running request + 150 for a cold adapter, 100 more per request at
-    /// the endpoint when it cannot load yet + 60 per request ahead of it
+    /// running request + 150 for a cold adapter, 100 more per 100 ms until
+    /// a place frees when it cannot load yet + 60 per request ahead of it
     /// for a place in the batch + 15 per square of the running requests it
     /// waits for room behind, with ±5 % noise.
     const TRUE: [f64; FEATURES] = [
@@ -582,11 +589,11 @@ mod tests {
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
             adapter_cold,
-            // Only a cold adapter can be blocked: half of them are, behind
-            // 1 to 8 requests.
+            // Only a cold adapter can be blocked: half of them are, for
+            // up to a second.
             adapter_blocked: adapter_cold
                 * f64::from(rng.random_range(0..2u32))
-                * f64::from(rng.random_range(1..9u32)),
+                * rng.random_range(0.0..10.0),
             slot_wait: f64::from(rng.random_range(0..12u32).saturating_sub(6)),
             kv_wait: f64::from(rng.random_range(0..12u32).saturating_sub(6)),
         }

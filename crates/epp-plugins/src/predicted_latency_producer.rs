@@ -924,6 +924,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             cached_tokens = timing.load.cached_tokens(),
             adapter_cold = timing.load.adapter_cold,
             adapter_blocked = timing.load.adapter_blocked,
+            adapter_release_ms = timing.load.adapter_release_ms,
             slots,
             kv_wait = timing.load.kv_wait(),
             "latency sample"

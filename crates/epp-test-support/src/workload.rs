@@ -239,6 +239,7 @@ fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng)
                 uncached_tokens: rng.random_range(0..4096),
                 adapter_cold: false,
                 adapter_blocked: false,
+                adapter_release_ms: None,
                 kv_capacity_tokens: 0,
                 dispatched_uncached_tokens: 0,
             };
