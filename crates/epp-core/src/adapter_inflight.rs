@@ -43,6 +43,8 @@ struct Entry {
     id: u64,
     adapter: u64,
     started: Instant,
+    /// When its first token came, if it is streamed and it has.
+    first_token: Option<Instant>,
     /// The output tokens it asked for; 0 when it did not say.
     tokens: u64,
 }
@@ -52,9 +54,11 @@ struct Entry {
 pub struct AdapterInflight {
     entries: Mutex<Vec<Entry>>,
     next_id: AtomicU64,
-    /// Milliseconds per output token, dispatch to completion, as an
-    /// average over the endpoint's completed adapter requests (`f64` bits;
-    /// 0 until one completed).
+    /// Milliseconds per output token after the first, as an average over
+    /// the endpoint's completed adapter requests (`f64` bits; 0 until one
+    /// completed): from the first token to the last when the response was
+    /// streamed, else from dispatch to completion (which also counts the
+    /// time to the first token, so it overstates).
     ms_per_token: AtomicU64,
     /// Output tokens of those requests, averaged the same way: the length
     /// assumed for a request that did not state its `max_tokens`.
@@ -97,25 +101,41 @@ impl AdapterInflight {
             id,
             adapter: hash(adapter),
             started,
+            first_token: None,
             tokens: max_tokens.unwrap_or(0),
         };
         self.lock().push(entry);
         AdapterTicket(id)
     }
 
+    /// The request's first token came (its response is streamed).
+    pub fn first_token(&self, ticket: AdapterTicket) {
+        self.first_token_at(ticket, Instant::now());
+    }
+
+    fn first_token_at(&self, ticket: AdapterTicket, at: Instant) {
+        if let Some(e) = self.lock().iter_mut().find(|e| e.id == ticket.0) {
+            e.first_token.get_or_insert(at);
+        }
+    }
+
     /// The request is done, having produced `output_tokens` (when the
-    /// response said): learns the endpoint's time per output token from its
-    /// time since [`Self::start`].
+    /// response said): learns the endpoint's time per output token from it.
     pub fn finish(&self, ticket: AdapterTicket, output_tokens: Option<u64>) {
         let Some(entry) = self.take(ticket) else {
             return;
         };
-        if let Some(tokens) = output_tokens.filter(|t| *t > 0) {
-            let ms = entry.started.elapsed().as_secs_f64() * 1e3 / tokens as f64;
-            if ms.is_finite() {
-                blend(&self.ms_per_token, ms);
-                blend(&self.mean_tokens, tokens as f64);
-            }
+        let Some(tokens) = output_tokens.filter(|t| *t > 0) else {
+            return;
+        };
+        let per_token = match entry.first_token {
+            Some(first) if tokens > 1 => first.elapsed().as_secs_f64() / (tokens - 1) as f64,
+            Some(_) => return,
+            None => entry.started.elapsed().as_secs_f64() / tokens as f64,
+        } * 1e3;
+        if per_token.is_finite() {
+            blend(&self.ms_per_token, per_token);
+            blend(&self.mean_tokens, tokens as f64);
         }
     }
 
@@ -150,7 +170,8 @@ impl AdapterInflight {
     /// free.
     ///
     /// ```text
-    /// left(r)      = max(0, tokens(r) · ms_per_token − age(r))
+    /// left(r)      = max(0, (tokens(r) − 1) · ms_per_token − since_first(r))
+    ///                once its first token came, else tokens(r) · ms_per_token
     /// free(a)      = max over a's requests here of left(r)  (0: none here)
     /// release_ms   = the (ahead + 1)-th smallest free(a) over the holders
     ///                (the largest when fewer)
@@ -181,8 +202,13 @@ impl AdapterInflight {
             } else {
                 mean_tokens
             };
-            let age = now.saturating_duration_since(e.started).as_secs_f64() * 1e3;
-            let left = (tokens * per_token - age).max(0.0);
+            let left = match e.first_token {
+                Some(first) => {
+                    let since = now.saturating_duration_since(first).as_secs_f64() * 1e3;
+                    ((tokens - 1.0).max(0.0) * per_token - since).max(0.0)
+                }
+                None => tokens * per_token,
+            };
             free[slot] = free[slot].max(left);
         }
         let free = &mut free[..n];
@@ -227,32 +253,37 @@ mod tests {
     #[test]
     fn the_place_frees_when_the_holders_longest_request_ends() {
         let r = AdapterInflight::default();
-        // 100 ms for 10 tokens: 10 ms per token.
+        // 100 ms for 10 tokens, not streamed: 10 ms per token.
         learn(&r, 100, 10);
         assert!(r.is_empty());
         let t0 = Instant::now();
-        r.start("a", Some(30)); // 300 ms
-        r.start("a", Some(50)); // 500 ms: "a" frees in 500
-        r.start("b", Some(20)); // "b" frees in 200
-        r.start("c", None); // not a holder; no max_tokens: 10 tokens
+        let streaming = |adapter: &str, tokens: u64| {
+            let t = r.start(adapter, Some(tokens));
+            r.first_token_at(t, t0);
+        };
+        streaming("a", 31); // 300 ms left at t0
+        streaming("a", 51); // 500 ms: "a" frees in 500
+        streaming("b", 21); // "b" frees in 200
+        r.start("c", None); // not started; no max_tokens: the mean, 10 tokens
         let holders = names(&["a", "b"]);
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let near = |got: Option<f64>, want: f64| {
             let got = got.unwrap();
-            assert!((got - want).abs() < 5.0, "{got} against {want}");
+            assert!((got - want).abs() < 2.0, "{got} against {want}");
         };
         near(r.release_ms(&holders, 0, at(0)), 200.0);
         near(r.release_ms(&holders, 1, at(0)), 500.0);
         // More waiting ahead than places: the last place to free.
         near(r.release_ms(&holders, 5, at(0)), 500.0);
-        // Later, the requests are older.
+        // Later, the requests have produced more.
         near(r.release_ms(&holders, 0, at(150)), 50.0);
         near(r.release_ms(&holders, 0, at(400)), 0.0);
         near(r.release_ms(&holders, 1, at(400)), 100.0);
         // A holder with nothing of ours in flight frees at once.
         near(r.release_ms(&names(&["a", "z"]), 0, at(0)), 0.0);
-        // A request without max_tokens counts the mean output (10 tokens).
+        // A request not started yet has all its tokens ahead, whenever.
         near(r.release_ms(&names(&["c"]), 0, at(0)), 100.0);
+        near(r.release_ms(&names(&["c"]), 0, at(400)), 100.0);
     }
 
     #[test]
@@ -266,6 +297,15 @@ mod tests {
         r.start("a", Some(10));
         let got = r.release_ms(&names(&["a"]), 0, t0).unwrap();
         assert!((got - 200.0).abs() < 5.0, "{got}");
+        // Streamed: the time from the first token to the last, per token
+        // after the first (2 s for 9 tokens here), not the wait before it.
+        let r = AdapterInflight::default();
+        let t = r.start_at("a", Some(10), Instant::now() - Duration::from_secs(5));
+        r.first_token_at(t, Instant::now() - Duration::from_secs(2));
+        r.finish(t, Some(10));
+        r.start("a", Some(10));
+        let got = r.release_ms(&names(&["a"]), 0, Instant::now()).unwrap();
+        assert!((got - 10.0 * 2_000.0 / 9.0).abs() < 20.0, "{got}");
         // Aborted or moved: forgotten, nothing learned.
         let t = r.start("b", Some(10));
         r.forget(t);

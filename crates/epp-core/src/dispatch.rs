@@ -262,6 +262,9 @@ impl Dispatch {
         if !streamed || !self.open {
             return;
         }
+        if let Some(ticket) = self.adapter {
+            self.endpoint.adapter_inflight().first_token(ticket);
+        }
         if let Some((tokens, uncached)) = self.prompt_until_first_token.take() {
             self.endpoint.inflight().release_tokens(tokens, uncached);
             self.tokens -= tokens;
