@@ -151,6 +151,17 @@ impl AdapterInflight {
         Some(entries.swap_remove(i))
     }
 
+    /// Whether a request for `adapter` is running here: one of ours has
+    /// streamed its first token and not ended, so the adapter holds a
+    /// place now, whatever the last scrape said.
+    #[must_use]
+    pub fn is_running(&self, adapter: &str) -> bool {
+        let key = hash(adapter);
+        self.lock()
+            .iter()
+            .any(|e| e.adapter == key && e.first_token.is_some())
+    }
+
     /// Requests registered.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -284,6 +295,9 @@ mod tests {
         // A request not started yet has all its tokens ahead, whenever.
         near(r.release_ms(&names(&["c"]), 0, at(0)), 100.0);
         near(r.release_ms(&names(&["c"]), 0, at(400)), 100.0);
+        // Running: a streamed first token, not a request merely sent.
+        assert!(r.is_running("a") && r.is_running("b"));
+        assert!(!r.is_running("c") && !r.is_running("z"));
     }
 
     #[test]

@@ -601,6 +601,18 @@ mod tests {
         drop(moved);
         drop(_c);
         assert_eq!(e.adapter_inflight().len(), 1);
+
+        // An adapter the scrape did not see running is cold, until a
+        // response of ours for it streams from there.
+        let d = ask("d", 10);
+        assert!(blocked(&d).adapter_cold);
+        let mut sent = start(ask("d", 10));
+        assert!(blocked(&d).adapter_cold, "sent is not loaded");
+        sent.first_body_bytes(true);
+        let load = blocked(&d);
+        assert!(!load.adapter_cold && !load.adapter_blocked);
+        drop(sent);
+        assert!(blocked(&d).adapter_cold);
     }
 
     #[test]

@@ -82,7 +82,10 @@ pub struct DispatchLoad {
     pub prompt_tokens: u64,
     /// Of those, the tokens its prefix cache is not expected to hold.
     pub uncached_tokens: u64,
-    /// The request names a LoRA adapter the endpoint does not have active.
+    /// The request names a LoRA adapter the endpoint does not have active:
+    /// not running there at the last scrape, nor in a response of this
+    /// picker's streaming from there since
+    /// ([`crate::AdapterInflight::is_running`]).
     pub adapter_cold: bool,
     /// The adapter is cold and cannot load yet: it is already waiting for a
     /// place there, or every place the endpoint has for adapters
@@ -116,9 +119,15 @@ impl DispatchLoad {
         let prompt_tokens = request.prompt_tokens_estimate();
         let adapter = request.target_model.as_str();
         // The cheap test first: most fleets serve no adapters.
+        // Cold: not running at the scrape, nor since as far as this
+        // picker saw (a request of ours streaming there: the scrape is up
+        // to an interval old, and the adapter of a request sent since may
+        // have loaded; counted cold, such requests hid half a load's cost
+        // in the fit).
         let adapter_cold = m.lora.serves_adapters()
             && m.lora.names_adapter(adapter, &request.model)
-            && !m.lora.is_active(adapter);
+            && !m.lora.is_active(adapter)
+            && !candidate.endpoint.adapter_inflight().is_running(adapter);
         let places_full = m.lora.max_loras > 0 && m.lora.active.len() >= m.lora.max_loras as usize;
         let adapter_blocked = adapter_cold && (places_full || m.lora.is_waiting(adapter));
         // Requests waiting for an adapter that cannot load are passed over
