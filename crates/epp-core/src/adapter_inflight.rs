@@ -16,9 +16,10 @@
 //!
 //! Only requests that name an adapter at an endpoint serving adapters are
 //! registered ([`crate::Dispatch`] does it), under one lock per endpoint that
-//! the request path takes at dispatch and completion, and a cycle only for
-//! a candidate where the request's adapter cannot load. The register holds
-//! no strings: adapters are kept by hash.
+//! the request path takes at dispatch, first token and completion, and a
+//! cycle only for a candidate where the request's adapter was not running
+//! at the last scrape. The register holds no strings: adapters are kept by
+//! hash.
 
 use std::{
     hash::{BuildHasher, BuildHasherDefault, DefaultHasher},
@@ -189,7 +190,10 @@ impl AdapterInflight {
     /// ```
     ///
     /// `tokens(r)` is the request's `max_tokens`, or the endpoint's mean
-    /// output when it stated none. `None` before any adapter request
+    /// output when it stated none. A request not streamed never reports a
+    /// first token, so it counts whole for as long as it runs: an
+    /// overestimate, which the latency model's coefficient can scale but
+    /// not undo. `None` before any adapter request
     /// completed here (no time per token known) or with no holder.
     #[must_use]
     pub fn release_ms(&self, holders: &[String], ahead: usize, now: Instant) -> Option<f64> {

@@ -118,12 +118,10 @@ impl DispatchLoad {
         let m = &candidate.metrics;
         let prompt_tokens = request.prompt_tokens_estimate();
         let adapter = request.target_model.as_str();
-        // The cheap test first: most fleets serve no adapters.
         // Cold: not running at the scrape, nor since as far as this
         // picker saw (a request of ours streaming there: the scrape is up
         // to an interval old, and the adapter of a request sent since may
-        // have loaded; counted cold, such requests hid half a load's cost
-        // in the fit).
+        // have loaded). The cheap test first: most fleets serve no adapters.
         let adapter_cold = m.lora.serves_adapters()
             && m.lora.names_adapter(adapter, &request.model)
             && !m.lora.is_active(adapter)
