@@ -37,9 +37,9 @@
 //! input, and a warm adapter's request was predicted 40–90 % slower with
 //! three or four running than with one, where it took about the same; as
 //! the requests there, the blocked samples (12–18 % of the LoRA mix's) were
-//! still predicted at about half their wait (median error 0.55–0.62 against
-//! ~0.16 for the rest), since it depends on how long the holders' requests
-//! have left, which no count shows. The wait is not
+//! still predicted at about half their wait (median error 0.50–0.62 per
+//! run), since it depends on how long the holders' requests have left,
+//! which no count shows; with the wait as input, 0.37–0.47. The wait is not
 //! work others wait through (the engine runs other requests meanwhile), so
 //! it is not in [`OWN_WORK`]. `kv_wait²` (the running requests the prompt
 //! waits behind for room in the KV cache, squared) lets the wait for room
