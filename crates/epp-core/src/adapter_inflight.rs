@@ -44,6 +44,8 @@ struct Entry {
     id: u64,
     adapter: u64,
     started: Instant,
+    /// Whether it asked for a streamed response.
+    streamed: bool,
     /// When its first token came, if it is streamed and it has.
     first_token: Option<Instant>,
     /// The output tokens it asked for; 0 when it did not say.
@@ -91,17 +93,24 @@ fn blend(a: &AtomicU64, value: f64) {
 
 impl AdapterInflight {
     /// Registers a request for `adapter` that asked for `max_tokens` output
-    /// tokens, sent now.
-    pub fn start(&self, adapter: &str, max_tokens: Option<u64>) -> AdapterTicket {
-        self.start_at(adapter, max_tokens, Instant::now())
+    /// tokens, and for a streamed response or not, sent now.
+    pub fn start(&self, adapter: &str, max_tokens: Option<u64>, streamed: bool) -> AdapterTicket {
+        self.start_at(adapter, max_tokens, streamed, Instant::now())
     }
 
-    fn start_at(&self, adapter: &str, max_tokens: Option<u64>, started: Instant) -> AdapterTicket {
+    fn start_at(
+        &self,
+        adapter: &str,
+        max_tokens: Option<u64>,
+        streamed: bool,
+        started: Instant,
+    ) -> AdapterTicket {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
             id,
             adapter: hash(adapter),
             started,
+            streamed,
             first_token: None,
             tokens: max_tokens.unwrap_or(0),
         };
@@ -183,17 +192,19 @@ impl AdapterInflight {
     ///
     /// ```text
     /// left(r)      = max(0, (tokens(r) − 1) · ms_per_token − since_first(r))
-    ///                once its first token came, else tokens(r) · ms_per_token
+    ///                  once a streamed request's first token came
+    ///                tokens(r) · ms_per_token
+    ///                  for a streamed request before it
+    ///                max(0, tokens(r) · ms_per_token − age(r))
+    ///                  for a request not streamed (its time per token
+    ///                  counts the wait for the first, as its age does)
     /// free(a)      = max over a's requests here of left(r)  (0: none here)
     /// release_ms   = the (ahead + 1)-th smallest free(a) over the holders
     ///                (the largest when fewer)
     /// ```
     ///
     /// `tokens(r)` is the request's `max_tokens`, or the endpoint's mean
-    /// output when it stated none. A request not streamed never reports a
-    /// first token, so it counts whole for as long as it runs: an
-    /// overestimate, which the latency model's coefficient can scale but
-    /// not undo. `None` before any adapter request
+    /// output when it stated none. `None` before any adapter request
     /// completed here (no time per token known) or with no holder.
     #[must_use]
     pub fn release_ms(&self, holders: &[String], ahead: usize, now: Instant) -> Option<f64> {
@@ -217,12 +228,16 @@ impl AdapterInflight {
             } else {
                 mean_tokens
             };
-            let left = match e.first_token {
-                Some(first) => {
+            let left = match (e.first_token, e.streamed) {
+                (Some(first), _) => {
                     let since = now.saturating_duration_since(first).as_secs_f64() * 1e3;
                     ((tokens - 1.0).max(0.0) * per_token - since).max(0.0)
                 }
-                None => tokens * per_token,
+                (None, true) => tokens * per_token,
+                (None, false) => {
+                    let age = now.saturating_duration_since(e.started).as_secs_f64() * 1e3;
+                    (tokens * per_token - age).max(0.0)
+                }
             };
             free[slot] = free[slot].max(left);
         }
@@ -251,6 +266,7 @@ mod tests {
         let t = r.start_at(
             "x",
             Some(tokens),
+            false,
             Instant::now() - Duration::from_millis(ms),
         );
         r.finish(t, Some(tokens));
@@ -259,7 +275,7 @@ mod tests {
     #[test]
     fn nothing_is_known_before_a_request_completed() {
         let r = AdapterInflight::default();
-        r.start("a", Some(10));
+        r.start("a", Some(10), true);
         assert_eq!(r.release_ms(&names(&["a"]), 0, Instant::now()), None);
         assert_eq!(r.release_ms(&[], 0, Instant::now()), None);
     }
@@ -273,13 +289,16 @@ mod tests {
         assert!(r.is_empty());
         let t0 = Instant::now();
         let streaming = |adapter: &str, tokens: u64| {
-            let t = r.start(adapter, Some(tokens));
+            let t = r.start(adapter, Some(tokens), true);
             r.first_token_at(t, t0);
         };
         streaming("a", 31); // 300 ms left at t0
         streaming("a", 51); // 500 ms: "a" frees in 500
         streaming("b", 21); // "b" frees in 200
-        r.start("c", None); // not started; no max_tokens: the mean, 10 tokens
+        // Streamed, not begun, no max_tokens: the mean, 10 tokens.
+        r.start("c", None, true);
+        // Not streamed: its age counts as progress.
+        r.start_at("d", Some(30), false, t0);
         let holders = names(&["a", "b"]);
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let near = |got: Option<f64>, want: f64| {
@@ -296,9 +315,11 @@ mod tests {
         near(r.release_ms(&holders, 1, at(400)), 100.0);
         // A holder with nothing of ours in flight frees at once.
         near(r.release_ms(&names(&["a", "z"]), 0, at(0)), 0.0);
-        // A request not started yet has all its tokens ahead, whenever.
+        // A streamed request not begun has all its tokens ahead, whenever.
         near(r.release_ms(&names(&["c"]), 0, at(0)), 100.0);
         near(r.release_ms(&names(&["c"]), 0, at(400)), 100.0);
+        near(r.release_ms(&names(&["d"]), 0, at(0)), 300.0);
+        near(r.release_ms(&names(&["d"]), 0, at(250)), 50.0);
         // Running: a streamed first token, not a request merely sent.
         assert!(r.is_running("a") && r.is_running("b"));
         assert!(!r.is_running("c") && !r.is_running("z"));
@@ -312,20 +333,20 @@ mod tests {
             learn(&r, 200, 10);
         }
         let t0 = Instant::now();
-        r.start("a", Some(10));
+        r.start("a", Some(10), true);
         let got = r.release_ms(&names(&["a"]), 0, t0).unwrap();
         assert!((got - 200.0).abs() < 5.0, "{got}");
         // Streamed: the time from the first token to the last, per token
         // after the first (2 s for 9 tokens here), not the wait before it.
         let r = AdapterInflight::default();
-        let t = r.start_at("a", Some(10), Instant::now() - Duration::from_secs(5));
+        let t = r.start_at("a", Some(10), true, Instant::now() - Duration::from_secs(5));
         r.first_token_at(t, Instant::now() - Duration::from_secs(2));
         r.finish(t, Some(10));
-        r.start("a", Some(10));
+        r.start("a", Some(10), true);
         let got = r.release_ms(&names(&["a"]), 0, Instant::now()).unwrap();
         assert!((got - 10.0 * 2_000.0 / 9.0).abs() < 20.0, "{got}");
         // Aborted or moved: forgotten, nothing learned.
-        let t = r.start("b", Some(10));
+        let t = r.start("b", Some(10), true);
         r.forget(t);
         assert_eq!(r.len(), 1);
     }

@@ -135,10 +135,11 @@ fn register_adapter(candidate: &Candidate, request: &InferenceRequest) -> Option
     let lora = &candidate.metrics.lora;
     (lora.serves_adapters() && lora.names_adapter(&request.target_model, &request.model)).then(
         || {
-            candidate
-                .endpoint
-                .adapter_inflight()
-                .start(&request.target_model, request.max_tokens)
+            candidate.endpoint.adapter_inflight().start(
+                &request.target_model,
+                request.max_tokens,
+                request.stream,
+            )
         },
     )
 }
