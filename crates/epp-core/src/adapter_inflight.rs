@@ -132,6 +132,10 @@ impl AdapterInflight {
     /// The request is done, having produced `output_tokens` (when the
     /// response said): learns the endpoint's time per output token from it.
     pub fn finish(&self, ticket: AdapterTicket, output_tokens: Option<u64>) {
+        self.finish_at(ticket, output_tokens, Instant::now());
+    }
+
+    fn finish_at(&self, ticket: AdapterTicket, output_tokens: Option<u64>, now: Instant) {
         let Some(entry) = self.take(ticket) else {
             return;
         };
@@ -139,9 +143,11 @@ impl AdapterInflight {
             return;
         };
         let per_token = match entry.first_token {
-            Some(first) if tokens > 1 => first.elapsed().as_secs_f64() / (tokens - 1) as f64,
+            Some(first) if tokens > 1 => {
+                now.saturating_duration_since(first).as_secs_f64() / (tokens - 1) as f64
+            }
             Some(_) => return,
-            None => entry.started.elapsed().as_secs_f64() / tokens as f64,
+            None => now.saturating_duration_since(entry.started).as_secs_f64() / tokens as f64,
         } * 1e3;
         if per_token.is_finite() {
             blend(&self.ms_per_token, per_token);
@@ -263,13 +269,9 @@ mod tests {
 
     /// Learns `ms` milliseconds for `tokens` output tokens.
     fn learn(r: &AdapterInflight, ms: u64, tokens: u64) {
-        let t = r.start_at(
-            "x",
-            Some(tokens),
-            false,
-            Instant::now() - Duration::from_millis(ms),
-        );
-        r.finish(t, Some(tokens));
+        let now = Instant::now();
+        let t = r.start_at("x", Some(tokens), false, now - Duration::from_millis(ms));
+        r.finish_at(t, Some(tokens), now);
     }
 
     #[test]
@@ -339,9 +341,10 @@ mod tests {
         // Streamed: the time from the first token to the last, per token
         // after the first (2 s for 9 tokens here), not the wait before it.
         let r = AdapterInflight::default();
-        let t = r.start_at("a", Some(10), true, Instant::now() - Duration::from_secs(5));
-        r.first_token_at(t, Instant::now() - Duration::from_secs(2));
-        r.finish(t, Some(10));
+        let now = Instant::now();
+        let t = r.start_at("a", Some(10), true, now - Duration::from_secs(5));
+        r.first_token_at(t, now - Duration::from_secs(2));
+        r.finish_at(t, Some(10), now);
         r.start("a", Some(10), true);
         let got = r.release_ms(&names(&["a"]), 0, Instant::now()).unwrap();
         assert!((got - 10.0 * 2_000.0 / 9.0).abs() < 20.0, "{got}");

@@ -83,6 +83,15 @@ impl LoraInfo {
             }
     }
 
+    /// Whether a request for `model` (the client asked for `asked`) names
+    /// an adapter on a server that loads adapters: [`Self::serves_adapters`]
+    /// (the cheap test, first: most fleets serve none), then
+    /// [`Self::names_adapter`].
+    #[must_use]
+    pub fn serves_adapter(&self, model: &str, asked: &str) -> bool {
+        self.serves_adapters() && self.names_adapter(model, asked)
+    }
+
     /// Whether the server loads adapters at all (it reports a capacity or
     /// any adapter).
     #[must_use]

@@ -121,9 +121,8 @@ impl DispatchLoad {
         // Cold: not running at the scrape, nor since as far as this
         // picker saw (a request of ours streaming there: the scrape is up
         // to an interval old, and the adapter of a request sent since may
-        // have loaded). The cheap test first: most fleets serve no adapters.
-        let adapter_cold = m.lora.serves_adapters()
-            && m.lora.names_adapter(adapter, &request.model)
+        // have loaded).
+        let adapter_cold = m.lora.serves_adapter(adapter, &request.model)
             && !m.lora.is_active(adapter)
             && !candidate.endpoint.adapter_inflight().is_running(adapter);
         let places_full = m.lora.max_loras > 0 && m.lora.active.len() >= m.lora.max_loras as usize;
@@ -132,19 +131,14 @@ impl DispatchLoad {
         // by the engine's scheduler: they hold up neither a place in the
         // batch nor a request whose adapter can run. At least one waits per
         // such adapter.
+        let cold_waiting = || m.lora.waiting.iter().filter(|a| !m.lora.is_active(a));
         let passed_over = if places_full && !adapter_blocked {
-            let blocked = m.lora.waiting.iter().filter(|a| !m.lora.is_active(a));
-            u32::try_from(blocked.count()).unwrap_or(u32::MAX)
+            u32::try_from(cold_waiting().count()).unwrap_or(u32::MAX)
         } else {
             0
         };
         let adapter_release_ms = if adapter_blocked {
-            let ahead = m
-                .lora
-                .waiting
-                .iter()
-                .filter(|a| a.as_str() != adapter && !m.lora.is_active(a))
-                .count();
+            let ahead = cold_waiting().filter(|a| a.as_str() != adapter).count();
             candidate.endpoint.adapter_inflight().release_ms(
                 &m.lora.active,
                 ahead,

@@ -509,7 +509,7 @@ pub fn start_envoy_tls(dir: &Path, ext_proc_port: u16) -> Envoy {
 /// Starts Envoy with `config`, waiting until it is ready and its listener port known.
 ///
 /// A listener left on port 0 (`listener_0`'s first `port_value: 0`) is
-/// given a port below the kernel's ephemeral range ([`listener_port`])
+/// given a port below the kernel's ephemeral range (`listener_port`)
 /// rather than one the kernel picks: a port the kernel hands out is one a
 /// finished test's processes may still be calling — an epp still scraping
 /// a simulator stopped mid-test, or an address kept dead on purpose — and
@@ -557,29 +557,39 @@ fn with_listener_port(config: &str, port: u16) -> String {
     }
 }
 
+/// The ports below the ephemeral range that test Envoys listen on.
+const LISTENER_SPAN: u32 = 8192;
+
+/// The first port of the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`; Linux's default when unreadable).
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
 /// A port for a test's Envoy listener, free on 127.0.0.1 now and never one
 /// the kernel hands out by itself: taken in turn from the 8,192 ports below
 /// the ephemeral range (`net.ipv4.ip_local_port_range`), starting at a
 /// place set by the process id so that test binaries run one after another
 /// do not begin alike. `None` when that range would reach below 1024 (the
 /// kernel then picks, as before).
-pub fn listener_port() -> Option<u16> {
+fn listener_port() -> Option<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
-    const SPAN: u32 = 8192;
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768);
-    let base = low.checked_sub(SPAN).filter(|b| *b >= 1024)?;
+    let base = ephemeral_low()
+        .checked_sub(LISTENER_SPAN)
+        .filter(|b| *b >= 1024)?;
     let _ = NEXT.compare_exchange(
         u32::MAX,
-        std::process::id().wrapping_mul(7_919) % SPAN,
+        std::process::id().wrapping_mul(7_919) % LISTENER_SPAN,
         Ordering::Relaxed,
         Ordering::Relaxed,
     );
-    for _ in 0..SPAN {
-        let port = u16::try_from(base + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN).ok()?;
+    for _ in 0..LISTENER_SPAN {
+        let port =
+            u16::try_from(base + NEXT.fetch_add(1, Ordering::Relaxed) % LISTENER_SPAN).ok()?;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Some(port);
         }
@@ -673,11 +683,11 @@ fn spawn_envoy(dir: &Path, file: &str, config: &str) -> Result<Envoy, String> {
 }
 
 /// Simulators + epp + Envoy, the whole request path.
-#[derive(Debug)]
 ///
 /// Dropped in the reverse of the order started (fields drop in order):
 /// Envoy, then epp, then the simulators, so that no process outlives the
 /// one it calls.
+#[derive(Debug)]
 pub struct Stack {
     /// Envoy, calling epp.
     pub envoy: Envoy,
@@ -793,16 +803,12 @@ mod tests {
 
     #[test]
     fn listener_ports_are_below_the_ephemeral_range_and_not_repeated() {
-        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let low = ephemeral_low();
         let ports: Vec<u16> = (0..50).map(|_| listener_port().unwrap()).collect();
         assert!(
-            ports.iter().all(|p| *p < low && *p >= low - 8192),
+            ports
+                .iter()
+                .all(|p| u32::from(*p) < low && u32::from(*p) >= low - LISTENER_SPAN),
             "{ports:?}"
         );
         let mut unique = ports.clone();
