@@ -612,6 +612,37 @@ mod tests {
         dot(theta, &f.vector()) * rng.random_range(0.95..1.05)
     }
 
+    /// An engine whose step a request waits out once whenever anything
+    /// runs (30 ms), and 5 ms per running request beyond that: `busy`
+    /// takes the step, the running count only its slope.
+    #[test]
+    fn busy_takes_the_step_the_running_count_does_not() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let model = LatencyModel::new(ModelSettings::default());
+        let truth = |f: &Features| 50.0 + 30.0 * f.vector()[12] + 5.0 * f.running;
+        for _ in 0..2000 {
+            let f = Features {
+                running: f64::from(rng.random_range(0..4u32).min(1) * rng.random_range(1..9u32)),
+                ..Features::default()
+            };
+            model.observe(&f, truth(&f));
+        }
+        let theta = model.coefficients();
+        assert!((theta[12] - 30.0).abs() <= 3.0, "busy: {theta:?}");
+        assert!((theta[3] - 5.0).abs() <= 0.5, "running: {theta:?}");
+        // A warm engine's request costs the same step with one running as
+        // with eight, plus the slope alone.
+        let at = |running: f64| {
+            model.predict(&Features {
+                running,
+                ..Features::default()
+            })
+        };
+        let (idle, one, eight) = (at(0.0).unwrap(), at(1.0).unwrap(), at(8.0).unwrap());
+        assert!((one - idle - 35.0).abs() <= 3.0, "{idle} {one}");
+        assert!((eight - one - 35.0).abs() <= 3.0, "{one} {eight}");
+    }
+
     #[test]
     fn recovers_known_coefficients() {
         let mut rng = StdRng::seed_from_u64(7);
