@@ -87,6 +87,7 @@ impl LoraInfo {
     /// an adapter on a server that loads adapters: [`Self::serves_adapters`]
     /// (the cheap test, first: most fleets serve none), then
     /// [`Self::names_adapter`].
+    #[inline]
     #[must_use]
     pub fn serves_adapter(&self, model: &str, asked: &str) -> bool {
         self.serves_adapters() && self.names_adapter(model, asked)
@@ -94,6 +95,7 @@ impl LoraInfo {
 
     /// Whether the server loads adapters at all (it reports a capacity or
     /// any adapter).
+    #[inline]
     #[must_use]
     pub fn serves_adapters(&self) -> bool {
         self.max_loras > 0 || !self.active.is_empty() || !self.waiting.is_empty()

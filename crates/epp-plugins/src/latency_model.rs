@@ -216,7 +216,7 @@ impl Features {
     #[inline]
     #[must_use]
     pub fn vector(&self) -> [f64; FEATURES] {
-        let uncached_k = self.uncached_tokens / 1000.0;
+        let uncached_k = self.uncached_tokens * 1e-3;
         [
             1.0,
             self.waiting,
@@ -224,7 +224,7 @@ impl Features {
             self.running,
             self.kv_utilization,
             uncached_k,
-            self.cached_tokens / 1000.0,
+            self.cached_tokens * 1e-3,
             self.running * uncached_k,
             self.adapter_cold,
             self.slot_wait,
@@ -502,7 +502,7 @@ impl LatencyModel {
     /// [`Self::predict_unchecked`] with the part of it that is the
     /// request's own work ([`PredictionParts`]); neither is negative, and
     /// the part does not exceed the whole.
-    #[inline]
+    #[inline(always)]
     #[must_use]
     pub fn predict_parts(&self, features: &Features) -> Option<PredictionParts> {
         let x = features.vector();

@@ -734,7 +734,10 @@ impl DataProducer for PredictedLatencyProducer {
         // One read lock for the whole cycle: fitting only takes it to add
         // an endpoint.
         let map = self.endpoints.read();
-        let now = self.now();
+        // One clock read for the cycle: when it started (the prediction
+        // time recorded below), and the models' `seen` second.
+        let started = std::time::Instant::now();
+        let now = started.saturating_duration_since(self.started).as_secs();
         // The prefill of the cached tokens a miss evicts, priced by the
         // fleet's model for every candidate alike, as what a hit saves
         // (identifiable even when every prompt has one length): an
@@ -742,7 +745,6 @@ impl DataProducer for PredictedLatencyProducer {
         let displaced_per_token = self.params.displaced_cache_weight
             * self.fleet.ttft.model.prefill_a_hit_saves_per_1k()
             / 1000.0;
-        let started = std::time::Instant::now();
         let mut predicted = false;
         for c in candidates {
             let load = DispatchLoad::of(c, cx.request, state.prefix.ratio(c.id()));
