@@ -117,7 +117,7 @@ impl fmt::Debug for Dispatch {
 
 /// The prompt tokens an endpoint must compute for a request of `tokens`
 /// prompt tokens of which the fraction `prefix_hit` (in `[0, 1]`) is in its
-/// prefix cache: the uncached part, rounded up.
+/// prefix cache: the uncached part, rounded up (at most `i64::MAX`).
 #[inline]
 #[must_use]
 pub fn uncached_tokens(tokens: u64, prefix_hit: f64) -> u64 {
@@ -127,17 +127,16 @@ pub fn uncached_tokens(tokens: u64, prefix_hit: f64) -> u64 {
         prefix_hit.clamp(0.0, 1.0)
     };
     // Rounded up without `f64::ceil`, which the baseline x86-64 target
-    // (no SSE4.1) compiles to a libm call: this runs for every candidate of
-    // every cycle. The product is in `[0, tokens]`, so the truncating cast
-    // is exact below it.
+    // (no SSE4.1) compiles to a libm call, and through `i64`, which it
+    // converts to and from `f64` in one instruction each (`u64` takes a
+    // branchy sequence): this runs for every candidate of every cycle. The
+    // product is in `[0, tokens]`, so the truncating cast is exact below
+    // it.
+    let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
     let exact = tokens as f64 * (1.0 - hit);
-    let whole = exact as u64;
-    let up = if (whole as f64) < exact {
-        whole.saturating_add(1)
-    } else {
-        whole
-    };
-    up.min(tokens)
+    let whole = exact as i64;
+    let up = whole.saturating_add(i64::from((whole as f64) < exact));
+    up.clamp(0, tokens).unsigned_abs()
 }
 
 /// Registers `request` in its endpoint's [`crate::AdapterInflight`] when it
@@ -444,7 +443,7 @@ mod tests {
         assert_eq!(uncached_tokens(100, -3.0), 100);
         assert_eq!(uncached_tokens(100, 4.0), 0);
         assert_eq!(uncached_tokens(100, f64::NAN), 100);
-        assert_eq!(uncached_tokens(u64::MAX, 0.0), u64::MAX);
+        assert_eq!(uncached_tokens(u64::MAX, 0.0), i64::MAX.unsigned_abs());
         // The same as rounding up with `f64::ceil`, which it avoids.
         for tokens in (0..300).chain([4096, 16_384, 1 << 40]) {
             for k in 0..=64 {
