@@ -101,6 +101,9 @@ pub struct Dispatch {
     /// Its place in the endpoint's [`crate::AdapterInflight`], when it
     /// names a LoRA adapter there.
     adapter: Option<AdapterTicket>,
+    /// Counted in the endpoint's [`crate::InflightCounters::unanswered`]
+    /// (until its first response bytes).
+    unanswered: bool,
 }
 
 impl fmt::Debug for Dispatch {
@@ -213,6 +216,7 @@ impl Dispatch {
             prompt.1.saturating_add(output),
         );
         endpoint.inflight().start_with(tokens, uncached_tokens);
+        endpoint.inflight().await_answer();
         if let Some(feed) = scheduler.replica_feed() {
             feed.load_changed();
         }
@@ -231,6 +235,7 @@ impl Dispatch {
             streamed: false,
             prefill: None,
             adapter,
+            unanswered: true,
         }
     }
 
@@ -269,6 +274,7 @@ impl Dispatch {
         }
         self.first_byte = Some(Instant::now());
         self.streamed = streamed;
+        self.answered();
         if !streamed || !self.open {
             return;
         }
@@ -280,6 +286,13 @@ impl Dispatch {
             self.tokens -= tokens;
             self.uncached_tokens -= uncached;
             self.load_changed();
+        }
+    }
+
+    /// The request leaves its endpoint's unanswered count (once).
+    fn answered(&mut self) {
+        if std::mem::take(&mut self.unanswered) {
+            self.endpoint.inflight().answered();
         }
     }
 
@@ -345,6 +358,10 @@ impl Dispatch {
         served
             .inflight()
             .start_with(self.tokens, self.uncached_tokens);
+        if self.unanswered {
+            self.endpoint.inflight().answered();
+            served.inflight().await_answer();
+        }
         self.endpoint = served;
         self.load_changed();
         true
@@ -384,6 +401,7 @@ impl Dispatch {
         self.endpoint
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
+        self.answered();
         if let Some(ticket) = self.adapter.take() {
             let adapters = self.endpoint.adapter_inflight();
             match outcome {
@@ -635,6 +653,57 @@ mod tests {
         assert!(!load.adapter_cold && !load.adapter_blocked);
         drop(sent);
         assert!(blocked(&d).adapter_cold);
+    }
+
+    /// A request counts as unanswered at its endpoint from dispatch to its
+    /// first response bytes (streamed or not), moves with `served_by`, and
+    /// leaves when it ends without any; the next request's load reads it.
+    #[test]
+    fn unanswered_from_dispatch_to_the_first_bytes() {
+        let s = setup();
+        let e = &s.endpoint;
+        let unanswered = || e.inflight().unanswered();
+        let start = || {
+            Dispatch::start(
+                Arc::clone(&s.scheduler),
+                s.request.clone(),
+                Arc::clone(e),
+                0.0,
+            )
+        };
+        let mut streamed = start();
+        let mut whole = start();
+        let aborted = start();
+        assert_eq!(unanswered(), 3);
+        // A request's load counts those before it, not itself.
+        assert_eq!(start().load().unanswered, 3);
+        assert_eq!(unanswered(), 3, "the one just dropped left");
+        streamed.first_body_bytes(true);
+        streamed.first_body_bytes(true);
+        assert_eq!(unanswered(), 2, "only the first bytes count");
+        whole.first_body_bytes(false);
+        assert_eq!(unanswered(), 1);
+        drop(aborted);
+        assert_eq!(unanswered(), 0);
+        // Completing after the first bytes takes nothing more.
+        streamed.complete(None, RequestOutcome::Completed { status: 200 });
+        assert_eq!(unanswered(), 0);
+        // Moved before answering: counted where it went.
+        let other = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
+        let mut moved = start();
+        assert!(moved.served_by(Arc::clone(&other)));
+        assert_eq!((unanswered(), other.inflight().unanswered()), (0, 1));
+        moved.first_body_bytes(true);
+        assert_eq!(other.inflight().unanswered(), 0);
+        // Answered first, then moved: nothing to move.
+        let mut late = start();
+        late.first_body_bytes(true);
+        assert!(late.served_by(Arc::clone(&other)));
+        assert_eq!((unanswered(), other.inflight().unanswered()), (0, 0));
+        drop((whole, late));
+        // More answers than waits never wrap around.
+        e.inflight().answered();
+        assert_eq!(unanswered(), 0);
     }
 
     #[test]

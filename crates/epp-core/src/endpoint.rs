@@ -230,6 +230,7 @@ pub struct InflightCounters {
     peer_requests: AtomicU32,
     peer_tokens: AtomicU64,
     peer_uncached_tokens: AtomicU64,
+    unanswered: AtomicU32,
 }
 
 impl InflightCounters {
@@ -331,6 +332,34 @@ impl InflightCounters {
                 Some(v.saturating_sub(1))
             });
         self.release_tokens(tokens, uncached_tokens);
+    }
+
+    /// Requests this replica routed to the endpoint that have had no
+    /// response bytes yet: waiting in its queue, or computing their
+    /// prompts. Unlike a scrape's queue this is current, and unlike
+    /// [`Self::requests`] it leaves out those already answering. Peers do
+    /// not report it: their requests are not in it.
+    #[inline]
+    #[must_use]
+    pub fn unanswered(&self) -> u32 {
+        self.unanswered.load(Ordering::Relaxed)
+    }
+
+    /// A request routed here awaits its first response bytes (counted by
+    /// [`Self::unanswered`] until [`Self::answered`]).
+    pub fn await_answer(&self) {
+        self.unanswered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request counted by [`Self::await_answer`] had its first response
+    /// bytes, or ended without any.
+    pub fn answered(&self) {
+        // Saturating: an answer without a wait must not wrap around.
+        let _ = self
+            .unanswered
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
     }
 
     /// Takes `tokens` (of which `uncached_tokens`) of a request still in

@@ -78,6 +78,12 @@ pub struct DispatchLoad {
     /// completed ([`Candidate::since_scrape`]): negative when more completed
     /// than were sent, i.e. the scrape's counts are already too high.
     pub dispatched: i32,
+    /// Requests this picker sent there that have had no response bytes
+    /// yet, now ([`crate::InflightCounters::unanswered`]): queued there, or
+    /// computing their prompts, which the request waits behind. Current
+    /// where the scrape's queue is up to an interval old, and it counts the
+    /// prompts being computed, which the scrape shows as running.
+    pub unanswered: u32,
     /// The request's estimated prompt tokens.
     pub prompt_tokens: u64,
     /// Of those, the tokens its prefix cache is not expected to hold.
@@ -157,6 +163,7 @@ impl DispatchLoad {
                 0.0
             },
             dispatched: i32::try_from(since.requests).unwrap_or(i32::MAX),
+            unanswered: candidate.endpoint.inflight().unanswered(),
             prompt_tokens,
             uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
             adapter_cold,
@@ -416,6 +423,8 @@ mod tests {
         });
         e.inflight().start_with(10, 10);
         e.inflight().start_with(10, 10);
+        // Of the two, one has begun to answer.
+        e.inflight().await_answer();
         let c = Candidate::new(&e);
         let r = InferenceRequest::builder("base")
             .target_model("b")
@@ -429,6 +438,7 @@ mod tests {
                 running: 7,
                 kv_usage: 0.5,
                 dispatched: 2,
+                unanswered: 1,
                 prompt_tokens: 100,
                 uncached_tokens: 25,
                 adapter_cold: true,

@@ -4,13 +4,30 @@
 //! The model is linear in a fixed set of [`Features`] read at dispatch:
 //!
 //! ```text
-//! predicted = θ · [1, waiting, dispatched, running, kv, uncached/1000, cached/1000,
-//!                  running · uncached/1000, adapter_cold, slot_wait, adapter_blocked,
-//!                  kv_wait², busy]
+//! predicted = θ · [1, waiting, dispatched, running, unanswered, uncached/1000,
+//!                  cached/1000, running · uncached/1000, adapter_cold, slot_wait,
+//!                  adapter_blocked, kv_wait², busy]
 //! ```
 //!
 //! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
-//! for the queue a request waits behind, `slot_wait` for the requests that
+//! for the queue a request waits behind, and `unanswered` (requests epp sent
+//! there that have had no response bytes yet, counted now) for the queue and
+//! the prompts being computed, as they are when the request arrives: the
+//! scrape's queue is up to an interval old and shows a prompt being
+//! computed as running. A request arriving while another's long prompt is
+//! computed waits for that step: in the routing benchmark's many-tenants a
+//! cached prompt with no wait for KV room took a median 42 ms with nothing
+//! unanswered there, 87–130 ms with one request unanswered and 818–912 with
+//! two or more (two runs), and the runs' errors were 0.22–0.28 without the
+//! input. Replayed over five workloads' logged samples, the input took
+//! many-tenants from 0.221 and 0.277 to 0.201 and 0.238, mixed-speeds from
+//! 0.155 to 0.137 and lora-mix from 0.224 to 0.193, with shared-prefix and
+//! no-sharing within 0.01 (0.150 → 0.152, 0.080 → 0.089). It took the place
+//! of the KV utilisation, whose coefficient the fit left at 0 on every
+//! endpoint of many-tenants and shared-prefix and at 0–27 ms for a full
+//! cache on mixed-speeds and no-sharing: a full cache shows in the wait for
+//! room ([`Features::kv_wait`]) rather than in a linear term.
+//! `slot_wait` for the requests that
 //! must leave a full running batch before it gets a place in it
 //! ([`Features::slot_wait`]: the wait for a slot is what makes an engine's
 //! latency bend upwards at its batch limit, which no sum of the counts
@@ -109,11 +126,15 @@ const CACHED: usize = 6;
 const SLOT_WAIT: usize = 9;
 
 /// The inputs of the request's wait in the endpoint's queue: the requests
-/// waiting there at the scrape, those sent since, the wait for a place in a
-/// full batch (which, at the limit, is the other two plus one: the fit may
+/// waiting there at the scrape, those sent since, those not yet answered
+/// (queued, or their prompts being computed), the wait for a place in a
+/// full batch (which, at the limit, is the first two plus one: the fit may
 /// split the wait between them any way) and the squared wait for room in
 /// the KV cache.
-const QUEUE_WAIT: [usize; 4] = [1, 2, SLOT_WAIT, KV_WAIT_SQUARED];
+const QUEUE_WAIT: [usize; 5] = [1, 2, UNANSWERED, SLOT_WAIT, KV_WAIT_SQUARED];
+
+/// The input of the requests sent there that have had no answer yet.
+const UNANSWERED: usize = 4;
 
 /// The input of the wait for room in the KV cache, squared.
 const KV_WAIT_SQUARED: usize = 11;
@@ -142,8 +163,10 @@ pub struct Features {
     pub dispatched: f64,
     /// Requests running at the last scrape.
     pub running: f64,
-    /// KV-cache utilisation in `[0, 1]`.
-    pub kv_utilization: f64,
+    /// Requests this picker sent there that have had no response bytes
+    /// yet ([`epp_core::DispatchLoad::unanswered`]): queued there, or
+    /// computing their prompts, now.
+    pub unanswered: f64,
     /// Prompt tokens the endpoint's prefix cache is not expected to hold.
     pub uncached_tokens: f64,
     /// Prompt tokens it is expected to hold.
@@ -177,7 +200,7 @@ impl From<&epp_core::DispatchLoad> for Features {
             waiting: f64::from(load.waiting),
             dispatched: f64::from(load.dispatched),
             running: f64::from(load.running),
-            kv_utilization: load.kv_usage,
+            unanswered: f64::from(load.unanswered),
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
             adapter_cold: f64::from(u8::from(load.adapter_cold)),
@@ -222,7 +245,7 @@ impl Features {
             self.waiting,
             self.dispatched,
             self.running,
-            self.kv_utilization,
+            self.unanswered,
             uncached_k,
             self.cached_tokens * 1e-3,
             self.running * uncached_k,
@@ -578,13 +601,13 @@ mod tests {
     use super::*;
 
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
-    /// 80 per thousand uncached tokens + 4 per thousand uncached tokens per
+    /// 40 per request not yet answered + 80 per thousand uncached tokens + 4 per thousand uncached tokens per
     /// running request + 150 for a cold adapter, 100 more per 100 ms until
     /// a place frees when it cannot load yet + 60 per request ahead of it
     /// for a place in the batch + 15 per square of the running requests it
     /// waits for room behind + 20 when anything runs, with ±5 % noise.
     const TRUE: [f64; FEATURES] = [
-        20.0, 30.0, 25.0, 0.0, 0.0, 80.0, 0.0, 4.0, 150.0, 60.0, 100.0, 15.0, 20.0,
+        20.0, 30.0, 25.0, 0.0, 40.0, 80.0, 0.0, 4.0, 150.0, 60.0, 100.0, 15.0, 20.0,
     ];
     const ADAPTER_BLOCKED: usize = 10;
 
@@ -594,7 +617,7 @@ mod tests {
             waiting: f64::from(rng.random_range(0..20u32)),
             dispatched: f64::from(rng.random_range(0..5u32)),
             running: f64::from(rng.random_range(0..64u32)),
-            kv_utilization: rng.random_range(0.0..1.0),
+            unanswered: f64::from(rng.random_range(0..6u32)),
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
             adapter_cold,
@@ -849,14 +872,13 @@ mod tests {
         // 0 ms and one on an idle server as slow as a miss (128 ms): half
         // the hits went elsewhere, and the run's hit rate fell to 0.42.
         let model = LatencyModel::new(ModelSettings::default());
-        for (waiting, dispatched, running, kv_utilization, uncached, cached, ttft) in
-            EARLY_SHARED_PREFIX
+        for (waiting, dispatched, running, _kv_usage, uncached, cached, ttft) in EARLY_SHARED_PREFIX
         {
             let f = Features {
                 waiting,
                 dispatched,
                 running,
-                kv_utilization,
+                unanswered: 0.0,
                 uncached_tokens: uncached,
                 cached_tokens: cached,
                 adapter_cold: 0.0,
@@ -870,7 +892,6 @@ mod tests {
         assert!(theta.iter().all(|&t| t >= 0.0), "{theta:?}");
         let miss = |running: f64| Features {
             running,
-            kv_utilization: 0.17 * running,
             uncached_tokens: 5532.0,
             ..Features::default()
         };
