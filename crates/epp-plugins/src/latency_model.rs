@@ -24,11 +24,13 @@
 //! 0.155 to 0.137 and lora-mix from 0.224 to 0.193, with shared-prefix and
 //! no-sharing within 0.01 (0.150 → 0.152, 0.080 → 0.089). It took the place
 //! of the KV utilisation, whose coefficient the fit left at 0 on every
-//! endpoint of many-tenants and shared-prefix and at 0–27 ms for a full
-//! cache on mixed-speeds and no-sharing: a full cache shows in the wait for
-//! room ([`Features::kv_wait`]) rather than in a linear term.
-//! `slot_wait` for the requests that
-//! must leave a full running batch before it gets a place in it
+//! endpoint of many-tenants and shared-prefix, at 0–27 ms for a full cache
+//! on mixed-speeds and no-sharing, and at 46 and 209 ms on two of lora-mix's
+//! four endpoints, where the replay without it did better still: a full
+//! cache shows in the wait for room ([`Features::kv_wait`]) rather than in a
+//! linear term.
+//! `slot_wait` stands for the requests that must leave a full running batch
+//! before it gets a place in it
 //! ([`Features::slot_wait`]: the wait for a slot is what makes an engine's
 //! latency bend upwards at its batch limit, which no sum of the counts
 //! alone follows — in the routing benchmark a cached prompt took 45 ms with
@@ -601,11 +603,12 @@ mod tests {
     use super::*;
 
     /// A server whose TTFT (ms) is 20 + 30·waiting + 25·dispatched +
-    /// 40 per request not yet answered + 80 per thousand uncached tokens + 4 per thousand uncached tokens per
-    /// running request + 150 for a cold adapter, 100 more per 100 ms until
-    /// a place frees when it cannot load yet + 60 per request ahead of it
-    /// for a place in the batch + 15 per square of the running requests it
-    /// waits for room behind + 20 when anything runs, with ±5 % noise.
+    /// 40 per request not yet answered + 80 per thousand uncached tokens +
+    /// 4 per thousand uncached tokens per running request + 150 for a cold
+    /// adapter, 100 more per 100 ms until a place frees when it cannot load
+    /// yet + 60 per request ahead of it for a place in the batch + 15 per
+    /// square of the running requests it waits for room behind + 20 when
+    /// anything runs, with ±5 % noise.
     const TRUE: [f64; FEATURES] = [
         20.0, 30.0, 25.0, 0.0, 40.0, 80.0, 0.0, 4.0, 150.0, 60.0, 100.0, 15.0, 20.0,
     ];
