@@ -101,9 +101,6 @@ pub struct Dispatch {
     /// Its place in the endpoint's [`crate::AdapterInflight`], when it
     /// names a LoRA adapter there.
     adapter: Option<AdapterTicket>,
-    /// Counted in the endpoint's [`crate::InflightCounters::unanswered`]
-    /// (until its first response bytes).
-    unanswered: bool,
 }
 
 impl fmt::Debug for Dispatch {
@@ -235,7 +232,6 @@ impl Dispatch {
             streamed: false,
             prefill: None,
             adapter,
-            unanswered: true,
         }
     }
 
@@ -274,7 +270,10 @@ impl Dispatch {
         }
         self.first_byte = Some(Instant::now());
         self.streamed = streamed;
-        self.answered();
+        if self.open {
+            // Its first bytes: it leaves the endpoint's unanswered count.
+            self.endpoint.inflight().answered();
+        }
         if !streamed || !self.open {
             return;
         }
@@ -286,13 +285,6 @@ impl Dispatch {
             self.tokens -= tokens;
             self.uncached_tokens -= uncached;
             self.load_changed();
-        }
-    }
-
-    /// The request leaves its endpoint's unanswered count (once).
-    fn answered(&mut self) {
-        if std::mem::take(&mut self.unanswered) {
-            self.endpoint.inflight().answered();
         }
     }
 
@@ -358,7 +350,8 @@ impl Dispatch {
         served
             .inflight()
             .start_with(self.tokens, self.uncached_tokens);
-        if self.unanswered {
+        // Still open here: unanswered until its first bytes.
+        if self.first_byte.is_none() {
             self.endpoint.inflight().answered();
             served.inflight().await_answer();
         }
@@ -401,7 +394,9 @@ impl Dispatch {
         self.endpoint
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
-        self.answered();
+        if self.first_byte.is_none() {
+            self.endpoint.inflight().answered();
+        }
         if let Some(ticket) = self.adapter.take() {
             let adapters = self.endpoint.adapter_inflight();
             match outcome {

@@ -613,6 +613,9 @@ mod tests {
         20.0, 30.0, 25.0, 0.0, 40.0, 80.0, 0.0, 4.0, 150.0, 60.0, 100.0, 15.0, 20.0,
     ];
     const ADAPTER_BLOCKED: usize = 10;
+    const RUNNING: usize = 3;
+    /// 1 when anything runs there.
+    const BUSY: usize = 12;
 
     fn random_features(rng: &mut StdRng) -> Features {
         let adapter_cold = f64::from(rng.random_range(0..4u32) == 0);
@@ -645,7 +648,7 @@ mod tests {
     fn busy_takes_the_step_the_running_count_does_not() {
         let mut rng = StdRng::seed_from_u64(11);
         let model = LatencyModel::new(ModelSettings::default());
-        let truth = |f: &Features| 50.0 + 30.0 * f.vector()[12] + 5.0 * f.running;
+        let truth = |f: &Features| 50.0 + 30.0 * f.vector()[BUSY] + 5.0 * f.running;
         for _ in 0..2000 {
             let f = Features {
                 running: f64::from(rng.random_range(0..4u32).min(1) * rng.random_range(1..9u32)),
@@ -654,8 +657,8 @@ mod tests {
             model.observe(&f, truth(&f));
         }
         let theta = model.coefficients();
-        assert!((theta[12] - 30.0).abs() <= 3.0, "busy: {theta:?}");
-        assert!((theta[3] - 5.0).abs() <= 0.5, "running: {theta:?}");
+        assert!((theta[BUSY] - 30.0).abs() <= 3.0, "busy: {theta:?}");
+        assert!((theta[RUNNING] - 5.0).abs() <= 0.5, "running: {theta:?}");
         // A warm engine's request costs the same step with one running as
         // with eight, plus the slope alone.
         let at = |running: f64| {
