@@ -1312,10 +1312,9 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=VENV / "bench-tokenizer")
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
     ap.add_argument("--client", choices=["inference-perf", "rust"],
-                    help="one client for every workload (default: inference-perf, Rust for the LoRA mix); "
-                    "Rust has shared-prefix, many-tenants, no-sharing, mixed-speeds, lora-mix, long-answers and "
-                    "two-gateways (Rust only: it sends the second gateway's stream), and sends every contender the "
-                    "same arrivals")
+                    help="one client for every workload (default: inference-perf, Rust for the LoRA mix and "
+                    "two-gateways); Rust has every workload and sends every contender the same arrivals "
+                    "(two-gateways is Rust only: it sends the second gateway's stream)")
     args = ap.parse_args()
     if args.quick:
         args.repeats = 1

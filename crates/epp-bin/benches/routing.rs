@@ -107,14 +107,124 @@ impl Words {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Workload {
-    SharedPrefix,
-    ManyTenants,
-    NoSharing,
-    LoraMix,
-    LongAnswers,
+/// A length drawn from N(mean, sd), clamped to [min, max].
+#[derive(Clone, Copy)]
+struct Lengths {
+    min: u64,
+    max: u64,
+    mean: f64,
+    sd: f64,
 }
+
+impl Lengths {
+    fn draw(self, rng: &mut Rng) -> u64 {
+        rng.length(self.min, self.max, self.mean, self.sd)
+    }
+}
+
+/// The requests of a workload, as benches/routing/run.py's workload of the
+/// same name describes them.
+#[derive(Clone, Copy)]
+enum Workload {
+    /// `tenants` system prompts of `system_tokens` each; every request is one
+    /// of them (chosen at random) and a 32-token question.
+    Tenants {
+        tenants: usize,
+        system_tokens: u64,
+        output_tokens: u64,
+    },
+    /// Unique prompts of random lengths; with `lora`, each names one of the
+    /// adapters (uniform).
+    Random {
+        prompt: Lengths,
+        output: Lengths,
+        lora: bool,
+    },
+}
+
+/// inference-perf's random data of the routing benchmark (no-sharing, lora-mix).
+const MIXED_PROMPTS: Lengths = Lengths {
+    min: 64,
+    max: 4000,
+    mean: 1000.0,
+    sd: 800.0,
+};
+const MIXED_OUTPUTS: Lengths = Lengths {
+    min: 8,
+    max: 64,
+    mean: 32.0,
+    sd: 16.0,
+};
+
+/// The workload `--workload` names.
+const WORKLOADS: &[(&str, Workload)] = &[
+    (
+        "shared-prefix",
+        Workload::Tenants {
+            tenants: 16,
+            system_tokens: 6000,
+            output_tokens: 32,
+        },
+    ),
+    (
+        "many-tenants",
+        Workload::Tenants {
+            tenants: 64,
+            system_tokens: 6000,
+            output_tokens: 32,
+        },
+    ),
+    (
+        "short-prompts",
+        Workload::Tenants {
+            tenants: 32,
+            system_tokens: 256,
+            output_tokens: 8,
+        },
+    ),
+    (
+        "long-answers",
+        Workload::Tenants {
+            tenants: 64,
+            system_tokens: 2000,
+            output_tokens: 256,
+        },
+    ),
+    (
+        "no-sharing",
+        Workload::Random {
+            prompt: MIXED_PROMPTS,
+            output: MIXED_OUTPUTS,
+            lora: false,
+        },
+    ),
+    (
+        "lora-mix",
+        Workload::Random {
+            prompt: MIXED_PROMPTS,
+            output: MIXED_OUTPUTS,
+            lora: true,
+        },
+    ),
+    (
+        "long-outputs",
+        Workload::Random {
+            prompt: Lengths {
+                min: 64,
+                max: 2000,
+                mean: 500.0,
+                sd: 400.0,
+            },
+            output: Lengths {
+                min: 64,
+                max: 256,
+                mean: 160.0,
+                sd: 48.0,
+            },
+            lora: false,
+        },
+    ),
+];
 
 /// One request: model, prompt, output tokens.
 struct Req {
@@ -139,13 +249,16 @@ impl Gen {
         // workloads; each request picks its tenant at random, where
         // inference-perf's data set has a fixed number of questions per
         // tenant, so hit rates are not comparable between the clients).
-        let (tenants, tokens) = match workload {
-            Workload::SharedPrefix => (16, 6000),
-            Workload::ManyTenants => (64, 6000),
-            Workload::LongAnswers => (64, 2000),
-            Workload::NoSharing | Workload::LoraMix => (0, 0),
+        let prefixes = match workload {
+            Workload::Tenants {
+                tenants,
+                system_tokens,
+                ..
+            } => (0..tenants)
+                .map(|_| words.draw(&mut rng, system_tokens))
+                .collect(),
+            Workload::Random { .. } => Vec::new(),
         };
-        let prefixes = (0..tenants).map(|_| words.draw(&mut rng, tokens)).collect();
         Self {
             workload,
             rng,
@@ -167,13 +280,8 @@ impl Gen {
 
     fn next(&mut self) -> Req {
         match self.workload {
-            Workload::SharedPrefix | Workload::ManyTenants | Workload::LongAnswers => {
+            Workload::Tenants { output_tokens, .. } => {
                 let tenant = self.rng.below(self.prefixes.len());
-                let max_tokens = if self.workload == Workload::LongAnswers {
-                    256
-                } else {
-                    32
-                };
                 Req {
                     model: MODEL.to_owned(),
                     prompt: format!(
@@ -181,14 +289,18 @@ impl Gen {
                         self.prefixes[tenant],
                         self.words.draw(&mut self.rng, 32)
                     ),
-                    max_tokens,
+                    max_tokens: output_tokens,
                     tenant: Some(tenant),
                 }
             }
-            Workload::NoSharing | Workload::LoraMix => {
-                let prompt_tokens = self.rng.length(64, 4000, 1000.0, 800.0);
-                let max_tokens = self.rng.length(8, 64, 32.0, 16.0);
-                let model = if self.workload == Workload::LoraMix {
+            Workload::Random {
+                prompt,
+                output,
+                lora,
+            } => {
+                let prompt_tokens = prompt.draw(&mut self.rng);
+                let max_tokens = output.draw(&mut self.rng);
+                let model = if lora {
                     format!("adapter-{}", self.rng.below(ADAPTERS))
                 } else {
                     MODEL.to_owned()
@@ -322,17 +434,10 @@ fn parse_args() -> Result<Option<Args>, String> {
         .trim_end_matches('/')
         .parse()
         .map_err(|e| format!("--url port: {e}"))?;
-    let workload = match get("--workload").as_deref() {
-        Some("shared-prefix") => Workload::SharedPrefix,
-        Some("many-tenants") => Workload::ManyTenants,
-        Some("no-sharing") => Workload::NoSharing,
-        Some("lora-mix") => Workload::LoraMix,
-        Some("long-answers") => Workload::LongAnswers,
-        other => {
-            return Err(format!(
-                "--workload shared-prefix|many-tenants|no-sharing|lora-mix|long-answers, got {other:?}"
-            ));
-        }
+    let name = get("--workload").unwrap_or_default();
+    let Some(&(_, workload)) = WORKLOADS.iter().find(|(n, _)| *n == name) else {
+        let names: Vec<&str> = WORKLOADS.iter().map(|(n, _)| *n).collect();
+        return Err(format!("--workload {}, got {name:?}", names.join("|")));
     };
     let words = match get("--words") {
         None => Vec::new(),
