@@ -28,7 +28,10 @@ decisions-<replica>.json.
 An epp contender named with a suffix -x2 or -x3 (`epp-x2`, `epp-precise-x3`)
 runs as that many epp replicas behind one Envoy (its ext_proc cluster round-robins);
 with -peers before it (`epp-peers-x2`, `epp-precise-peers-x3`) the replicas share their
-in-flight load and picks (`udp-peer-syncer`).
+in-flight load and picks (`udp-peer-syncer`). With -standby before the -xN
+(`epp-precise-peers-standby-x2`) every replica but the first is in Envoy's failover
+priority: it runs, scrapes, subscribes and syncs as a replica does, but routes nothing
+(a control: several replicas' cost to the machine without their split routing).
 
 Writes DIR/results.jsonl (one line per workload x contender x repeat x rate)
 and, through report.py, DIR/report.md and DIR/ttft_p90.png.
@@ -390,6 +393,8 @@ PRECISE = ("epp-precise", "epp-precise-redis")
 # `epp-precise-peers-x3`. Each replica's config gets the syncer, its own address and the
 # list of all, as a user would write one config per replica or one headless Service name.
 PEERS = "-peers"
+# Every replica but the first on standby (Envoy's priority 1): see the module docs.
+STANDBY = "-standby"
 PEERS_SYNC = """\
 - type: udp-peer-syncer
   parameters: {{address: "127.0.0.1:{own}"}}
@@ -635,7 +640,7 @@ def epp_replicas(contender: str) -> tuple[str, int]:
     A `-peers` suffix before it (`epp-precise-peers-x2`) is dropped here: see `shares_state`."""
     m = re.fullmatch(r"(.+)-x([2-9])", contender)
     base, n = (m.group(1), int(m.group(2))) if m else (contender, 1)
-    return base.removesuffix(PEERS), n
+    return base.removesuffix(STANDBY).removesuffix(PEERS), n
 
 
 def shares_state(contender: str) -> bool:
@@ -788,9 +793,12 @@ class Fleet:
             one = "              socket_address: { address: 127.0.0.1, port_value: 9002 }\n"
             if one not in config:
                 raise RuntimeError("examples/envoy/envoy-streamed.yaml: ext_proc endpoint line not found")
+            # On standby, the other replicas are a second locality at priority 1: Envoy
+            # sends them nothing while the first is healthy.
+            later = ("      - priority: 1\n        lb_endpoints:\n" if STANDBY in contender else "") \
+                + "        - endpoint:\n            address:\n"
             endpoints = "".join(
-                ("        - endpoint:\n            address:\n" if i else "")
-                + one.replace("9002", str(g)) for i, g in enumerate(grpcs))
+                (later if i else "") + one.replace("9002", str(g)) for i, g in enumerate(grpcs))
             config = config.replace(one, endpoints)
             return self._start_envoy(config, port)
         if contender == "reference":
