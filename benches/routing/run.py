@@ -637,7 +637,8 @@ def shared_loopback_port(ips: list[str]) -> int:
 
 def epp_replicas(contender: str) -> tuple[str, int]:
     """`epp-x2` -> ("epp", 2): an epp contender run as N replicas behind one Envoy.
-    A `-peers` suffix before it (`epp-precise-peers-x2`) is dropped here: see `shares_state`."""
+    `-peers` and `-standby` suffixes before it (`epp-precise-peers-standby-x2`) are dropped
+    here: see `shares_state` and `STANDBY`."""
     m = re.fullmatch(r"(.+)-x([2-9])", contender)
     base, n = (m.group(1), int(m.group(2))) if m else (contender, 1)
     return base.removesuffix(STANDBY).removesuffix(PEERS), n

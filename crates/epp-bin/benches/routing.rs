@@ -156,7 +156,7 @@ const MIXED_OUTPUTS: Lengths = Lengths {
     sd: 16.0,
 };
 
-/// The workload `--workload` names.
+/// The workloads, by the name `--workload` takes.
 const WORKLOADS: &[(&str, Workload)] = &[
     (
         "shared-prefix",
