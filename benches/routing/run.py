@@ -386,8 +386,17 @@ EPP_PRECISE_REDIS_INDEXER = """\
         redisConfig: {{address: "redis://127.0.0.1:{redis_port}"}}
 """
 
+# Precise prefix with the example profile's latency-scorer beside the default scorers (issues 15
+# and 16): the predictor reads the precise index's matches.
+EPP_PRECISE_LATENCY_PLUGINS = """\
+- type: predicted-latency-producer
+  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
+- type: latency-scorer
+"""
+EPP_PRECISE_LATENCY_REF = "  - {pluginRef: latency-scorer, weight: 4}\n"
+
 # Contenders whose simulators publish KV events and tokenize with the bench tokenizer.
-PRECISE = ("epp-precise", "epp-precise-redis")
+PRECISE = ("epp-precise", "epp-precise-redis", "epp-precise-latency")
 
 # Several replicas sharing what they dispatched and picked (issue 16): `epp-peers-x2`,
 # `epp-precise-peers-x3`. Each replica's config gets the syncer, its own address and the
@@ -428,6 +437,7 @@ LABELS = {
     "epp-latency": "Envoy + epp (predicted-latency.yaml: the default profile + latency-scorer ×4)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
+    "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
     "epp-peers": "Envoy + epp (default config, replicas sharing load and picks over udp-peer-syncer)",
     "epp-precise-peers": "Envoy + epp (precise prefix as epp-precise, replicas sharing load and picks)",
     "reference": "Envoy + reference picker (GIE v1.5.0, same config)",
@@ -758,6 +768,11 @@ class Fleet:
                     indexer = EPP_PRECISE_REDIS_INDEXER.format(redis_port=redis_port)
                     anchor = "    speculativeTTL: 5s\n"
                     text = text.replace(anchor, anchor + indexer)
+                if base == "epp-precise-latency":
+                    text = text.replace("- type: max-score-picker\n",
+                                        EPP_PRECISE_LATENCY_PLUGINS + "- type: max-score-picker\n")
+                    text = text.replace("  - {pluginRef: max-score-picker}",
+                                        EPP_PRECISE_LATENCY_REF + "  - {pluginRef: max-score-picker}")
             else:
                 text = EPP_VARIANTS.get(base) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
@@ -1317,6 +1332,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="two rates, 6 s stages, one run: a smoke test")
     ap.add_argument("--rates", help="comma-separated request rates for every workload chosen, instead of "
                     "each workload's sweep (with --quick too)")
+    ap.add_argument("--stage-secs", type=int,
+                    help="every rate's stage this long instead of the workload's own (10 s for most): more "
+                    "requests per stage, so a tail set by a few bursts in 10 s is measured over many")
     ap.add_argument("--bin-dir", type=Path, default=ROOT / "target/release")
     ap.add_argument("--tokenizer", type=Path, default=VENV / "bench-tokenizer")
     ap.add_argument("--inference-perf", type=Path, default=VENV / "py312/bin/inference-perf")
@@ -1339,6 +1357,10 @@ def main() -> None:
     if args.rates:
         rates = [float(r) for r in args.rates.split(",")]
         workloads = [replace(w, rates=rates) for w in workloads]
+    if args.stage_secs:
+        if args.stage_secs < 1:
+            ap.error("--stage-secs takes a positive number of seconds")
+        workloads = [replace(w, stage_secs=args.stage_secs) for w in workloads]
     explicit = args.contenders is not None
     contenders = args.contenders.split(",") if explicit else list(CONTENDERS)
     for c in contenders:
