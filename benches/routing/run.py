@@ -769,10 +769,10 @@ class Fleet:
                     anchor = "    speculativeTTL: 5s\n"
                     text = text.replace(anchor, anchor + indexer)
                 if base == "epp-precise-latency":
-                    text = text.replace("- type: max-score-picker\n",
-                                        EPP_PRECISE_LATENCY_PLUGINS + "- type: max-score-picker\n")
-                    text = text.replace("  - {pluginRef: max-score-picker}",
-                                        EPP_PRECISE_LATENCY_REF + "  - {pluginRef: max-score-picker}")
+                    picker, ref = "- type: max-score-picker\n", "  - {pluginRef: max-score-picker}"
+                    assert picker in text and ref in text, "EPP_PRECISE_CONFIG lost its picker"
+                    text = text.replace(picker, EPP_PRECISE_LATENCY_PLUGINS + picker)
+                    text = text.replace(ref, EPP_PRECISE_LATENCY_REF + ref)
             else:
                 text = EPP_VARIANTS.get(base) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
@@ -1357,9 +1357,11 @@ def main() -> None:
     if args.rates:
         rates = [float(r) for r in args.rates.split(",")]
         workloads = [replace(w, rates=rates) for w in workloads]
-    if args.stage_secs:
+    if args.stage_secs is not None:
         if args.stage_secs < 1:
             ap.error("--stage-secs takes a positive number of seconds")
+        if args.quick:
+            ap.error("--stage-secs and --quick (6 s stages) exclude each other")
         workloads = [replace(w, stage_secs=args.stage_secs) for w in workloads]
     explicit = args.contenders is not None
     contenders = args.contenders.split(",") if explicit else list(CONTENDERS)
