@@ -360,20 +360,20 @@ plugins:
     tokenProcessorConfig: {{blockSize: 16}}
     speculativeIndexing: true
     speculativeTTL: 5s
-    kvEventsConfig:
+{indexer}    kvEventsConfig:
       podDiscoveryConfig: {{socketPort: {kv_base}}}
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
   parameters: {{prefixMatchInfoProducerName: precise-prefix-cache-producer}}
-- type: max-score-picker
+{extra_plugin}- type: max-score-picker
 schedulingProfiles:
 - name: default
   plugins:
   - {{pluginRef: queue-scorer, weight: 2}}
   - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
   - {{pluginRef: prefix-cache-scorer, weight: 3}}
-  - {{pluginRef: max-score-picker}}
+{extra_ref}  - {{pluginRef: max-score-picker}}
 """
 
 # epp-precise with the shared index in Redis (a redis-server the fleet starts; each run logs the
@@ -386,14 +386,17 @@ EPP_PRECISE_REDIS_INDEXER = """\
         redisConfig: {{address: "redis://127.0.0.1:{redis_port}"}}
 """
 
-# Precise prefix with the example profile's latency-scorer beside the default scorers (issues 15
-# and 16): the predictor reads the precise index's matches.
-EPP_PRECISE_LATENCY_PLUGINS = """\
-- type: predicted-latency-producer
-  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
-- type: latency-scorer
-"""
-EPP_PRECISE_LATENCY_REF = "  - {pluginRef: latency-scorer, weight: 4}\n"
+# Plugins and profile entries a precise contender adds to EPP_PRECISE_CONFIG. epp-precise-latency:
+# the example profile's latency-scorer beside the default scorers (issues 15 and 16), its
+# predictor reading the precise index's matches.
+EPP_PRECISE_EXTRAS = {
+    "epp-precise-latency": (
+        "- type: predicted-latency-producer\n"
+        "  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}\n"
+        "- type: latency-scorer\n",
+        "  - {pluginRef: latency-scorer, weight: 4}\n",
+    ),
+}
 
 # Contenders whose simulators publish KV events and tokenize with the bench tokenizer.
 PRECISE = ("epp-precise", "epp-precise-redis", "epp-precise-latency")
@@ -758,7 +761,7 @@ class Fleet:
         if base == "epp" or base in EPP_VARIANTS or base in PRECISE:
             # The default contender gets the same file as the reference: epp's DEFAULT_CONFIG.
             if base in PRECISE:
-                text = EPP_PRECISE_CONFIG.format(tokenizer=self.args.tokenizer, kv_base=self.kv_base)
+                indexer = ""
                 if base == "epp-precise-redis":
                     redis_port = free_port()
                     p = self._spawn("redis", ["redis-server", "--port", str(redis_port), "--bind",
@@ -766,13 +769,10 @@ class Fleet:
                     wait_until("redis", lambda: "Ready to accept connections"
                                in p.log.read_text(errors="replace"), proc=p)
                     indexer = EPP_PRECISE_REDIS_INDEXER.format(redis_port=redis_port)
-                    anchor = "    speculativeTTL: 5s\n"
-                    text = text.replace(anchor, anchor + indexer)
-                if base == "epp-precise-latency":
-                    picker, ref = "- type: max-score-picker\n", "  - {pluginRef: max-score-picker}"
-                    assert picker in text and ref in text, "EPP_PRECISE_CONFIG lost its picker"
-                    text = text.replace(picker, EPP_PRECISE_LATENCY_PLUGINS + picker)
-                    text = text.replace(ref, EPP_PRECISE_LATENCY_REF + ref)
+                extra_plugin, extra_ref = EPP_PRECISE_EXTRAS.get(base, ("", ""))
+                text = EPP_PRECISE_CONFIG.format(
+                    tokenizer=self.args.tokenizer, kv_base=self.kv_base, indexer=indexer,
+                    extra_plugin=extra_plugin, extra_ref=extra_ref)
             else:
                 text = EPP_VARIANTS.get(base) or epp_default_config()
             (self.dir / "epp-config.yaml").write_text(text)
