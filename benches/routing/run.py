@@ -336,6 +336,12 @@ EPP_VARIANTS = {
     # Routing by learned latency (issue 15): the example config as shipped.
     "epp-latency": (ROOT / "examples/configs/predicted-latency.yaml").read_text(),
 }
+# The example profile with prefix-cache-scorer at weight 1 instead of 3 (issue 15): a tenant held
+# less to the servers epp sent it to, as vllm-router spreads tenants at short-prompts 120.
+_EXAMPLE = EPP_VARIANTS["epp-latency"]
+_PREFIX_W3 = "  - pluginRef: prefix-cache-scorer\n    weight: 3\n"
+assert _EXAMPLE.count(_PREFIX_W3) == 1, "predicted-latency.yaml: prefix-cache-scorer's entry moved"
+EPP_VARIANTS["epp-latency-prefix1"] = _EXAMPLE.replace(_PREFIX_W3, _PREFIX_W3.replace("3", "1"))
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
@@ -438,6 +444,7 @@ LABELS = {
     "epp-kv-scraped": "Envoy + epp (default, KV countDispatched: false)",
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "epp-latency": "Envoy + epp (predicted-latency.yaml: the default profile + latency-scorer ×4)",
+    "epp-latency-prefix1": "Envoy + epp (predicted-latency.yaml with prefix-cache-scorer ×1 instead of ×3)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
