@@ -341,7 +341,8 @@ EPP_VARIANTS = {
 _EXAMPLE = EPP_VARIANTS["epp-latency"]
 _PREFIX_W3 = "  - pluginRef: prefix-cache-scorer\n    weight: 3\n"
 assert _EXAMPLE.count(_PREFIX_W3) == 1, "predicted-latency.yaml: prefix-cache-scorer's entry moved"
-EPP_VARIANTS["epp-latency-prefix1"] = _EXAMPLE.replace(_PREFIX_W3, _PREFIX_W3.replace("3", "1"))
+EPP_VARIANTS["epp-latency-prefix1"] = _EXAMPLE.replace(
+    _PREFIX_W3, "  - pluginRef: prefix-cache-scorer\n    weight: 1\n")
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
