@@ -343,6 +343,12 @@ _PREFIX_W3 = "  - pluginRef: prefix-cache-scorer\n    weight: 3\n"
 assert _EXAMPLE.count(_PREFIX_W3) == 1, "predicted-latency.yaml: prefix-cache-scorer's entry moved"
 EPP_VARIANTS["epp-latency-prefix1"] = _EXAMPLE.replace(
     _PREFIX_W3, "  - pluginRef: prefix-cache-scorer\n    weight: 1\n")
+# The example profile with queue-scorer at weight 4 instead of 2 (issue 15): the queue weighed
+# against a prefix match as heavily as the latency score, for the bursts of short-prompts 120.
+_QUEUE_W2 = "  - pluginRef: queue-scorer\n    weight: 2\n"
+assert _EXAMPLE.count(_QUEUE_W2) == 1, "predicted-latency.yaml: queue-scorer's entry moved"
+EPP_VARIANTS["epp-latency-queue4"] = _EXAMPLE.replace(
+    _QUEUE_W2, "  - pluginRef: queue-scorer\n    weight: 4\n")
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
@@ -446,6 +452,7 @@ LABELS = {
     "epp-lora": "Envoy + epp (default + lora-affinity-scorer ×2)",
     "epp-latency": "Envoy + epp (predicted-latency.yaml: the default profile + latency-scorer ×4)",
     "epp-latency-prefix1": "Envoy + epp (predicted-latency.yaml with prefix-cache-scorer ×1 instead of ×3)",
+    "epp-latency-queue4": "Envoy + epp (predicted-latency.yaml with queue-scorer ×4 instead of ×2)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
