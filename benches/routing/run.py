@@ -336,19 +336,22 @@ EPP_VARIANTS = {
     # Routing by learned latency (issue 15): the example config as shipped.
     "epp-latency": (ROOT / "examples/configs/predicted-latency.yaml").read_text(),
 }
-# The example profile with prefix-cache-scorer at weight 1 instead of 3 (issue 15): a tenant held
-# less to the servers epp sent it to, as vllm-router spreads tenants at short-prompts 120.
-_EXAMPLE = EPP_VARIANTS["epp-latency"]
-_PREFIX_W3 = "  - pluginRef: prefix-cache-scorer\n    weight: 3\n"
-assert _EXAMPLE.count(_PREFIX_W3) == 1, "predicted-latency.yaml: prefix-cache-scorer's entry moved"
-EPP_VARIANTS["epp-latency-prefix1"] = _EXAMPLE.replace(
-    _PREFIX_W3, "  - pluginRef: prefix-cache-scorer\n    weight: 1\n")
-# The example profile with queue-scorer at weight 4 instead of 2 (issue 15): the queue weighed
-# against a prefix match as heavily as the latency score, for the bursts of short-prompts 120.
-_QUEUE_W2 = "  - pluginRef: queue-scorer\n    weight: 2\n"
-assert _EXAMPLE.count(_QUEUE_W2) == 1, "predicted-latency.yaml: queue-scorer's entry moved"
-EPP_VARIANTS["epp-latency-queue4"] = _EXAMPLE.replace(
-    _QUEUE_W2, "  - pluginRef: queue-scorer\n    weight: 4\n")
+
+
+def example_reweighted(scorer: str, was: int, now: int) -> str:
+    """The example profile (epp-latency) with `scorer`'s weight `was` changed to `now`; fails
+    loudly if predicted-latency.yaml no longer has that entry."""
+    entry = f"  - pluginRef: {scorer}\n    weight: {{}}\n"
+    text = EPP_VARIANTS["epp-latency"]
+    assert text.count(entry.format(was)) == 1, f"predicted-latency.yaml: {scorer} at weight {was} moved"
+    return text.replace(entry.format(was), entry.format(now))
+
+
+# Two steps away from the example profile's weights, tried on short-prompts 120 (issue 15):
+# tenants held less to the servers epp sent them to (prefix x1), and the queue weighed against a
+# prefix match as heavily as the latency score (queue x4).
+EPP_VARIANTS["epp-latency-prefix1"] = example_reweighted("prefix-cache-scorer", 3, 1)
+EPP_VARIANTS["epp-latency-queue4"] = example_reweighted("queue-scorer", 2, 4)
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
