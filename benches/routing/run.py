@@ -352,6 +352,19 @@ def example_reweighted(scorer: str, was: int, now: int) -> str:
 # prefix match as heavily as the latency score (queue x4).
 EPP_VARIANTS["epp-latency-prefix1"] = example_reweighted("prefix-cache-scorer", 3, 1)
 EPP_VARIANTS["epp-latency-queue4"] = example_reweighted("queue-scorer", 2, 4)
+
+
+def example_active(weight: int) -> str:
+    """The example profile with queue-scorer replaced by active-request-scorer at `weight`."""
+    text = EPP_VARIANTS["epp-latency"]
+    old_t, old_r = "- type: queue-scorer\n", "  - pluginRef: queue-scorer\n    weight: 2\n"
+    assert text.count(old_t) == 1 and text.count(old_r) == 1, "predicted-latency.yaml: queue-scorer moved"
+    return text.replace(old_t, "- type: active-request-scorer\n").replace(
+        old_r, f"  - pluginRef: active-request-scorer\n    weight: {weight}\n")
+
+
+EPP_VARIANTS["epp-latency-active2"] = example_active(2)
+EPP_VARIANTS["epp-latency-active4"] = example_active(4)
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
@@ -456,6 +469,8 @@ LABELS = {
     "epp-latency": "Envoy + epp (predicted-latency.yaml: the default profile + latency-scorer ×4)",
     "epp-latency-prefix1": "Envoy + epp (predicted-latency.yaml with prefix-cache-scorer ×1 instead of ×3)",
     "epp-latency-queue4": "Envoy + epp (predicted-latency.yaml with queue-scorer ×4 instead of ×2)",
+    "epp-latency-active2": "Envoy + epp (predicted-latency.yaml, active-request-scorer ×2 for queue-scorer)",
+    "epp-latency-active4": "Envoy + epp (predicted-latency.yaml, active-request-scorer ×4 for queue-scorer)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
