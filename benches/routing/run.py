@@ -354,17 +354,29 @@ EPP_VARIANTS["epp-latency-prefix1"] = example_reweighted("prefix-cache-scorer", 
 EPP_VARIANTS["epp-latency-queue4"] = example_reweighted("queue-scorer", 2, 4)
 
 
-def example_active(weight: int) -> str:
-    """The example profile with queue-scorer replaced by active-request-scorer at `weight`."""
+QUEUE_TYPE, QUEUE_REF = "- type: queue-scorer\n", "  - pluginRef: queue-scorer\n    weight: 2\n"
+
+
+def example_at_queue(types: str, refs: str) -> str:
+    """The example profile with queue-scorer's plugin and profile entry replaced by `types` and
+    `refs`; fails loudly if predicted-latency.yaml no longer has them."""
     text = EPP_VARIANTS["epp-latency"]
-    old_t, old_r = "- type: queue-scorer\n", "  - pluginRef: queue-scorer\n    weight: 2\n"
-    assert text.count(old_t) == 1 and text.count(old_r) == 1, "predicted-latency.yaml: queue-scorer moved"
-    return text.replace(old_t, "- type: active-request-scorer\n").replace(
-        old_r, f"  - pluginRef: active-request-scorer\n    weight: {weight}\n")
+    assert text.count(QUEUE_TYPE) == 1 and text.count(QUEUE_REF) == 1, "predicted-latency.yaml: queue-scorer moved"
+    return text.replace(QUEUE_TYPE, types).replace(QUEUE_REF, refs)
 
 
-EPP_VARIANTS["epp-latency-active2"] = example_active(2)
-EPP_VARIANTS["epp-latency-active4"] = example_active(4)
+def entry(scorer: str, weight: int) -> tuple[str, str]:
+    """A scorer's plugin and profile entry, in predicted-latency.yaml's layout."""
+    return f"- type: {scorer}\n", f"  - pluginRef: {scorer}\n    weight: {weight}\n"
+
+
+# In-flight counts (issue 15, short-prompts 120): llm-d's active-request-scorer (this picker's
+# requests in flight) in queue-scorer's place; running-requests-size-scorer beside it (together
+# the two see every request in flight, running then waiting, each scaled to the candidates' range).
+EPP_VARIANTS["epp-latency-active2"] = example_at_queue(*entry("active-request-scorer", 2))
+EPP_VARIANTS["epp-latency-active4"] = example_at_queue(*entry("active-request-scorer", 4))
+_t, _r = entry("running-requests-size-scorer", 2)
+EPP_VARIANTS["epp-latency-running2"] = example_at_queue(QUEUE_TYPE + _t, QUEUE_REF + _r)
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
@@ -471,6 +483,7 @@ LABELS = {
     "epp-latency-queue4": "Envoy + epp (predicted-latency.yaml with queue-scorer ×4 instead of ×2)",
     "epp-latency-active2": "Envoy + epp (predicted-latency.yaml, active-request-scorer ×2 for queue-scorer)",
     "epp-latency-active4": "Envoy + epp (predicted-latency.yaml, active-request-scorer ×4 for queue-scorer)",
+    "epp-latency-running2": "Envoy + epp (predicted-latency.yaml + running-requests-size-scorer ×2)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
