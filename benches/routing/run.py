@@ -365,7 +365,7 @@ def example_at_queue(types: str, refs: str) -> str:
     return text.replace(QUEUE_TYPE, types).replace(QUEUE_REF, refs)
 
 
-def entry(scorer: str, weight: int) -> tuple[str, str]:
+def scorer_entries(scorer: str, weight: int) -> tuple[str, str]:
     """A scorer's plugin and profile entry, in predicted-latency.yaml's layout."""
     return f"- type: {scorer}\n", f"  - pluginRef: {scorer}\n    weight: {weight}\n"
 
@@ -373,9 +373,9 @@ def entry(scorer: str, weight: int) -> tuple[str, str]:
 # In-flight counts (issue 15, short-prompts 120): llm-d's active-request-scorer (this picker's
 # requests in flight) in queue-scorer's place; running-requests-size-scorer beside it (together
 # the two see every request in flight, running then waiting, each scaled to the candidates' range).
-EPP_VARIANTS["epp-latency-active2"] = example_at_queue(*entry("active-request-scorer", 2))
-EPP_VARIANTS["epp-latency-active4"] = example_at_queue(*entry("active-request-scorer", 4))
-_t, _r = entry("running-requests-size-scorer", 2)
+EPP_VARIANTS["epp-latency-active2"] = example_at_queue(*scorer_entries("active-request-scorer", 2))
+EPP_VARIANTS["epp-latency-active4"] = example_at_queue(*scorer_entries("active-request-scorer", 4))
+_t, _r = scorer_entries("running-requests-size-scorer", 2)
 EPP_VARIANTS["epp-latency-running2"] = example_at_queue(QUEUE_TYPE + _t, QUEUE_REF + _r)
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
