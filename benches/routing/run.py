@@ -338,13 +338,24 @@ EPP_VARIANTS = {
 }
 
 
-def example_reweighted(scorer: str, was: int, now: int) -> str:
-    """The example profile (epp-latency) with `scorer`'s weight `was` changed to `now`; fails
-    loudly if predicted-latency.yaml no longer has that entry."""
-    entry = f"  - pluginRef: {scorer}\n    weight: {{}}\n"
+def scorer_entries(scorer: str, weight: int) -> tuple[str, str]:
+    """A scorer's plugin and profile entry, in predicted-latency.yaml's layout."""
+    return f"- type: {scorer}\n", f"  - pluginRef: {scorer}\n    weight: {weight}\n"
+
+
+def example_edited(*edits: tuple[str, str]) -> str:
+    """The example profile (epp-latency) with each `(old, new)` of `edits` made; fails loudly if
+    predicted-latency.yaml no longer has an `old` exactly once."""
     text = EPP_VARIANTS["epp-latency"]
-    assert text.count(entry.format(was)) == 1, f"predicted-latency.yaml: {scorer} at weight {was} moved"
-    return text.replace(entry.format(was), entry.format(now))
+    for old, new in edits:
+        assert text.count(old) == 1, f"predicted-latency.yaml: {old!r} moved"
+        text = text.replace(old, new)
+    return text
+
+
+def example_reweighted(scorer: str, was: int, now: int) -> str:
+    """The example profile with `scorer`'s weight `was` changed to `now`."""
+    return example_edited((scorer_entries(scorer, was)[1], scorer_entries(scorer, now)[1]))
 
 
 # Two steps away from the example profile's weights, tried on short-prompts 120 (issue 15):
@@ -353,30 +364,15 @@ def example_reweighted(scorer: str, was: int, now: int) -> str:
 EPP_VARIANTS["epp-latency-prefix1"] = example_reweighted("prefix-cache-scorer", 3, 1)
 EPP_VARIANTS["epp-latency-queue4"] = example_reweighted("queue-scorer", 2, 4)
 
-
-QUEUE_TYPE, QUEUE_REF = "- type: queue-scorer\n", "  - pluginRef: queue-scorer\n    weight: 2\n"
-
-
-def example_at_queue(types: str, refs: str) -> str:
-    """The example profile with queue-scorer's plugin and profile entry replaced by `types` and
-    `refs`; fails loudly if predicted-latency.yaml no longer has them."""
-    text = EPP_VARIANTS["epp-latency"]
-    assert text.count(QUEUE_TYPE) == 1 and text.count(QUEUE_REF) == 1, "predicted-latency.yaml: queue-scorer moved"
-    return text.replace(QUEUE_TYPE, types).replace(QUEUE_REF, refs)
-
-
-def scorer_entries(scorer: str, weight: int) -> tuple[str, str]:
-    """A scorer's plugin and profile entry, in predicted-latency.yaml's layout."""
-    return f"- type: {scorer}\n", f"  - pluginRef: {scorer}\n    weight: {weight}\n"
-
-
 # In-flight counts (issue 15, short-prompts 120): llm-d's active-request-scorer (this picker's
 # requests in flight) in queue-scorer's place; running-requests-size-scorer beside it (together
 # the two see every request in flight, running then waiting, each scaled to the candidates' range).
-EPP_VARIANTS["epp-latency-active2"] = example_at_queue(*scorer_entries("active-request-scorer", 2))
-EPP_VARIANTS["epp-latency-active4"] = example_at_queue(*scorer_entries("active-request-scorer", 4))
-_t, _r = scorer_entries("running-requests-size-scorer", 2)
-EPP_VARIANTS["epp-latency-running2"] = example_at_queue(QUEUE_TYPE + _t, QUEUE_REF + _r)
+_queue = scorer_entries("queue-scorer", 2)
+for _w in (2, 4):
+    EPP_VARIANTS[f"epp-latency-active{_w}"] = example_edited(
+        *zip(_queue, scorer_entries("active-request-scorer", _w)))
+EPP_VARIANTS["epp-latency-running2"] = example_edited(
+    *((q, q + r) for q, r in zip(_queue, scorer_entries("running-requests-size-scorer", 2))))
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
