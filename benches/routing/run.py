@@ -373,6 +373,13 @@ for _w in (2, 4):
         *zip(_queue, scorer_entries("active-request-scorer", _w)))
 EPP_VARIANTS["epp-latency-running2"] = example_edited(
     *((q, q + r) for q, r in zip(_queue, scorer_entries("running-requests-size-scorer", 2))))
+# The waits for a place a request adds to the requests sent to its server while it is there,
+# priced by the latency model, counted in its delay to others (issue 15): `placeDelayWeight` W of
+# predicted-latency-producer.
+for _w in (1, 2):
+    EPP_VARIANTS[f"epp-latency-place{_w}"] = example_edited((
+        "- type: predicted-latency-producer\n",
+        f"- type: predicted-latency-producer\n  parameters: {{placeDelayWeight: {_w}}}\n"))
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
@@ -480,6 +487,8 @@ LABELS = {
     "epp-latency-active2": "Envoy + epp (predicted-latency.yaml, active-request-scorer ×2 for queue-scorer)",
     "epp-latency-active4": "Envoy + epp (predicted-latency.yaml, active-request-scorer ×4 for queue-scorer)",
     "epp-latency-running2": "Envoy + epp (predicted-latency.yaml + running-requests-size-scorer ×2)",
+    "epp-latency-place1": "Envoy + epp (predicted-latency.yaml, placeDelayWeight 1)",
+    "epp-latency-place2": "Envoy + epp (predicted-latency.yaml, placeDelayWeight 2)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",

@@ -269,8 +269,9 @@ pub struct LatencyPrediction {
     /// a cold adapter: engine time they wait through) times the
     /// requests it would hold up ([`DispatchLoad::requests_there`]); and,
     /// as its predictor weighs it, later ones: those whose cached prompts
-    /// its uncached tokens would evict, and those that would queue behind
-    /// it (part of its own wait in the queue). Large where a long prompt
+    /// its uncached tokens would evict, those that would queue behind it
+    /// (part of its own wait in the queue), and those that would find the
+    /// batch full because it took a place. Large where a long prompt
     /// misses the cache of a busy endpoint, or where it would wait for a
     /// place in a full batch.
     pub delay_to_others_ms: f64,

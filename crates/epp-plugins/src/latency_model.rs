@@ -223,17 +223,26 @@ impl Features {
     #[inline]
     #[must_use]
     pub fn at(load: &epp_core::DispatchLoad, slots: u32) -> Self {
-        let ahead = load.requests_there() + 1;
-        let for_slot = if slots == 0 {
-            0
-        } else {
-            ahead.saturating_sub(u64::from(slots))
-        };
+        let for_slot = Self::batch_wait(load.requests_there(), slots);
         let kv_wait = load.kv_wait();
         Self {
             slot_wait: for_slot.max(kv_wait) as f64,
             kv_wait: kv_wait as f64,
             ..Self::from(load)
+        }
+    }
+
+    /// Requests that must leave a running batch of at most `slots`
+    /// requests (0: not known) before a request arriving where `there`
+    /// requests are gets a place in it: `max(0, there + 1 − slots)`, 0
+    /// when `slots` is not known.
+    #[inline]
+    #[must_use]
+    pub fn batch_wait(there: u64, slots: u32) -> u64 {
+        if slots == 0 {
+            0
+        } else {
+            there.saturating_add(1).saturating_sub(u64::from(slots))
         }
     }
 
@@ -549,6 +558,21 @@ impl LatencyModel {
         })
     }
 
+    /// What `requests` more requests to wait for before a place in the
+    /// batch frees cost a request's time to first token: θ_slot ·
+    /// `requests` ([`Features::slot_wait`]), never negative; 0 for a
+    /// non-finite count.
+    #[inline]
+    #[must_use]
+    pub fn slot_wait_ms(&self, requests: f64) -> f64 {
+        let added = self.predicting()[SLOT_WAIT] * requests;
+        if added.is_finite() {
+            added.max(0.0)
+        } else {
+            0.0
+        }
+    }
+
     /// The sum of the predictions for several inputs, from the sum of their
     /// vectors ([`Features::vector`]; the model is linear), unclamped: what
     /// the model predicts for samples it has not learned, to compare with
@@ -670,6 +694,32 @@ mod tests {
         let (idle, one, eight) = (at(0.0).unwrap(), at(1.0).unwrap(), at(8.0).unwrap());
         assert!((one - idle - 35.0).abs() <= 3.0, "{idle} {one}");
         assert!((eight - one - 35.0).abs() <= 3.0, "{one} {eight}");
+    }
+
+    /// With eight places in the batch: a request arriving where seven
+    /// are waits for none to leave, where eight are for one; the wait is
+    /// priced at θ_slot per request.
+    #[test]
+    fn the_wait_for_a_place_starts_when_the_batch_is_full() {
+        let waits: Vec<u64> = (0..=10)
+            .map(|there| Features::batch_wait(there, 8))
+            .collect();
+        assert_eq!(waits, [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3]);
+        // A batch of unknown size makes no request wait for a place.
+        assert_eq!(Features::batch_wait(100, 0), 0);
+        // No overflow at the edge (the count saturates).
+        assert_eq!(Features::batch_wait(u64::MAX, 8), u64::MAX - 8);
+        let model = LatencyModel::with_prior(ModelSettings::default(), TRUE);
+        assert_eq!(model.slot_wait_ms(3.0), 3.0 * TRUE[SLOT_WAIT]);
+        assert_eq!(model.slot_wait_ms(f64::NAN), 0.0);
+        // As the model's input: a request arriving where nine are, slots
+        // to spare in the KV cache.
+        let load = epp_core::DispatchLoad {
+            running: 8,
+            waiting: 1,
+            ..epp_core::DispatchLoad::default()
+        };
+        assert_eq!(Features::at(&load, 8).slot_wait, 2.0);
     }
 
     #[test]

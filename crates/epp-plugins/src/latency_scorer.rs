@@ -8,7 +8,8 @@
 //! `delayToOthersWeight ·` the delay the request would cause others
 //! ([`epp_core::LatencyPrediction::delay_to_others_ms`]: its own work times
 //! the requests already there, plus the cached prompts it would displace
-//! and, weighted, its wait in the queue, which later requests wait behind)
+//! and, weighted, its wait in the queue, which later requests wait behind,
+//! and the waits for a place in the batch it adds to them)
 //! (plus it, for `least`, whose scale is inverted) —
 //! each latency's headroom is scaled to the candidates' range,
 //! `n = (h − min) / (max − min)`, and blended:
