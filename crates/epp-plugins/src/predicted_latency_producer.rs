@@ -138,9 +138,10 @@ pub struct PredictedLatencyParams {
     #[serde(default = "default_queue_delay_weight")]
     pub queue_delay_weight: f64,
     /// Weight of the wait for a place in the batch a request would add to
-    /// the requests sent to its endpoint while it is there, counted in its
-    /// delay to others ([`Predicted::later_wait_ms`]), times this. The
-    /// model's own prediction is flat below an engine's batch limit, so
+    /// the requests sent to its endpoint while it is there
+    /// ([`PredictedLatencyProducer::later_wait`]), counted in its delay to
+    /// others times this. The model's own prediction is flat below an
+    /// engine's batch limit, so
     /// without this cost an endpoint with two places free ranks with one
     /// that has five, and under load the batches fill unevenly; unlike a
     /// count of requests it costs nothing while places stay free, and it is
@@ -600,21 +601,6 @@ pub struct Predicted {
     pub queue_wait_ms: f64,
     /// Time per output token, milliseconds, when known.
     pub tpot_ms: Option<f64>,
-    /// How much longer the requests sent to the endpoint while this one is
-    /// there would wait for a place in its batch with it sent before them,
-    /// milliseconds (0 unless asked for): as many are taken to come as
-    /// are there now (Little's law, in a steady state), and the `j`-th of
-    /// them finds `there + j` requests ahead with it and `there + j − 1`
-    /// without, so the places they wait for sum (telescoping) to
-    /// [`Features::batch_wait`]`(2 · there) − batch_wait(there)`, each
-    /// priced by the endpoint's model ([`LatencyModel::slot_wait_ms`]).
-    /// Convex in the load: nothing while places stay free for all of
-    /// them, then one place's wait for each that finds the batch full.
-    /// Only the batch's places: the room in the KV cache a later request
-    /// needs depends on its prompt and what of it is cached there, which
-    /// is not known yet (priced as this one's prompt, misses made every
-    /// many-tenants request costlier: p50 1.14× at 8 req/s in one run).
-    pub later_wait_ms: f64,
 }
 
 impl PredictedLatencyProducer {
@@ -690,18 +676,9 @@ impl PredictedLatencyProducer {
         own: Option<&Models>,
         load: &DispatchLoad,
         tpot: bool,
-        later: bool,
     ) -> Option<Predicted> {
-        let slots = self.slots_of(own);
-        let f = Features::at(load, slots);
-        // The model that predicts, and the factor its predictions take: the
-        // endpoint's own, or the fleet's scaled to how the endpoint compares.
-        let warm = |get: fn(&Models) -> &Learner| match own.map(get) {
-            Some(l) if l.model.is_warm() => Some((&l.model, 1.0)),
-            own => Some(&get(&self.fleet).model)
-                .filter(|m| m.is_warm())
-                .map(|m| (m, own.map_or(1.0, |l| l.to_fleet.get()))),
-        };
+        let f = Features::at(load, self.slots_of(own));
+        let warm = |get: fn(&Models) -> &Learner| self.warm(own, get);
         let (ttft, scale) = warm(|m| &m.ttft)?;
         let parts = ttft.predict_parts(&f)?;
         Some(Predicted {
@@ -713,22 +690,63 @@ impl PredictedLatencyProducer {
             } else {
                 None
             },
-            later_wait_ms: if later {
-                let there = load.requests_there();
-                let full = Features::batch_wait(there.saturating_mul(2), slots)
-                    - Features::batch_wait(there, slots);
-                scale * ttft.slot_wait_ms(full as f64)
-            } else {
-                0.0
-            },
         })
+    }
+
+    /// The model that predicts one latency (`get`) for an endpoint with
+    /// models `own`, and the factor its predictions take: the endpoint's
+    /// own, or the fleet's scaled to how the endpoint compares; `None`
+    /// while neither is warm.
+    #[inline(always)]
+    fn warm<'a>(
+        &'a self,
+        own: Option<&'a Models>,
+        get: fn(&Models) -> &Learner,
+    ) -> Option<(&'a LatencyModel, f64)> {
+        match own.map(get) {
+            Some(l) if l.model.is_warm() => Some((&l.model, 1.0)),
+            own => Some(&get(&self.fleet).model)
+                .filter(|m| m.is_warm())
+                .map(|m| (m, own.map_or(1.0, |l| l.to_fleet.get()))),
+        }
+    }
+
+    /// [`Self::later_wait`] for an endpoint with models `own`.
+    // Out of the cycle's loop: only `placeDelayWeight` above 0 calls it.
+    #[inline(never)]
+    fn later_wait_with(&self, own: Option<&Models>, load: &DispatchLoad) -> Option<f64> {
+        let (ttft, scale) = self.warm(own, |m| &m.ttft)?;
+        let (there, slots) = (load.requests_there(), self.slots_of(own));
+        let full = Features::batch_wait(there.saturating_mul(2), slots)
+            - Features::batch_wait(there, slots);
+        Some(scale * ttft.slot_wait_ms(full as f64))
+    }
+
+    /// How much longer the requests sent to `endpoint` while a request
+    /// with `load` is there would wait for a place in its batch with it
+    /// sent before them, in milliseconds (`None` while no model is warm):
+    /// as many are taken to come as are there now (Little's law, in a steady state), and the `j`-th of
+    /// them finds `there + j` requests ahead with it and `there + j − 1`
+    /// without, so the places they wait for sum (telescoping) to
+    /// [`Features::batch_wait`]`(2 · there) − batch_wait(there)`, each
+    /// priced by the endpoint's model ([`LatencyModel::slot_wait_ms`]).
+    /// Convex in the load: nothing while places stay free for all of
+    /// them, then one place's wait for each that finds the batch full.
+    /// Only the batch's places: the room in the KV cache a later request
+    /// needs depends on its prompt and what of it is cached there, which
+    /// is not known yet (priced as this one's prompt, misses made every
+    /// many-tenants request costlier: p50 1.14× at 8 req/s in one run).
+    #[must_use]
+    pub fn later_wait(&self, endpoint: &Endpoint, load: &DispatchLoad) -> Option<f64> {
+        let own = self.models_of(endpoint.id(), endpoint.addr());
+        self.later_wait_with(own.as_deref(), load)
     }
 
     /// The prediction for `endpoint` carrying `load` (for tests and tools).
     #[must_use]
     pub fn predict(&self, endpoint: &Endpoint, load: &DispatchLoad) -> Option<Predicted> {
         let own = self.models_of(endpoint.id(), endpoint.addr());
-        self.predict_with(own.as_deref(), load, true, true)
+        self.predict_with(own.as_deref(), load, true)
     }
 
     /// Learns one observation of an endpoint into its learner `own` and the
@@ -810,7 +828,7 @@ impl DataProducer for PredictedLatencyProducer {
                     }
                 }
             }
-            let Some(p) = self.predict_with(own, &load, want_tpot, place_weight > 0.0) else {
+            let Some(p) = self.predict_with(own, &load, want_tpot) else {
                 continue;
             };
             let tpot = if self.prefill_only(&c.endpoint) {
@@ -823,8 +841,10 @@ impl DataProducer for PredictedLatencyProducer {
             // lengthens the waits of the requests that will queue behind
             // it, and one that takes a last place makes later ones wait.
             let displaced = displaced_per_token * load.uncached_tokens as f64;
-            let queued_behind =
-                self.params.queue_delay_weight * p.queue_wait_ms + place_weight * p.later_wait_ms;
+            let mut queued_behind = self.params.queue_delay_weight * p.queue_wait_ms;
+            if place_weight > 0.0 {
+                queued_behind += place_weight * self.later_wait_with(own, &load).unwrap_or(0.0);
+            }
             let prediction = LatencyPrediction::new(p.ttft_ms, tpot, slo).with_delay_to_others(
                 p.own_work_ms * load.requests_there() as f64 + displaced + queued_behind,
             );
@@ -901,7 +921,7 @@ impl PredictedLatencyProducer {
                 .map(|p| p.tpot_ms)
                 .filter(|t| *t > 0.0)
                 .or_else(|| {
-                    self.predict_with(Some(models), &timing.load, true, false)
+                    self.predict_with(Some(models), &timing.load, true)
                         .and_then(|p| p.tpot_ms)
                 })
         });
@@ -946,7 +966,7 @@ impl ResponseHooks for PredictedLatencyProducer {
             }
             _ => {
                 let decode = self
-                    .predict_with(Some(&models), &timing.load, true, false)
+                    .predict_with(Some(&models), &timing.load, true)
                     .and_then(|p| p.tpot_ms)
                     .filter(|_| tokens >= 2 && !prefill_only)
                     .map_or(0.0, |tpot| (tokens - 1) as f64 * tpot);
@@ -1382,10 +1402,8 @@ mod tests {
             );
             let wait = want - 40.0;
             assert!((got.queue_wait_ms - wait).abs() <= 0.1 * want, "{got:?}");
-            assert!(
-                (got.later_wait_ms - later).abs() <= 8.0 + 0.1 * later,
-                "{got:?}"
-            );
+            let got = p.later_wait(&full, &l).unwrap();
+            assert!((got - later).abs() <= 8.0 + 0.1 * later, "{got}");
         }
         // The wait counts, weighted, in the delay to others: those who
         // will queue behind it wait longer too; and so, weighted apart,
