@@ -380,6 +380,11 @@ for _w in (1, 2):
     EPP_VARIANTS[f"epp-latency-place{_w}"] = example_edited((
         "- type: predicted-latency-producer\n",
         f"- type: predicted-latency-producer\n  parameters: {{placeDelayWeight: {_w}}}\n"))
+# The example profile with no price for the cached prompts a miss evicts (`displacedCacheWeight: 0`):
+# whether that price is what sends short-prompts 120's requests to busier servers (issue 15).
+EPP_VARIANTS["epp-latency-nodisplace"] = example_edited((
+    "- type: predicted-latency-producer\n",
+    "- type: predicted-latency-producer\n  parameters: {displacedCacheWeight: 0}\n"))
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
@@ -489,6 +494,7 @@ LABELS = {
     "epp-latency-running2": "Envoy + epp (predicted-latency.yaml + running-requests-size-scorer ×2)",
     "epp-latency-place1": "Envoy + epp (predicted-latency.yaml, placeDelayWeight 1)",
     "epp-latency-place2": "Envoy + epp (predicted-latency.yaml, placeDelayWeight 2)",
+    "epp-latency-nodisplace": "Envoy + epp (predicted-latency.yaml, displacedCacheWeight 0)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
