@@ -376,15 +376,14 @@ EPP_VARIANTS["epp-latency-running2"] = example_edited(
 # The waits for a place a request adds to the requests sent to its server while it is there,
 # priced by the latency model, counted in its delay to others (issue 15): `placeDelayWeight` W of
 # predicted-latency-producer.
+_producer = "- type: predicted-latency-producer\n"
 for _w in (1, 2):
-    EPP_VARIANTS[f"epp-latency-place{_w}"] = example_edited((
-        "- type: predicted-latency-producer\n",
-        f"- type: predicted-latency-producer\n  parameters: {{placeDelayWeight: {_w}}}\n"))
+    EPP_VARIANTS[f"epp-latency-place{_w}"] = example_edited(
+        (_producer, _producer + f"  parameters: {{placeDelayWeight: {_w}}}\n"))
 # The example profile with no price for the cached prompts a miss evicts (`displacedCacheWeight: 0`):
 # whether that price is what sends short-prompts 120's requests to busier servers (issue 15).
-EPP_VARIANTS["epp-latency-nodisplace"] = example_edited((
-    "- type: predicted-latency-producer\n",
-    "- type: predicted-latency-producer\n  parameters: {displacedCacheWeight: 0}\n"))
+EPP_VARIANTS["epp-latency-nodisplace"] = example_edited(
+    (_producer, _producer + "  parameters: {displacedCacheWeight: 0}\n"))
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".

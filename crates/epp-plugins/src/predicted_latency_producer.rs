@@ -141,13 +141,12 @@ pub struct PredictedLatencyParams {
     /// the requests sent to its endpoint while it is there
     /// ([`PredictedLatencyProducer::later_wait`]), counted in its delay to
     /// others times this. The model's own prediction is flat below an
-    /// engine's batch limit, so
-    /// without this cost an endpoint with two places free ranks with one
-    /// that has five, and under load the batches fill unevenly; unlike a
-    /// count of requests it costs nothing while places stay free, and it is
-    /// priced in the same milliseconds as a cached prompt or a warm
-    /// adapter. 0 counts no such delay. Default 0 (epp's own; llm-d has no
-    /// such term).
+    /// engine's batch limit, so without this cost an endpoint with two
+    /// places free ranks with one that has five, and under load the batches
+    /// fill unevenly; unlike a count of requests it costs nothing while
+    /// places stay free, and it is priced in the same milliseconds as a
+    /// cached prompt or a warm adapter. 0 counts no such delay. Default 0
+    /// (epp's own; llm-d has no such term).
     #[serde(default)]
     pub place_delay_weight: f64,
 }
@@ -678,15 +677,15 @@ impl PredictedLatencyProducer {
         tpot: bool,
     ) -> Option<Predicted> {
         let f = Features::at(load, self.slots_of(own));
-        let warm = |get: fn(&Models) -> &Learner| self.warm(own, get);
-        let (ttft, scale) = warm(|m| &m.ttft)?;
+        let (ttft, scale) = self.warm(own, |m| &m.ttft)?;
         let parts = ttft.predict_parts(&f)?;
         Some(Predicted {
             ttft_ms: scale * parts.total,
             own_work_ms: scale * parts.own_work,
             queue_wait_ms: scale * parts.queue_wait,
             tpot_ms: if tpot {
-                warm(|m| &m.tpot).and_then(|(m, scale)| Some(scale * m.predict_unchecked(&f)?))
+                self.warm(own, |m| &m.tpot)
+                    .and_then(|(m, scale)| Some(scale * m.predict_unchecked(&f)?))
             } else {
                 None
             },
@@ -725,9 +724,10 @@ impl PredictedLatencyProducer {
     /// How much longer the requests sent to `endpoint` while a request
     /// with `load` is there would wait for a place in its batch with it
     /// sent before them, in milliseconds (`None` while no model is warm):
-    /// as many are taken to come as are there now (Little's law, in a steady state), and the `j`-th of
-    /// them finds `there + j` requests ahead with it and `there + j − 1`
-    /// without, so the places they wait for sum (telescoping) to
+    /// as many are taken to come as are there now (Little's law, in a
+    /// steady state), and the `j`-th of them finds `there + j` requests
+    /// ahead with it and `there + j − 1` without, so the places they wait
+    /// for sum (telescoping) to
     /// [`Features::batch_wait`]`(2 · there) − batch_wait(there)`, each
     /// priced by the endpoint's model ([`LatencyModel::slot_wait_ms`]).
     /// Convex in the load: nothing while places stay free for all of
