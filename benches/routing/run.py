@@ -1297,7 +1297,7 @@ def run_rust_client(args, workload: Workload, fleet: "Fleet", run_dir: Path, rat
         "--rates", ",".join(f"{r:g}" for r in rates), "--secs", str(secs),
         "--warmup-rate", str(WARMUP_RATE), "--warmup-secs", str(WARMUP_SECS), "--seed", "1",
         "--timeout", "30", "--out", str(out), "--requests-out", str(run_dir / "requests.jsonl"), *words,
-        *side,
+        *side, *(["--usage"] if args.usage else []),
     ], run_dir / "rust-client.log")
     try:
         p.popen.wait(timeout=60 + WARMUP_SECS + len(rates) * (secs + 40))
@@ -1398,7 +1398,12 @@ def main() -> None:
                     help="one client for every workload (default: inference-perf, Rust for the LoRA mix and "
                     "two-gateways); Rust has every workload and sends every contender the same arrivals "
                     "(two-gateways is Rust only: it sends the second gateway's stream)")
+    ap.add_argument("--usage", action="store_true",
+                    help="the Rust client asks every answer for its usage, so each run's requests.jsonl says "
+                    "how many of a request's prompt tokens its server had cached (always with two-gateways)")
     args = ap.parse_args()
+    if args.usage and args.client != "rust":
+        ap.error("--usage needs --client rust")
     if args.quick:
         args.repeats = 1
     known = {**WORKLOADS, **EXTRA_WORKLOADS}

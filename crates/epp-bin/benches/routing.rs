@@ -34,6 +34,8 @@
 //! timed. With it, the router's requests ask for usage, and each stage line
 //! carries the prefix-cache hit rate of the router's requests alone
 //! (`hit_rate`, the servers' cached prompt tokens over prompt tokens).
+//! `--usage` asks for usage without side traffic, so that `--requests-out`
+//! says which of the router's requests were cache hits.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::{
@@ -414,6 +416,8 @@ struct Args {
     /// Servers the side traffic goes to, past the router, and its total rate.
     side: Vec<(String, u16)>,
     side_rate: f64,
+    /// Ask every answer for its usage (always with side traffic).
+    usage: bool,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
@@ -496,6 +500,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         words: Words(words),
         side,
         side_rate,
+        usage: argv.iter().any(|a| a == "--usage"),
     }))
 }
 
@@ -537,7 +542,7 @@ async fn main() {
             args.timeout,
         )
     });
-    let usage = side.is_some();
+    let usage = side.is_some() || args.usage;
     let stages = std::iter::once((0usize, args.warmup_rate, args.warmup_secs))
         .filter(|s| s.2 > 0.0)
         .chain(
