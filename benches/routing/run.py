@@ -373,6 +373,36 @@ for _w in (2, 4):
         *zip(_queue, scorer_entries("active-request-scorer", _w)))
 EPP_VARIANTS["epp-latency-running2"] = example_edited(
     *((q, q + r) for q, r in zip(_queue, scorer_entries("running-requests-size-scorer", 2))))
+# The example profile with prefix-cache-scorer scoring the matched length in tokens rather than the
+# matched fraction (llm-d's matchLengthWeight 1, its length term squared, full from 4,096 tokens): a
+# hit of a short prompt saves little prefill and then weighs little beside the load (issue 15,
+# short-prompts 120, where epp's requests in flight alone beat every profile with a cache signal).
+EPP_VARIANTS["epp-latency-length"] = example_edited(
+    ("- type: prefix-cache-scorer\n",
+     "- type: prefix-cache-scorer\n  parameters: {matchLengthWeight: 1, matchLengthScaleTokens: 4096}\n"))
+# The example profile with latency-scorer ranking by each request's own latency only (llm-d's way:
+# `delayToOthersWeight: 0`), and with epp's requests in flight beside its queue score
+# (`active-request-scorer` x2 added): two ways to let the load outweigh a short prompt's cache
+# hit (issue 15, short-prompts 120).
+EPP_VARIANTS["epp-latency-own"] = example_edited(
+    ("- type: latency-scorer\n", "- type: latency-scorer\n  parameters: {delayToOthersWeight: 0}\n"))
+EPP_VARIANTS["epp-latency-plus-active2"] = example_edited(
+    *((q, q + a) for q, a in zip(_queue, scorer_entries("active-request-scorer", 2))))
+# Join-shortest-queue through the ext_proc path (issue 15, short-prompts 120): epp's own requests in
+# flight alone, no cache signal. What a picker behind Envoy gets from balancing alone, to set beside
+# vllm-router (which proxies itself and is a shortest-queue router at that rate) and Envoy's round robin.
+EPP_VARIANTS["epp-inflight-only"] = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: active-request-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: active-request-scorer, weight: 1}
+  - {pluginRef: max-score-picker}
+"""
 # The waits for a place a request adds to the requests sent to its server while it is there,
 # priced by the latency model, counted in its delay to others (issue 15): `placeDelayWeight` W of
 # predicted-latency-producer.
@@ -494,6 +524,10 @@ LABELS = {
     "epp-latency-place1": "Envoy + epp (predicted-latency.yaml, placeDelayWeight 1)",
     "epp-latency-place2": "Envoy + epp (predicted-latency.yaml, placeDelayWeight 2)",
     "epp-latency-nodisplace": "Envoy + epp (predicted-latency.yaml, displacedCacheWeight 0)",
+    "epp-latency-length": "Envoy + epp (predicted-latency.yaml, prefix scored by matched tokens: matchLengthWeight 1, scale 4,096)",
+    "epp-latency-own": "Envoy + epp (predicted-latency.yaml, latency-scorer delayToOthersWeight 0)",
+    "epp-latency-plus-active2": "Envoy + epp (predicted-latency.yaml + active-request-scorer ×2)",
+    "epp-inflight-only": "Envoy + epp (active-request-scorer alone: join the shortest queue)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
     "epp-precise-latency": "Envoy + epp (precise prefix as epp-precise, with latency-scorer ×4 as in epp-latency)",
