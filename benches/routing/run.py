@@ -353,6 +353,12 @@ def example_edited(*edits: tuple[str, str]) -> str:
     return text
 
 
+def example_with_params(plugin: str, params: str) -> str:
+    """The example profile with `parameters: {params}` given to its `plugin`."""
+    entry = f"- type: {plugin}\n"
+    return example_edited((entry, entry + f"  parameters: {{{params}}}\n"))
+
+
 def example_reweighted(scorer: str, was: int, now: int) -> str:
     """The example profile with `scorer`'s weight `was` changed to `now`."""
     return example_edited((scorer_entries(scorer, was)[1], scorer_entries(scorer, now)[1]))
@@ -377,15 +383,13 @@ EPP_VARIANTS["epp-latency-running2"] = example_edited(
 # matched fraction (llm-d's matchLengthWeight 1, its length term squared, full from 4,096 tokens): a
 # hit of a short prompt saves little prefill and then weighs little beside the load (issue 15,
 # short-prompts 120, where epp's requests in flight alone beat every profile with a cache signal).
-EPP_VARIANTS["epp-latency-length"] = example_edited(
-    ("- type: prefix-cache-scorer\n",
-     "- type: prefix-cache-scorer\n  parameters: {matchLengthWeight: 1, matchLengthScaleTokens: 4096}\n"))
+EPP_VARIANTS["epp-latency-length"] = example_with_params(
+    "prefix-cache-scorer", "matchLengthWeight: 1, matchLengthScaleTokens: 4096")
 # The example profile with latency-scorer ranking by each request's own latency only (llm-d's way:
 # `delayToOthersWeight: 0`), and with epp's requests in flight beside its queue score
 # (`active-request-scorer` x2 added): two ways to let the load outweigh a short prompt's cache
 # hit (issue 15, short-prompts 120).
-EPP_VARIANTS["epp-latency-own"] = example_edited(
-    ("- type: latency-scorer\n", "- type: latency-scorer\n  parameters: {delayToOthersWeight: 0}\n"))
+EPP_VARIANTS["epp-latency-own"] = example_with_params("latency-scorer", "delayToOthersWeight: 0")
 EPP_VARIANTS["epp-latency-plus-active2"] = example_edited(
     *((q, q + a) for q, a in zip(_queue, scorer_entries("active-request-scorer", 2))))
 # Join-shortest-queue through the ext_proc path (issue 15, short-prompts 120): epp's own requests in
@@ -406,14 +410,13 @@ schedulingProfiles:
 # The waits for a place a request adds to the requests sent to its server while it is there,
 # priced by the latency model, counted in its delay to others (issue 15): `placeDelayWeight` W of
 # predicted-latency-producer.
-_producer = "- type: predicted-latency-producer\n"
 for _w in (1, 2):
-    EPP_VARIANTS[f"epp-latency-place{_w}"] = example_edited(
-        (_producer, _producer + f"  parameters: {{placeDelayWeight: {_w}}}\n"))
+    EPP_VARIANTS[f"epp-latency-place{_w}"] = example_with_params(
+        "predicted-latency-producer", f"placeDelayWeight: {_w}")
 # The example profile with no price for the cached prompts a miss evicts (`displacedCacheWeight: 0`):
 # whether that price is what sends short-prompts 120's requests to busier servers (issue 15).
-EPP_VARIANTS["epp-latency-nodisplace"] = example_edited(
-    (_producer, _producer + "  parameters: {displacedCacheWeight: 0}\n"))
+EPP_VARIANTS["epp-latency-nodisplace"] = example_with_params(
+    "predicted-latency-producer", "displacedCacheWeight: 0")
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
