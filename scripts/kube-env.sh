@@ -296,6 +296,21 @@ random_token() {
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'
 }
 
+# Deletes the tests' stopped control planes (`epp-kube-*`, no etcd running)
+# in PARENT that are over a day old. A test's own cluster goes when the test
+# passes, but the one a test process shares lives in a static and is stopped
+# by the owner watcher, which cannot tell a passed run from a failed one: its
+# logs stay for a day for a failed test's reader, then go (one directory per
+# test process, ~150 KB each, otherwise piling up run after run).
+prune_stopped() { # parent
+  local d
+  for d in "$1"/epp-kube-*; do
+    [ -d "$d" ] && [ ! -e "$d/etcd.pid" ] && [ ! -e "$d/apiserver.pid" ] || continue
+    [ -n "$(find "$d" -maxdepth 0 -mmin +1440)" ] && rm -rf "$d"
+  done
+  return 0
+}
+
 cmd_start() { # dir
   local dir="$1"
   [ -x "$BIN_DIR/etcd" ] && [ -x "$BIN_DIR/kube-apiserver" ] ||
@@ -303,6 +318,7 @@ cmd_start() { # dir
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   [ -f "$dir/apiserver.pid" ] && die "$dir already runs a control plane (stop it first)"
+  prune_stopped "$(dirname "$dir")"
   make_pki "$dir/pki"
   local etcd_port api_port server sa
   etcd_port=$(start_etcd "$dir") || exit 1

@@ -390,6 +390,13 @@ EPP_VARIANTS["epp-latency-length"] = example_with_params(
 # (`active-request-scorer` x2 added): two ways to let the load outweigh a short prompt's cache
 # hit (issue 15, short-prompts 120).
 EPP_VARIANTS["epp-latency-own"] = example_with_params("latency-scorer", "delayToOthersWeight: 0")
+# Both at once: no delay to others and the prefix by length, so that neither the latency score
+# (which prices a miss's prefill once for every request at the server) nor the prefix score holds a
+# short prompt to a busier server (issue 15, short-prompts 120).
+EPP_VARIANTS["epp-latency-own-length"] = example_edited(
+    ("- type: latency-scorer\n", "- type: latency-scorer\n  parameters: {delayToOthersWeight: 0}\n"),
+    ("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n"
+     "  parameters: {matchLengthWeight: 1, matchLengthScaleTokens: 4096}\n"))
 EPP_VARIANTS["epp-latency-plus-active2"] = example_edited(
     *((q, q + a) for q, a in zip(_queue, scorer_entries("active-request-scorer", 2))))
 # Join-shortest-queue through the ext_proc path (issue 15, short-prompts 120): epp's own requests in
@@ -530,6 +537,7 @@ LABELS = {
     "epp-latency-length": "Envoy + epp (predicted-latency.yaml, prefix scored by matched tokens: matchLengthWeight 1, scale 4,096)",
     "epp-latency-own": "Envoy + epp (predicted-latency.yaml, latency-scorer delayToOthersWeight 0)",
     "epp-latency-plus-active2": "Envoy + epp (predicted-latency.yaml + active-request-scorer ×2)",
+    "epp-latency-own-length": "Envoy + epp (predicted-latency.yaml, delayToOthersWeight 0 and the prefix scored by matched tokens)",
     "epp-inflight-only": "Envoy + epp (active-request-scorer alone: join the shortest queue)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",
     "epp-precise-redis": "Envoy + epp (precise prefix as epp-precise, the index shared in Redis)",
