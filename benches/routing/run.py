@@ -397,6 +397,24 @@ EPP_VARIANTS["epp-latency-own-length"] = example_edited(
     ("- type: latency-scorer\n", "- type: latency-scorer\n  parameters: {delayToOthersWeight: 0}\n"),
     ("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n"
      "  parameters: {matchLengthWeight: 1, matchLengthScaleTokens: 4096}\n"))
+# latency-scorer alone, with and without the delay to others: how well the latency model balances
+# on its own (issue 15, short-prompts 120).
+LATENCY_ALONE = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+- type: latency-scorer{params}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: latency-scorer, weight: 1}}
+  - {{pluginRef: max-score-picker}}
+"""
+EPP_VARIANTS["epp-latency-alone"] = LATENCY_ALONE.format(params="")
+EPP_VARIANTS["epp-latency-alone-own"] = LATENCY_ALONE.format(
+    params="\n  parameters: {delayToOthersWeight: 0}")
 EPP_VARIANTS["epp-latency-plus-active2"] = example_edited(
     *((q, q + a) for q, a in zip(_queue, scorer_entries("active-request-scorer", 2))))
 # Join-shortest-queue through the ext_proc path (issue 15, short-prompts 120): epp's own requests in
@@ -537,6 +555,8 @@ LABELS = {
     "epp-latency-length": "Envoy + epp (predicted-latency.yaml, prefix scored by matched tokens: matchLengthWeight 1, scale 4,096)",
     "epp-latency-own": "Envoy + epp (predicted-latency.yaml, latency-scorer delayToOthersWeight 0)",
     "epp-latency-plus-active2": "Envoy + epp (predicted-latency.yaml + active-request-scorer ×2)",
+    "epp-latency-alone": "Envoy + epp (latency-scorer alone)",
+    "epp-latency-alone-own": "Envoy + epp (latency-scorer alone, delayToOthersWeight 0)",
     "epp-latency-own-length": "Envoy + epp (predicted-latency.yaml, delayToOthersWeight 0 and the prefix scored by matched tokens)",
     "epp-inflight-only": "Envoy + epp (active-request-scorer alone: join the shortest queue)",
     "epp-precise": "Envoy + epp (precise prefix: the engines' KV events + speculation 5 s, default weights)",

@@ -85,6 +85,10 @@ pub struct Dispatch {
     /// The prompt's part of those, while it still counts and is to leave
     /// at the first streamed bytes ([`InflightAccounting`]).
     prompt_until_first_token: Option<(u64, u64)>,
+    /// The uncached prompt tokens the endpoint's unanswered counts hold for
+    /// the request until its first bytes
+    /// ([`crate::InflightCounters::await_answer`]).
+    unanswered_uncached: u64,
     open: bool,
     /// When the request was dispatched, and the endpoint's load then.
     started: Instant,
@@ -213,7 +217,7 @@ impl Dispatch {
             prompt.1.saturating_add(output),
         );
         endpoint.inflight().start_with(tokens, uncached_tokens);
-        endpoint.inflight().await_answer();
+        endpoint.inflight().await_answer(load.uncached_tokens);
         if let Some(feed) = scheduler.replica_feed() {
             feed.load_changed();
         }
@@ -224,6 +228,7 @@ impl Dispatch {
             tokens,
             uncached_tokens,
             prompt_until_first_token: accounting.release_prompt_at_first_token.then_some(prompt),
+            unanswered_uncached: load.uncached_tokens,
             open: true,
             started: Instant::now(),
             load,
@@ -272,7 +277,7 @@ impl Dispatch {
         self.streamed = streamed;
         if self.open {
             // Its first bytes: it leaves the endpoint's unanswered count.
-            self.endpoint.inflight().answered();
+            self.endpoint.inflight().answered(self.unanswered_uncached);
         }
         if !streamed || !self.open {
             return;
@@ -352,8 +357,9 @@ impl Dispatch {
             .start_with(self.tokens, self.uncached_tokens);
         // Still open here: unanswered until its first bytes.
         if self.first_byte.is_none() {
-            self.endpoint.inflight().answered();
-            served.inflight().await_answer();
+            self.endpoint.inflight().answered(self.unanswered_uncached);
+            self.unanswered_uncached = self.load.uncached_tokens;
+            served.inflight().await_answer(self.unanswered_uncached);
         }
         self.endpoint = served;
         self.load_changed();
@@ -395,7 +401,7 @@ impl Dispatch {
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
         if self.first_byte.is_none() {
-            self.endpoint.inflight().answered();
+            self.endpoint.inflight().answered(self.unanswered_uncached);
         }
         if let Some(ticket) = self.adapter.take() {
             let adapters = self.endpoint.adapter_inflight();
@@ -650,28 +656,34 @@ mod tests {
         assert!(blocked(&d).adapter_cold);
     }
 
-    /// A request counts as unanswered at its endpoint from dispatch to its
-    /// first response bytes (streamed or not), moves with `served_by`, and
+    /// A request counts as unanswered at its endpoint, with its uncached
+    /// prompt tokens, from dispatch to its first response bytes (streamed
+    /// or not), moves with `served_by` (all its prompt uncached there), and
     /// leaves when it ends without any; the next request's load reads it.
     #[test]
     fn unanswered_from_dispatch_to_the_first_bytes() {
         let s = setup();
         let e = &s.endpoint;
         let unanswered = || e.inflight().unanswered();
-        let start = || {
+        let start_with = |hit: f64| {
             Dispatch::start(
                 Arc::clone(&s.scheduler),
                 s.request.clone(),
                 Arc::clone(e),
-                0.0,
+                hit,
             )
         };
+        let start = || start_with(0.0);
         let mut streamed = start();
         let mut whole = start();
         let aborted = start();
         assert_eq!(unanswered(), 3);
+        assert_eq!(e.inflight().unanswered_uncached_tokens(), 30);
         // A request's load counts those before it, not itself.
-        assert_eq!(start().load().unanswered, 3);
+        let next = start();
+        assert_eq!(next.load().unanswered, 3);
+        assert_eq!(next.load().unanswered_uncached_tokens, 30);
+        drop(next);
         assert_eq!(unanswered(), 3, "the one just dropped left");
         streamed.first_body_bytes(true);
         streamed.first_body_bytes(true);
@@ -680,16 +692,26 @@ mod tests {
         assert_eq!(unanswered(), 1);
         drop(aborted);
         assert_eq!(unanswered(), 0);
+        assert_eq!(e.inflight().unanswered_uncached_tokens(), 0);
         // Completing after the first bytes takes nothing more.
         streamed.complete(None, RequestOutcome::Completed { status: 200 });
         assert_eq!(unanswered(), 0);
         // Moved before answering: counted where it went.
         let other = Arc::new(Endpoint::new(1, "10.0.0.2:8000".parse().unwrap()));
-        let mut moved = start();
+        let mut moved = start_with(0.5);
+        assert_eq!(e.inflight().unanswered_uncached_tokens(), 5);
         assert!(moved.served_by(Arc::clone(&other)));
         assert_eq!((unanswered(), other.inflight().unanswered()), (0, 1));
+        assert_eq!(
+            (
+                e.inflight().unanswered_uncached_tokens(),
+                other.inflight().unanswered_uncached_tokens()
+            ),
+            (0, 10)
+        );
         moved.first_body_bytes(true);
         assert_eq!(other.inflight().unanswered(), 0);
+        assert_eq!(other.inflight().unanswered_uncached_tokens(), 0);
         // Answered first, then moved: nothing to move.
         let mut late = start();
         late.first_body_bytes(true);
@@ -697,8 +719,9 @@ mod tests {
         assert_eq!((unanswered(), other.inflight().unanswered()), (0, 0));
         drop((whole, late));
         // More answers than waits never wrap around.
-        e.inflight().answered();
+        e.inflight().answered(7);
         assert_eq!(unanswered(), 0);
+        assert_eq!(e.inflight().unanswered_uncached_tokens(), 0);
     }
 
     #[test]

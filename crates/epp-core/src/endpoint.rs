@@ -231,6 +231,7 @@ pub struct InflightCounters {
     peer_tokens: AtomicU64,
     peer_uncached_tokens: AtomicU64,
     unanswered: AtomicU32,
+    unanswered_uncached_tokens: AtomicU64,
 }
 
 impl InflightCounters {
@@ -345,21 +346,39 @@ impl InflightCounters {
         self.unanswered.load(Ordering::Relaxed)
     }
 
-    /// A request routed here awaits its first response bytes (counted by
-    /// [`Self::unanswered`] until [`Self::answered`]).
-    pub fn await_answer(&self) {
-        self.unanswered.fetch_add(1, Ordering::Relaxed);
+    /// Of the prompt tokens of the [`Self::unanswered`] requests, those not
+    /// expected in the endpoint's prefix cache: the prefill still to come
+    /// there for this replica's requests, now.
+    #[inline]
+    #[must_use]
+    pub fn unanswered_uncached_tokens(&self) -> u64 {
+        self.unanswered_uncached_tokens.load(Ordering::Relaxed)
     }
 
-    /// A request counted by [`Self::await_answer`] had its first response
-    /// bytes, or ended without any.
-    pub fn answered(&self) {
+    /// A request routed here, `uncached_prompt_tokens` of whose prompt are
+    /// not expected in the endpoint's prefix cache, awaits its first
+    /// response bytes (counted by [`Self::unanswered`] and
+    /// [`Self::unanswered_uncached_tokens`] until [`Self::answered`]).
+    pub fn await_answer(&self, uncached_prompt_tokens: u64) {
+        self.unanswered.fetch_add(1, Ordering::Relaxed);
+        self.unanswered_uncached_tokens
+            .fetch_add(uncached_prompt_tokens, Ordering::Relaxed);
+    }
+
+    /// A request counted by [`Self::await_answer`]`(uncached_prompt_tokens)`
+    /// had its first response bytes, or ended without any.
+    pub fn answered(&self, uncached_prompt_tokens: u64) {
         // Saturating: an answer without a wait must not wrap around.
         let _ = self
             .unanswered
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(1))
             });
+        let _ = self.unanswered_uncached_tokens.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |v| Some(v.saturating_sub(uncached_prompt_tokens)),
+        );
     }
 
     /// Takes `tokens` (of which `uncached_tokens`) of a request still in

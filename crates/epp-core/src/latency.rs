@@ -84,6 +84,11 @@ pub struct DispatchLoad {
     /// where the scrape's queue is up to an interval old, and it counts the
     /// prompts being computed, which the scrape shows as running.
     pub unanswered: u32,
+    /// Of the prompt tokens of those unanswered requests, the ones their
+    /// endpoint's prefix cache was not expected to hold
+    /// ([`crate::InflightCounters::unanswered_uncached_tokens`]): the
+    /// prefill the endpoint has yet to do for them, now.
+    pub unanswered_uncached_tokens: u64,
     /// The request's estimated prompt tokens.
     pub prompt_tokens: u64,
     /// Of those, the tokens its prefix cache is not expected to hold.
@@ -164,6 +169,7 @@ impl DispatchLoad {
             },
             dispatched: i32::try_from(since.requests).unwrap_or(i32::MAX),
             unanswered: candidate.endpoint.inflight().unanswered(),
+            unanswered_uncached_tokens: candidate.endpoint.inflight().unanswered_uncached_tokens(),
             prompt_tokens,
             uncached_tokens: crate::uncached_tokens(prompt_tokens, prefix_hit),
             adapter_cold,
@@ -425,7 +431,7 @@ mod tests {
         e.inflight().start_with(10, 10);
         e.inflight().start_with(10, 10);
         // Of the two, one has begun to answer.
-        e.inflight().await_answer();
+        e.inflight().await_answer(40);
         let c = Candidate::new(&e);
         let r = InferenceRequest::builder("base")
             .target_model("b")
@@ -440,6 +446,7 @@ mod tests {
                 kv_usage: 0.5,
                 dispatched: 2,
                 unanswered: 1,
+                unanswered_uncached_tokens: 40,
                 prompt_tokens: 100,
                 uncached_tokens: 25,
                 adapter_cold: true,

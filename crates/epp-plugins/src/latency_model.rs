@@ -4,25 +4,39 @@
 //! The model is linear in a fixed set of [`Features`] read at dispatch:
 //!
 //! ```text
-//! predicted = θ · [1, waiting, dispatched, running, unanswered, uncached/1000,
+//! predicted = θ · [1, waiting, dispatched, running, unanswered_uncached/1000, uncached/1000,
 //!                  cached/1000, running · uncached/1000, adapter_cold, slot_wait,
 //!                  adapter_blocked, kv_wait², busy]
 //! ```
 //!
 //! `waiting` and `dispatched` (requests epp sent since the last scrape) stand
-//! for the queue a request waits behind, and `unanswered` (requests epp sent
-//! there that have had no response bytes yet, counted now) for the queue and
-//! the prompts being computed, as they are when the request arrives: the
-//! scrape's queue is up to an interval old and shows a prompt being
-//! computed as running. A request arriving while another's long prompt is
-//! computed waits for that step: in the routing benchmark's many-tenants a
-//! cached prompt with no wait for KV room took a median 42 ms with nothing
-//! unanswered there, 87–130 ms with one request unanswered and 818–912 with
-//! two or more (two runs), and the runs' errors were 0.22–0.28 without the
-//! input. Replayed over five workloads' logged samples, the input took
-//! many-tenants from 0.221 and 0.277 to 0.201 and 0.238, mixed-speeds from
-//! 0.155 to 0.137 and lora-mix from 0.224 to 0.193, with shared-prefix and
-//! no-sharing within 0.01 (0.150 → 0.152, 0.080 → 0.089). It took the place
+//! for the queue a request waits behind, and `unanswered_uncached/1000`
+//! (thousands of uncached prompt tokens of the requests epp sent there that
+//! have had no response bytes yet, counted now) for the prefill still to
+//! come there, as it is when the request arrives: the scrape's queue is up
+//! to an interval old and shows a prompt being computed as running. A
+//! request arriving while another's long prompt is computed waits for that
+//! step: in the routing benchmark's many-tenants a cached prompt with no
+//! wait for KV room took a median 42 ms with nothing unanswered there,
+//! 87–130 ms with one request unanswered and 818–912 with two or more (two
+//! runs), and the runs' errors were 0.22–0.28 without such an input. It
+//! counts the unanswered requests' prefill in tokens, not the requests: an
+//! engine prefills the prompts waiting for one step together, so a short
+//! prompt queued behind another short one waits for its few tokens, not
+//! for a step of its own. As a count (each unanswered request priced at a
+//! queued request's wait, 23 ms at short-prompts 120, where joining a
+//! 288-token prompt's step adds 6 ms), the input steered arrivals away from
+//! a server with a prompt about to be computed, to one that would start a
+//! step of its own for them (likely more prefill steps, each with its fixed
+//! cost, on every engine), and at short-prompts 120,
+//! where a server is near its capacity, ranking by the model alone
+//! (`latency-scorer`, `delayToOthersWeight: 0`) gave TTFT p50 80–85 ms with
+//! the count, 65 without the input and 69 with the tokens (three runs
+//! each; the shortest queue: 66). The count's gain on the error, replayed
+//! over five workloads' logged samples (many-tenants 0.221 and 0.277 to
+//! 0.201 and 0.238, mixed-speeds 0.155 to 0.137, lora-mix 0.224 to 0.193),
+//! came from long prompts, which the tokens price in full: with them the
+//! five workloads' errors were 0.07–0.14 in one sweep. It took the place
 //! of the KV utilisation, whose coefficient the fit left at 0 on every
 //! endpoint of many-tenants and shared-prefix, at 0–27 ms for a full cache
 //! on mixed-speeds and no-sharing, and at 46 and 209 ms on two of lora-mix's
@@ -128,14 +142,15 @@ const CACHED: usize = 6;
 const SLOT_WAIT: usize = 9;
 
 /// The inputs of the request's wait in the endpoint's queue: the requests
-/// waiting there at the scrape, those sent since, those not yet answered
-/// (queued, or their prompts being computed), the wait for a place in a
+/// waiting there at the scrape, those sent since, the prefill of those not
+/// yet answered (queued, or their prompts being computed), the wait for a place in a
 /// full batch (which, at the limit, is the first two plus one: the fit may
 /// split the wait between them any way) and the squared wait for room in
 /// the KV cache.
 const QUEUE_WAIT: [usize; 5] = [1, 2, UNANSWERED, SLOT_WAIT, KV_WAIT_SQUARED];
 
-/// The input of the requests sent there that have had no answer yet.
+/// The input of the uncached prompt tokens of the requests sent there that
+/// have had no answer yet.
 const UNANSWERED: usize = 4;
 
 /// The input of the wait for room in the KV cache, squared.
@@ -165,10 +180,11 @@ pub struct Features {
     pub dispatched: f64,
     /// Requests running at the last scrape.
     pub running: f64,
-    /// Requests this picker sent there that have had no response bytes
-    /// yet ([`epp_core::DispatchLoad::unanswered`]): queued there, or
-    /// computing their prompts, now.
-    pub unanswered: f64,
+    /// Uncached prompt tokens of the requests this picker sent there that
+    /// have had no response bytes yet
+    /// ([`epp_core::DispatchLoad::unanswered_uncached_tokens`]): the prefill
+    /// of those queued there, or computing their prompts, now.
+    pub unanswered_uncached_tokens: f64,
     /// Prompt tokens the endpoint's prefix cache is not expected to hold.
     pub uncached_tokens: f64,
     /// Prompt tokens it is expected to hold.
@@ -202,7 +218,7 @@ impl From<&epp_core::DispatchLoad> for Features {
             waiting: f64::from(load.waiting),
             dispatched: f64::from(load.dispatched),
             running: f64::from(load.running),
-            unanswered: f64::from(load.unanswered),
+            unanswered_uncached_tokens: load.unanswered_uncached_tokens as f64,
             uncached_tokens: load.uncached_tokens as f64,
             cached_tokens: load.cached_tokens() as f64,
             adapter_cold: f64::from(u8::from(load.adapter_cold)),
@@ -256,7 +272,7 @@ impl Features {
             self.waiting,
             self.dispatched,
             self.running,
-            self.unanswered,
+            self.unanswered_uncached_tokens * 1e-3,
             uncached_k,
             self.cached_tokens * 1e-3,
             self.running * uncached_k,
@@ -647,7 +663,7 @@ mod tests {
             waiting: f64::from(rng.random_range(0..20u32)),
             dispatched: f64::from(rng.random_range(0..5u32)),
             running: f64::from(rng.random_range(0..64u32)),
-            unanswered: f64::from(rng.random_range(0..6u32)),
+            unanswered_uncached_tokens: f64::from(rng.random_range(0..12_000u32)),
             uncached_tokens: f64::from(rng.random_range(0..8000u32)),
             cached_tokens: f64::from(rng.random_range(0..8000u32)),
             adapter_cold,
@@ -934,7 +950,7 @@ mod tests {
                 waiting,
                 dispatched,
                 running,
-                unanswered: 0.0,
+                unanswered_uncached_tokens: 0.0,
                 uncached_tokens: uncached,
                 cached_tokens: cached,
                 adapter_cold: 0.0,

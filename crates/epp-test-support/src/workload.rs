@@ -236,6 +236,7 @@ fn train(scheduler: &Scheduler, snapshot: &EndpointSnapshot, rng: &mut SmallRng)
                 kv_usage: rng.random_range(0.0..1.0),
                 dispatched: rng.random_range(0..4),
                 unanswered: 0,
+                unanswered_uncached_tokens: 0,
                 prompt_tokens: 4096,
                 uncached_tokens: rng.random_range(0..4096),
                 adapter_cold: false,
