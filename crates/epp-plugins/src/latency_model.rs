@@ -28,11 +28,11 @@
 //! 288-token prompt's step adds 6 ms), the input steered arrivals away from
 //! a server with a prompt about to be computed, to one that would start a
 //! step of its own for them (likely more prefill steps, each with its fixed
-//! cost, on every engine), and at short-prompts 120,
-//! where a server is near its capacity, ranking by the model alone
-//! (`latency-scorer`, `delayToOthersWeight: 0`) gave TTFT p50 80–85 ms with
-//! the count, 65 without the input and 69 with the tokens (three runs
-//! each; the shortest queue: 66). The count's gain on the error, replayed
+//! cost, on every engine). At short-prompts 120, where a server is near its
+//! capacity, ranking by the model alone (`latency-scorer`,
+//! `delayToOthersWeight: 0`) gave TTFT p50 80–85 ms with the count, 65
+//! without the input and 69–72 with the tokens (three runs each; the
+//! shortest queue 66, vllm-router 71). The count's gain on the error, replayed
 //! over five workloads' logged samples (many-tenants 0.221 and 0.277 to
 //! 0.201 and 0.238, mixed-speeds 0.155 to 0.137, lora-mix 0.224 to 0.193),
 //! came from long prompts, which the tokens price in full: with them the
@@ -143,10 +143,10 @@ const SLOT_WAIT: usize = 9;
 
 /// The inputs of the request's wait in the endpoint's queue: the requests
 /// waiting there at the scrape, those sent since, the prefill of those not
-/// yet answered (queued, or their prompts being computed), the wait for a place in a
-/// full batch (which, at the limit, is the first two plus one: the fit may
-/// split the wait between them any way) and the squared wait for room in
-/// the KV cache.
+/// yet answered (queued, or their prompts being computed), the wait for a
+/// place in a full batch (which, at the limit, is the first two plus one:
+/// the fit may split the wait between them any way) and the squared wait
+/// for room in the KV cache.
 const QUEUE_WAIT: [usize; 5] = [1, 2, UNANSWERED, SLOT_WAIT, KV_WAIT_SQUARED];
 
 /// The input of the uncached prompt tokens of the requests sent there that
