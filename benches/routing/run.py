@@ -353,10 +353,29 @@ def example_edited(*edits: tuple[str, str]) -> str:
     return text
 
 
-def example_with_params(plugin: str, params: str) -> str:
-    """The example profile with `parameters: {params}` given to its `plugin`."""
-    entry = f"- type: {plugin}\n"
-    return example_edited((entry, entry + f"  parameters: {{{params}}}\n"))
+def example_with_params(*plugin_params: tuple[str, str]) -> str:
+    """The example profile with `parameters: {params}` given to each `(plugin, params)`'s plugin."""
+    entries = ((f"- type: {plugin}\n", params) for plugin, params in plugin_params)
+    return example_edited(*((e, e + f"  parameters: {{{params}}}\n") for e, params in entries))
+
+
+def scorer_alone(scorer: str, params: str = "", needs: str = "") -> str:
+    """A profile of `scorer` alone (weight 1; `parameters: {params}` when given) and
+    max-score-picker, after the plugins `needs` names (e.g. its producer)."""
+    parameters = f"\n  parameters: {{{params}}}" if params else ""
+    needed = f"- type: {needs}\n" if needs else ""
+    return f"""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+{needed}- type: {scorer}{parameters}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: {scorer}, weight: 1}}
+  - {{pluginRef: max-score-picker}}
+"""
 
 
 def example_reweighted(scorer: str, was: int, now: int) -> str:
@@ -383,65 +402,39 @@ EPP_VARIANTS["epp-latency-running2"] = example_edited(
 # matched fraction (llm-d's matchLengthWeight 1, its length term squared, full from 4,096 tokens): a
 # hit of a short prompt saves little prefill and then weighs little beside the load (issue 15,
 # short-prompts 120, where epp's requests in flight alone beat every profile with a cache signal).
-EPP_VARIANTS["epp-latency-length"] = example_with_params(
-    "prefix-cache-scorer", "matchLengthWeight: 1, matchLengthScaleTokens: 4096")
+_BY_LENGTH = ("prefix-cache-scorer", "matchLengthWeight: 1, matchLengthScaleTokens: 4096")
+_OWN = ("latency-scorer", "delayToOthersWeight: 0")
+EPP_VARIANTS["epp-latency-length"] = example_with_params(_BY_LENGTH)
 # The example profile with latency-scorer ranking by each request's own latency only (llm-d's way:
 # `delayToOthersWeight: 0`), and with epp's requests in flight beside its queue score
 # (`active-request-scorer` x2 added): two ways to let the load outweigh a short prompt's cache
 # hit (issue 15, short-prompts 120).
-EPP_VARIANTS["epp-latency-own"] = example_with_params("latency-scorer", "delayToOthersWeight: 0")
+EPP_VARIANTS["epp-latency-own"] = example_with_params(_OWN)
 # Both at once: no delay to others and the prefix by length, so that neither the latency score
 # (which prices a miss's prefill once for every request at the server) nor the prefix score holds a
 # short prompt to a busier server (issue 15, short-prompts 120).
-EPP_VARIANTS["epp-latency-own-length"] = example_edited(
-    ("- type: latency-scorer\n", "- type: latency-scorer\n  parameters: {delayToOthersWeight: 0}\n"),
-    ("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n"
-     "  parameters: {matchLengthWeight: 1, matchLengthScaleTokens: 4096}\n"))
+EPP_VARIANTS["epp-latency-own-length"] = example_with_params(_OWN, _BY_LENGTH)
 # latency-scorer alone, with and without the delay to others: how well the latency model balances
 # on its own (issue 15, short-prompts 120).
-LATENCY_ALONE = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: predicted-latency-producer
-- type: latency-scorer{params}
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - {{pluginRef: latency-scorer, weight: 1}}
-  - {{pluginRef: max-score-picker}}
-"""
-EPP_VARIANTS["epp-latency-alone"] = LATENCY_ALONE.format(params="")
-EPP_VARIANTS["epp-latency-alone-own"] = LATENCY_ALONE.format(
-    params="\n  parameters: {delayToOthersWeight: 0}")
+EPP_VARIANTS["epp-latency-alone"] = scorer_alone("latency-scorer", needs="predicted-latency-producer")
+EPP_VARIANTS["epp-latency-alone-own"] = scorer_alone(
+    *_OWN, needs="predicted-latency-producer")
 EPP_VARIANTS["epp-latency-plus-active2"] = example_edited(
     *((q, q + a) for q, a in zip(_queue, scorer_entries("active-request-scorer", 2))))
 # Join-shortest-queue through the ext_proc path (issue 15, short-prompts 120): epp's own requests in
 # flight alone, no cache signal. What a picker behind Envoy gets from balancing alone, to set beside
 # vllm-router (which proxies itself and is a shortest-queue router at that rate) and Envoy's round robin.
-EPP_VARIANTS["epp-inflight-only"] = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: active-request-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: active-request-scorer, weight: 1}
-  - {pluginRef: max-score-picker}
-"""
+EPP_VARIANTS["epp-inflight-only"] = scorer_alone("active-request-scorer")
 # The waits for a place a request adds to the requests sent to its server while it is there,
 # priced by the latency model, counted in its delay to others (issue 15): `placeDelayWeight` W of
 # predicted-latency-producer.
 for _w in (1, 2):
     EPP_VARIANTS[f"epp-latency-place{_w}"] = example_with_params(
-        "predicted-latency-producer", f"placeDelayWeight: {_w}")
+        ("predicted-latency-producer", f"placeDelayWeight: {_w}"))
 # The example profile with no price for the cached prompts a miss evicts (`displacedCacheWeight: 0`):
 # whether that price is what sends short-prompts 120's requests to busier servers (issue 15).
 EPP_VARIANTS["epp-latency-nodisplace"] = example_with_params(
-    "predicted-latency-producer", "displacedCacheWeight: 0")
+    ("predicted-latency-producer", "displacedCacheWeight: 0"))
 # The default profile with latency-scorer beside its scorers at weight W: the weight sweep of
 # docs/BENCHMARKS.md ("The default profile's scorers with latency-scorer beside them"); W = 4 is
 # the example profile, "epp-latency".
