@@ -85,12 +85,10 @@ pub struct Dispatch {
     /// The prompt's part of those, while it still counts and is to leave
     /// at the first streamed bytes ([`InflightAccounting`]).
     prompt_until_first_token: Option<(u64, u64)>,
-    /// The uncached prompt tokens the endpoint's unanswered counts hold for
-    /// the request until its first bytes
-    /// ([`crate::InflightCounters::await_answer`]).
-    unanswered_uncached: u64,
     open: bool,
-    /// When the request was dispatched, and the endpoint's load then.
+    /// When the request was dispatched, and the endpoint's load then (its
+    /// `uncached_tokens` are what the endpoint's unanswered counts hold for
+    /// the request until its first bytes).
     started: Instant,
     load: DispatchLoad,
     /// The endpoint's latency prediction when it was picked, if any.
@@ -228,7 +226,6 @@ impl Dispatch {
             tokens,
             uncached_tokens,
             prompt_until_first_token: accounting.release_prompt_at_first_token.then_some(prompt),
-            unanswered_uncached: load.uncached_tokens,
             open: true,
             started: Instant::now(),
             load,
@@ -277,7 +274,7 @@ impl Dispatch {
         self.streamed = streamed;
         if self.open {
             // Its first bytes: it leaves the endpoint's unanswered count.
-            self.endpoint.inflight().answered(self.unanswered_uncached);
+            self.endpoint.inflight().answered(self.load.uncached_tokens);
         }
         if !streamed || !self.open {
             return;
@@ -348,6 +345,8 @@ impl Dispatch {
             self.endpoint.adapter_inflight().forget(ticket);
         }
         let candidate = Candidate::new(&served);
+        // What the old endpoint's unanswered counts hold for it.
+        let was_uncached = self.load.uncached_tokens;
         self.load = DispatchLoad::of(&candidate, &self.request, 0.0);
         self.adapter = register_adapter(&candidate, &self.request);
         // The prediction was for the pick, not for where the request went.
@@ -357,9 +356,8 @@ impl Dispatch {
             .start_with(self.tokens, self.uncached_tokens);
         // Still open here: unanswered until its first bytes.
         if self.first_byte.is_none() {
-            self.endpoint.inflight().answered(self.unanswered_uncached);
-            self.unanswered_uncached = self.load.uncached_tokens;
-            served.inflight().await_answer(self.unanswered_uncached);
+            self.endpoint.inflight().answered(was_uncached);
+            served.inflight().await_answer(self.load.uncached_tokens);
         }
         self.endpoint = served;
         self.load_changed();
@@ -401,7 +399,7 @@ impl Dispatch {
             .inflight()
             .finish_with(self.tokens, self.uncached_tokens);
         if self.first_byte.is_none() {
-            self.endpoint.inflight().answered(self.unanswered_uncached);
+            self.endpoint.inflight().answered(self.load.uncached_tokens);
         }
         if let Some(ticket) = self.adapter.take() {
             let adapters = self.endpoint.adapter_inflight();
